@@ -1,0 +1,31 @@
+"""Wire format of flat float32 vectors in Flower messages: raw little-endian bytes.
+
+Flower's default ``Array(ndarray)`` runs ``np.save`` (~17 ms for a 4M-parameter model here);
+raw bytes cost one memcpy to encode and none to decode.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from flwr.app import Array
+
+STYPE = "fedpriv.raw"
+
+
+def encode(vector: torch.Tensor) -> Array:
+    data = vector.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+    return Array(dtype="float32", shape=(int(vector.numel()),), stype=STYPE, data=data)
+
+
+def decode(array: Array) -> torch.Tensor:
+    """A read-only-backed float32 tensor viewing ``array``'s bytes; raises ``ValueError`` if malformed."""
+    if array.stype != STYPE or array.dtype != "float32" or len(array.shape) != 1:
+        raise ValueError(f"unexpected array encoding {array.stype}/{array.dtype}/{array.shape}")
+    if len(array.data) != 4 * array.shape[0]:
+        raise ValueError(f"array holds {len(array.data)} bytes for {array.shape[0]} float32 values")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # non-writable buffer: never written in place
+        return torch.frombuffer(array.data, dtype=torch.float32)

@@ -1,0 +1,61 @@
+"""User-level DP aggregation: clip each user's delta, sum, add the mechanism's noise, divide.
+
+For round t with cohort S_t (however it was sampled)::
+
+    Δ̄_t = ( Σ_{u∈S_t} Δ_u · min(1, C/‖Δ_u‖₂)  +  z_t ) / D
+
+where z_t comes from the mechanism and D is the *fixed* denominator (expected cohort size), never
+the realised count — dividing by |S_t| would leak the cohort size. Non-finite deltas are rejected
+(counted, never summed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+def clip_by_l2(delta: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]:
+    """``delta · min(1, C/‖delta‖₂)`` and the norm before clipping."""
+    norm = float(torch.linalg.vector_norm(delta))
+    if norm > clip_norm:
+        return delta * (clip_norm / norm), norm
+    return delta, norm
+
+
+@dataclass
+class RoundAggregate:
+    """Running clipped sum of one round and its bookkeeping."""
+
+    clip_norm: float
+    total: torch.Tensor
+    accepted: int = 0
+    rejected: int = 0
+    clipped: int = 0
+    norms: list[float] = field(default_factory=list)
+
+    @classmethod
+    def zeros(cls, dim: int, clip_norm: float) -> "RoundAggregate":
+        return cls(clip_norm=clip_norm, total=torch.zeros(dim))
+
+    def add(self, delta: torch.Tensor) -> bool:
+        """Clip and add one user's delta; reject (and count) a wrong shape or non-finite values."""
+        if delta.shape != self.total.shape or not bool(torch.isfinite(delta).all()):
+            self.rejected += 1
+            return False
+        clipped, norm = clip_by_l2(delta, self.clip_norm)
+        self.total += clipped
+        self.accepted += 1
+        self.clipped += int(norm > self.clip_norm)
+        self.norms.append(norm)
+        return True
+
+    def privatize(self, noise: torch.Tensor, denominator: float) -> torch.Tensor:
+        """``(sum + noise) / denominator``."""
+        return (self.total + noise) / denominator
+
+    def stats(self) -> dict[str, float]:
+        return {"accepted": float(self.accepted), "rejected": float(self.rejected),
+                "clipped_fraction": self.clipped / max(self.accepted, 1),
+                "median_update_norm": float(torch.tensor(self.norms).median()) if self.norms else 0.0}

@@ -1,0 +1,65 @@
+"""Validation of a resolved run config. Every check raises ``ConfigError`` (one line, exit 2)
+before anything is written."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fedpriv.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MECHANISMS = ("gaussian",)
+SAMPLERS = ("poisson", "fixed")
+ACCOUNTANTS = ("rdp", "pld")
+BACKENDS = ("local", "flower")
+ALGORITHMS = ("dp_fedavg",)
+
+
+def _positive(value: Any, name: str, integer: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok or (integer and int(value) != value):
+        kind = "a positive integer" if integer else "a positive number"
+        raise ConfigError(f"{name} must be {kind}, got {value!r}")
+
+
+def _choice(value: Any, name: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {name} {value!r} (choose one of: {', '.join(choices)})")
+
+
+def validate(cfg: dict) -> None:
+    """Check the parts of ``cfg`` that do not need the dataset."""
+    _positive(cfg.get("rounds"), "rounds", integer=True)
+    _positive(cfg.get("cohort_size"), "cohort_size", integer=True)
+    privacy = cfg.get("privacy") or {}
+    sigma = privacy.get("noise_multiplier")
+    if sigma is None:
+        _positive(privacy.get("target_epsilon"), "privacy.target_epsilon")
+    elif isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not math.isfinite(sigma) or sigma < 0:
+        raise ConfigError(f"privacy.noise_multiplier must be >= 0 (0: non-private), got {sigma!r}")
+    delta = privacy.get("delta")
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+        raise ConfigError(f"privacy.delta must be in (0, 1), got {delta!r}")
+    _positive(privacy.get("clip_norm"), "privacy.clip_norm")
+    _choice(privacy.get("accountant"), "privacy.accountant", ACCOUNTANTS)
+    _choice(cfg.get("sampling"), "sampling", SAMPLERS)
+    _choice((cfg.get("mechanism") or {}).get("name"), "mechanism", MECHANISMS)
+    _choice((cfg.get("algorithm") or {}).get("name"), "algorithm", ALGORITHMS)
+    _choice((cfg.get("backend") or {}).get("name"), "backend", BACKENDS)
+    client = cfg.get("client") or {}
+    _positive(client.get("epochs"), "client.epochs", integer=True)
+    _positive(client.get("batch_size"), "client.batch_size", integer=True)
+    _positive(client.get("lr"), "client.lr")
+
+
+def validate_against_data(cfg: dict, num_users: int) -> None:
+    """Checks that need the population size; warns when δ ≥ 1/N (a weak guarantee)."""
+    if cfg["cohort_size"] > num_users:
+        raise ConfigError(f"cohort_size {cfg['cohort_size']} exceeds the population of {num_users} users")
+    delta = cfg["privacy"]["delta"]
+    if delta >= 1.0 / num_users:
+        log.warning("privacy.delta=%g >= 1/num_users=%g: the guarantee allows leaking a whole user", delta,
+                    1.0 / num_users)

@@ -1,0 +1,76 @@
+"""DP-FedAvg on the server, independent of any transport: sample, clip, noise, optimize.
+
+One round t:
+1. ``cohort(t)`` — the sampler's draw (the sampling the accountant assumes);
+2. clients return deltas; ``apply_round`` clips each to C (user-level sensitivity), rejects
+   non-finite or malformed ones, sums, adds the mechanism's noise z_t, divides by the fixed
+   expected cohort size, and hands the result to the server optimizer (post-processing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fedpriv.aggregation import RoundAggregate
+from fedpriv.mechanisms import GaussianMechanism
+from fedpriv.optim.server import ServerAdam, ServerSGD
+from fedpriv.sampling import Sampler
+
+
+@dataclass
+class ClientUpdate:
+    """What one client sent back; ``delta=None`` marks a malformed reply."""
+
+    user: int
+    delta: torch.Tensor | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class DPFedAvg:
+    """Server state of DP-FedAvg: global parameters, sampler, noise mechanism, optimizer."""
+
+    def __init__(self, params: torch.Tensor, sampler: Sampler, mechanism: GaussianMechanism,
+                 clip_norm: float, optimizer: ServerSGD | ServerAdam) -> None:
+        self.params = params.clone()
+        self.sampler = sampler
+        self.mechanism = mechanism
+        self.clip_norm = clip_norm
+        self.optimizer = optimizer
+
+    def cohort(self, round_idx: int) -> np.ndarray:
+        return self.sampler.sample(round_idx)
+
+    def apply_round(self, round_idx: int, cohort: np.ndarray, updates: list[ClientUpdate]) -> dict[str, float]:
+        """Aggregate ``updates`` (from users of ``cohort``) into one privatized server step.
+
+        Updates are summed in user order so the result does not depend on arrival order.
+        Users of the cohort with no reply count as dropped; replies from users outside the
+        cohort or duplicates are rejected.
+        """
+        agg = RoundAggregate.zeros(self.params.numel(), self.clip_norm)
+        expected = {int(u) for u in cohort}
+        seen: set[int] = set()
+        for update in sorted(updates, key=lambda u: u.user):
+            if update.user not in expected or update.user in seen or update.delta is None:
+                agg.rejected += 1
+                continue
+            seen.add(update.user)
+            agg.add(update.delta)
+        noise = self.mechanism.noise(round_idx, self.params.shape)
+        privatized = agg.privatize(noise, self.sampler.expected_cohort)
+        self.params = self.optimizer.step(self.params, privatized)
+        losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
+        return {"cohort_size": float(len(cohort)), "dropped": float(len(expected - seen)),
+                **agg.stats(), "train_loss": float(np.mean(losses)) if losses else float("nan")}
+
+    def state_dict(self) -> dict:
+        return {"params": self.params, "optimizer": self.optimizer.state_dict(),
+                "mechanism": self.mechanism.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params = state["params"].clone()
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.mechanism.load_state_dict(state["mechanism"])

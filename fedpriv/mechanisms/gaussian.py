@@ -1,0 +1,97 @@
+"""Independent Gaussian noise on the clipped sum (DP-FedAvg / DP-SGD).
+
+Round t releases ``sum_u clip(Δ_u, C) + N(0, σ² C² I)``. With Poisson sampling of rate q this is
+``PoissonSampledDpEvent(q, GaussianDpEvent(σ))`` per round under add/remove-one. With fixed-size
+sampling without replacement the relation is replace-one, under which the sum's L2 sensitivity is
+2C, so the event carries the multiplier σ/2 per unit of sensitivity.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import dp_accounting
+import torch
+
+from fedpriv.errors import ConfigError
+from fedpriv.sampling import FIXED_SIZE, POISSON, Sampler
+
+ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+REPLACE_ONE = dp_accounting.NeighboringRelation.REPLACE_ONE
+
+RELATION_NAMES = {
+    ADD_REMOVE: "add_or_remove_one",
+    REPLACE_ONE: "replace_one",
+    dp_accounting.NeighboringRelation.REPLACE_SPECIAL: "zero_out",
+}
+
+
+class GaussianMechanism:
+    """Adds ``N(0, (noise_multiplier * clip_norm)^2)`` to every coordinate of a round's sum.
+
+    The generator is a seeded ``torch.Generator`` (reproducible research); with ``secure=True``
+    its seed comes from the OS CSPRNG (``secrets``), so noise cannot be replayed from the config.
+    Note the generator itself is torch's Mersenne Twister, not a CSPRNG. Its state is part of
+    ``state_dict`` so a resumed run continues the same noise stream.
+    """
+
+    name = "gaussian"
+
+    def __init__(self, noise_multiplier: float, clip_norm: float, seed: int | None = 0,
+                 secure: bool = False) -> None:
+        if noise_multiplier < 0:
+            raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
+        if clip_norm <= 0:
+            raise ConfigError(f"clip norm must be > 0, got {clip_norm}")
+        self.noise_multiplier = float(noise_multiplier)
+        self.clip_norm = float(clip_norm)
+        self.secure = secure
+        self._generator = torch.Generator()
+        self._generator.manual_seed(secrets.randbits(63) if secure or seed is None else int(seed))
+
+    @property
+    def std(self) -> float:
+        """Noise standard deviation per coordinate of the sum: σ·C."""
+        return self.noise_multiplier * self.clip_norm
+
+    def noise(self, round_idx: int, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+        """Noise for round ``round_idx`` (rounds must be drawn in order; the index is a check)."""
+        del round_idx  # independent noise: the stream position is the generator state
+        if self.noise_multiplier == 0.0:
+            return torch.zeros(shape)
+        return torch.randn(shape, generator=self._generator) * self.std
+
+    def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
+        if sampler.kind == POISSON:
+            return ADD_REMOVE
+        if sampler.kind == FIXED_SIZE:
+            return REPLACE_ONE
+        raise ConfigError(f"gaussian mechanism cannot be accounted with sampler {sampler.kind!r}")
+
+    def round_event(self, sampler: Sampler, noise_multiplier: float | None = None) -> dp_accounting.DpEvent:
+        """The DpEvent of one round under ``sampler`` (``noise_multiplier`` overrides σ, for calibration)."""
+        sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        if sigma == 0.0:
+            return dp_accounting.NonPrivateDpEvent()
+        if sampler.kind == POISSON:
+            return dp_accounting.PoissonSampledDpEvent(sampler.rate, dp_accounting.GaussianDpEvent(sigma))
+        if sampler.kind == FIXED_SIZE:
+            # replace-one: sensitivity of the sum is 2C; std σC => multiplier σ/2 per unit sensitivity
+            return dp_accounting.SampledWithoutReplacementDpEvent(
+                sampler.population, sampler.cohort, dp_accounting.GaussianDpEvent(sigma / 2.0))
+        raise ConfigError(f"gaussian mechanism cannot be accounted with sampler {sampler.kind!r}")
+
+    def dp_event(self, sampler: Sampler, rounds: int, noise_multiplier: float | None = None) -> dp_accounting.DpEvent:
+        """The DpEvent of ``rounds`` rounds: the one source of truth the accountant composes."""
+        return dp_accounting.SelfComposedDpEvent(self.round_event(sampler, noise_multiplier), rounds)
+
+    def state_dict(self) -> dict:
+        return {"name": self.name, "noise_multiplier": self.noise_multiplier,
+                "clip_norm": self.clip_norm, "generator": self._generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
+        self.noise_multiplier = float(state["noise_multiplier"])
+        self.clip_norm = float(state["clip_norm"])
+        self._generator.set_state(state["generator"])

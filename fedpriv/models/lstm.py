@@ -1,0 +1,82 @@
+"""LSTM built from ``nn.Linear`` pieces, and the StackOverflow LSTM language model.
+
+Gate order (input, forget, cell, output) and the equations match ``torch.nn.LSTM``::
+
+    [i, f, g, o] = W_ih x_t + b + W_hh h_{t-1}
+    c_t = σ(f) ⊙ c_{t-1} + σ(i) ⊙ tanh(g),   h_t = σ(o) ⊙ tanh(c_t)
+
+One bias vector (as Keras/TFF); ``nn.LSTM``'s two biases are equivalent to their sum. Because
+both weight matrices are ``nn.Linear`` modules, per-sample clipping hooks see every weight. When
+no hook needs the per-step Linear calls (``unrolled=False``, the default) the forward uses
+PyTorch's fused LSTM kernel on the very same parameters, which is numerically the same
+function and much faster.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LSTM(nn.Module):
+    """Drop-in for ``nn.LSTM(input_size, hidden_size, num_layers=1, batch_first=True)``."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.ih = nn.Linear(input_size, 4 * hidden_size, bias=bias)
+        self.hh = nn.Linear(hidden_size, 4 * hidden_size, bias=False)
+        self.unrolled = False  # set True by engines that must see each Linear call
+
+    def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """``x``: [B, T, input_size] → (output [B, T, H], (h [1, B, H], c [1, B, H]))."""
+        batch = x.shape[0]
+        if hx is None:
+            zeros = x.new_zeros(1, batch, self.hidden_size)
+            hx = (zeros, zeros)
+        if not self.unrolled:
+            return self._fused(x, hx)
+        return self._unrolled(x, hx)
+
+    def _fused(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor]):
+        bias = self.ih.bias
+        if bias is None:
+            weights = [self.ih.weight, self.hh.weight]
+        else:
+            weights = [self.ih.weight, self.hh.weight, bias, torch.zeros_like(bias)]
+        out, h, c = torch.lstm(x, hx, weights, bias is not None, 1, 0.0, self.training, False, True)
+        return out, (h, c)
+
+    def _unrolled(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor]):
+        h, c = hx[0][0], hx[1][0]
+        x_gates = self.ih(x)  # one 3-D Linear call over all time steps
+        outputs = []
+        for t in range(x.shape[1]):
+            gates = x_gates[:, t] + self.hh(h)
+            i, f, g, o = gates.chunk(4, dim=-1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outputs.append(h)
+        return torch.stack(outputs, dim=1), (h.unsqueeze(0), c.unsqueeze(0))
+
+
+class LSTMLanguageModel(nn.Module):
+    """Embedding → LSTM → Linear projection → Linear output (TFF StackOverflow baseline).
+
+    Defaults (embed 96, hidden 670, projection 96) give 4,050,748 parameters at vocab 10,004.
+    """
+
+    def __init__(self, vocab_size: int, embed_dim: int = 96, hidden_size: int = 670,
+                 projection_dim: int = 96, pad_id: int = 0) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
+        self.lstm = LSTM(embed_dim, hidden_size)
+        self.projection = nn.Linear(hidden_size, projection_dim)
+        self.output = nn.Linear(projection_dim, vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens``: int [B, T] → logits [B, T, vocab_size]."""
+        hidden, _ = self.lstm(self.embedding(tokens))
+        return self.output(self.projection(hidden))

@@ -1,0 +1,196 @@
+"""One training run: validate → build → (resume) → rounds → outputs.
+
+The transport of a round is injected (``round_fn``), so the same loop serves the in-process
+backend, Flower's simulation engine and a real deployment; the DP math lives in
+:mod:`fedpriv.dpfedavg`, :mod:`fedpriv.mechanisms` and :mod:`fedpriv.accounting`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
+from fedpriv.config import validate, validate_against_data
+from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
+from fedpriv.errors import ConfigError
+from fedpriv.mechanisms import GaussianMechanism
+from fedpriv.metrics import evaluate
+from fedpriv.models import set_flat_params
+from fedpriv.optim import build_server_optimizer
+from fedpriv.rundir import RunDirectory
+from fedpriv.sampling import make_sampler
+from fedpriv.task import Task, load_task
+from fedpriv.training import client_generator, local_update
+
+log = logging.getLogger(__name__)
+
+# Keys that may differ between the original run and its resumption.
+RESUME_FREE_KEYS = ("resume", "backend", "progress", "run_dir")
+
+RoundFn = Callable[[int, np.ndarray], list[ClientUpdate]]
+
+
+def _noise_multiplier(cfg: dict, mechanism: GaussianMechanism, sampler) -> float:
+    privacy = cfg["privacy"]
+    if privacy.get("noise_multiplier") is not None:
+        return float(privacy["noise_multiplier"])
+    return calibrate_noise_multiplier(
+        lambda s: mechanism.dp_event(sampler, cfg["rounds"], noise_multiplier=s),
+        privacy["target_epsilon"], privacy["delta"], privacy["accountant"],
+        mechanism.neighboring_relation(sampler))
+
+
+@dataclass
+class RunSession:
+    """Everything a run needs, built and validated before anything is written."""
+
+    cfg: dict
+    run: RunDirectory
+    task: Task
+    server: DPFedAvg
+    ledger: PrivacyLedger
+    start_round: int = 0
+    wall_s: float = 0.0
+    history: list[dict] = field(default_factory=list)
+
+
+def prepare(cfg: dict) -> RunSession:
+    """Validate ``cfg`` (plain dict), build the task and server, and restore a checkpoint when resuming.
+
+    Raises ``ConfigError`` for bad input before creating or writing any file.
+    """
+    validate(cfg)
+    task = load_task(cfg)
+    validate_against_data(cfg, task.data.num_users)
+    privacy = cfg["privacy"]
+    sampler = make_sampler(cfg["sampling"], task.data.num_users, int(cfg["cohort_size"]), int(cfg["seed"]))
+    mechanism = GaussianMechanism(0.0, privacy["clip_norm"], seed=cfg["seed"], secure=bool(privacy.get("secure_rng")))
+    mechanism.noise_multiplier = _noise_multiplier(cfg, mechanism, sampler)
+    target = privacy["target_epsilon"] if privacy.get("noise_multiplier") is None else None
+    ledger = PrivacyLedger(mechanism, sampler, privacy["delta"], privacy["accountant"], target_epsilon=target,
+                           planned_rounds=int(cfg["rounds"]))
+    ledger.check_can_run(int(cfg["rounds"]))
+    opt_cfg = dict(cfg["optimizer"])
+    optimizer = build_server_optimizer(opt_cfg.pop("name"), **opt_cfg)
+    server = DPFedAvg(task.initial_params, sampler, mechanism, privacy["clip_norm"], optimizer)
+    session = RunSession(cfg=cfg, run=RunDirectory(cfg["run_dir"]), task=task, server=server, ledger=ledger)
+    _restore(session)
+    return session
+
+
+def _restore(session: RunSession) -> None:
+    run, cfg = session.run, session.cfg
+    checkpoint = run.load_checkpoint()
+    if checkpoint is None:
+        if run.read_config() is not None and not cfg.get("resume"):
+            raise ConfigError(f"run directory {run.path} already holds a run: pass resume=true or another run_dir")
+        return
+    if not cfg.get("resume"):
+        raise ConfigError(f"run directory {run.path} already holds a checkpoint: pass resume=true or another run_dir")
+    saved = checkpoint["config"]
+    diff = sorted(k for k in set(saved) | set(cfg) if k not in RESUME_FREE_KEYS and saved.get(k) != cfg.get(k))
+    if diff:
+        raise ConfigError(f"cannot resume {run.path}: config differs in {', '.join(diff)}")
+    session.server.load_state_dict(checkpoint["server"])
+    session.ledger.load_state_dict(checkpoint["ledger"])
+    session.start_round = int(checkpoint["round"])
+    session.wall_s = float(checkpoint["wall_s"])
+    session.history = [r for r in run.read_metrics() if r["round"] <= session.start_round]
+
+
+def direct_round_fn(task: Task, server: DPFedAvg) -> RoundFn:
+    """A round without any transport: each cohort user's update computed in this process."""
+
+    def round_fn(round_idx: int, cohort: np.ndarray) -> list[ClientUpdate]:
+        return [client_update(task, server.params, int(u), round_idx) for u in cohort]
+
+    return round_fn
+
+
+def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int) -> ClientUpdate:
+    """What client ``user`` computes in round ``round_idx`` from the global ``params``."""
+    delta, metrics = local_update(task.client_model, params, task.data.users[user], task.local,
+                                  client_generator(task.seed, round_idx, user), task.data.vocab.pad_id)
+    return ClientUpdate(user=user, delta=delta, metrics=metrics)
+
+
+def evaluate_params(task: Task, params: torch.Tensor) -> dict[str, float]:
+    set_flat_params(task.eval_model, params)
+    return evaluate(task.eval_model, task.data.test, task.data.vocab)
+
+
+def train(session: RunSession, round_fn: RoundFn) -> dict:
+    """Run the remaining rounds, writing metrics, privacy ledger and checkpoint after each one."""
+    cfg, run, server, ledger = session.cfg, session.run, session.server, session.ledger
+    rounds = int(cfg["rounds"])
+    eval_every = int(cfg.get("eval_every") or rounds)
+    run.create()
+    run.write_config(cfg)
+    run.write_metrics(session.history)
+    ledger.save(run.path)
+    started = time.perf_counter() - session.wall_s
+    last_eval: dict[str, float] = {}
+    bar = tqdm(range(session.start_round, rounds), total=rounds, initial=session.start_round,
+               desc="rounds", disable=not cfg.get("progress", True), dynamic_ncols=True)
+    for r in bar:
+        ledger.check_can_run(ledger.rounds_done + 1)
+        cohort = server.cohort(r)
+        stats = server.apply_round(r, cohort, round_fn(r, cohort))
+        epsilon = ledger.record_round(r)
+        row = {"round": r + 1, "epsilon": epsilon, **stats}
+        if (r + 1) % eval_every == 0 or r + 1 == rounds:
+            last_eval = evaluate_params(session.task, server.params)
+            row.update({f"test_{k}": v for k, v in last_eval.items()})
+            bar.set_postfix(acc=f"{last_eval['accuracy']:.3f}", eps=f"{epsilon:.3g}")
+        row["wall_s"] = time.perf_counter() - started
+        run.append_metrics(row)
+        ledger.save(run.path)
+        run.save_checkpoint({"round": r + 1, "server": server.state_dict(), "ledger": ledger.state_dict(),
+                             "wall_s": row["wall_s"], "config": cfg})
+        session.history.append(row)
+        log.debug("round %d cohort %d dropped %d rejected %d clipped %.2f eps %.4g", r + 1,
+                 int(stats["cohort_size"]), int(stats["dropped"]), int(stats["rejected"]),
+                 stats["clipped_fraction"], epsilon)
+    bar.close()
+    if not last_eval:  # resumed after the last round: evaluate the restored model
+        last_eval = evaluate_params(session.task, server.params)
+    summary = _summary(session, last_eval, time.perf_counter() - started)
+    run.write_json("summary.json", summary)
+    return summary
+
+
+def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dict:
+    cfg, data, privacy = session.cfg, session.task.data, session.ledger.to_dict()
+    return {
+        "final": final,
+        "privacy": {k: privacy[k] for k in ("epsilon", "non_private", "delta", "accountant", "neighboring_relation",
+                                            "noise_multiplier", "target_epsilon", "mechanism", "sampling")},
+        "rounds": session.ledger.rounds_done,
+        "wall_s": wall_s,
+        "ceiling_accuracy": data.ceiling_accuracy,
+        "unigram_accuracy": data.unigram_accuracy,
+        "dataset": data.name, "num_users": data.num_users,
+        "model": cfg["model"]["name"], "algorithm": cfg["algorithm"]["name"],
+        "optimizer": cfg["optimizer"]["name"], "backend": cfg["backend"]["name"],
+        "clip_norm": cfg["privacy"]["clip_norm"], "cohort_size": cfg["cohort_size"],
+    }
+
+
+def format_result(summary: dict) -> str:
+    """The two lines the CLI prints at the end of a run."""
+    eps = summary["privacy"]["epsilon"]
+    eps_text = "inf (non-private)" if eps is None or (isinstance(eps, float) and math.isinf(eps)) else f"{eps:.4g}"
+    ceiling = summary.get("ceiling_accuracy")
+    ceiling_text = f" (Bayes ceiling {ceiling:.4f})" if ceiling else ""
+    return (f"final accuracy {summary['final']['accuracy']:.4f}{ceiling_text}, loss {summary['final']['loss']:.4f}\n"
+            f"epsilon {eps_text} at delta {summary['privacy']['delta']:g} "
+            f"({summary['privacy']['accountant']}, {summary['privacy']['neighboring_relation']}), "
+            f"noise multiplier {summary['privacy']['noise_multiplier']:.4g}, {summary['rounds']} rounds")

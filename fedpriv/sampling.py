@@ -1,0 +1,78 @@
+"""Cohort samplers. Each one states the sampling that the accountant must assume.
+
+A sampler's draw for round ``t`` depends only on ``(seed, t)``, so a resumed run draws the same
+cohorts as an uninterrupted one without saving sampler state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+POISSON = "poisson"
+FIXED_SIZE = "fixed"
+
+
+def _round_rng(seed: int, round_idx: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, stream, round_idx]))
+
+
+@dataclass(frozen=True)
+class PoissonSampler:
+    """Each of ``population`` users joins round t independently with probability ``rate``.
+
+    Accounting: ``PoissonSampledDpEvent(rate, ...)`` under add/remove-one neighbouring. The
+    cohort size is random; aggregation divides by ``expected_cohort = rate * population``.
+    """
+
+    population: int
+    rate: float
+    seed: int
+    kind: str = POISSON
+
+    @property
+    def expected_cohort(self) -> float:
+        return self.rate * self.population
+
+    def sample(self, round_idx: int) -> np.ndarray:
+        rng = _round_rng(self.seed, round_idx, 1)
+        return np.flatnonzero(rng.random(self.population) < self.rate).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class FixedSizeSampler:
+    """Exactly ``cohort`` users drawn uniformly without replacement each round.
+
+    Accounting: ``SampledWithoutReplacementDpEvent(population, cohort, ...)`` under the
+    replace-one relation (the sum's sensitivity is then 2C).
+    """
+
+    population: int
+    cohort: int
+    seed: int
+    kind: str = FIXED_SIZE
+
+    @property
+    def rate(self) -> float:
+        return self.cohort / self.population
+
+    @property
+    def expected_cohort(self) -> float:
+        return float(self.cohort)
+
+    def sample(self, round_idx: int) -> np.ndarray:
+        rng = _round_rng(self.seed, round_idx, 2)
+        return np.sort(rng.choice(self.population, size=self.cohort, replace=False)).astype(np.int64)
+
+
+Sampler = PoissonSampler | FixedSizeSampler
+
+
+def make_sampler(kind: str, population: int, cohort_size: int, seed: int) -> Sampler:
+    """Build the sampler named by ``kind`` with expected cohort ``cohort_size``."""
+    if kind == POISSON:
+        return PoissonSampler(population=population, rate=cohort_size / population, seed=seed)
+    if kind == FIXED_SIZE:
+        return FixedSizeSampler(population=population, cohort=cohort_size, seed=seed)
+    raise ValueError(f"unknown sampler {kind!r} (expected 'poisson' or 'fixed')")

@@ -1,0 +1,85 @@
+"""Flower ServerApp for fedpriv and the two simulation backends.
+
+``backend=local`` drives the round loop with :class:`server.grid.LocalGrid` (in-process, no Ray);
+``backend=flower`` runs the same ServerApp and ClientApp under Flower's simulation engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from client.app import make_client_app
+from fedpriv.dpfedavg import ClientUpdate
+from fedpriv.runner import RoundFn, RunSession, train
+from server.grid import LocalGrid
+from server.strategy import DPFedAvgStrategy
+
+log = logging.getLogger(__name__)
+
+
+def wait_for_nodes(grid: Grid, count: int, timeout: float = 120.0) -> list[int]:
+    """Node ids once at least ``count`` nodes are connected (Flower registers them asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = list(grid.get_node_ids())
+        if len(nodes) >= count or time.monotonic() > deadline:
+            return nodes
+        time.sleep(0.2)
+
+
+def grid_round_fn(session: RunSession, grid: Grid, num_nodes: int, timeout: float | None) -> RoundFn:
+    """A round over a Flower grid: configure → send_and_receive (bounded by ``timeout``) → aggregate."""
+    strategy = DPFedAvgStrategy()
+    nodes = wait_for_nodes(grid, num_nodes)
+
+    def round_fn(round_idx: int, cohort: np.ndarray) -> list[ClientUpdate]:
+        messages = strategy.configure_train(round_idx, cohort, session.server.params, nodes)
+        return strategy.aggregate_train(grid.send_and_receive(messages, timeout=timeout))
+
+    return round_fn
+
+
+def make_server_app(session: RunSession, num_nodes: int, result: dict) -> ServerApp:
+    """A ServerApp running ``session``; the summary lands in ``result['summary']``."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        del context
+        timeout = session.cfg["backend"].get("round_timeout")
+        result["summary"] = train(session, grid_round_fn(session, grid, num_nodes, timeout))
+
+    return app
+
+
+def run_local(session: RunSession) -> dict:
+    """``backend=local``: ServerApp loop over an in-process grid of one node."""
+    grid = LocalGrid(make_client_app(session.cfg), num_nodes=1)
+    return train(session, grid_round_fn(session, grid, 1, None))
+
+
+def run_flower_simulation(session: RunSession) -> dict:
+    """``backend=flower``: the same apps under ``flwr.simulation.run_simulation`` (Ray)."""
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    from flwr.simulation import run_simulation
+
+    backend = session.cfg["backend"]
+    num_nodes = int(backend.get("num_supernodes", 2))
+    result: dict = {}
+    run_simulation(server_app=make_server_app(session, num_nodes, result),
+                   client_app=make_client_app(session.cfg), num_supernodes=num_nodes,
+                   backend_config={"client_resources": {"num_cpus": float(backend.get("client_cpus", 1))},
+                                   "init_args": {"num_cpus": int(backend.get("num_cpus", 2)),
+                                                 "include_dashboard": False}})
+    if "summary" not in result:
+        raise RuntimeError("Flower simulation ended without a result (see the log above)")
+    return result["summary"]
+
+
+BACKENDS = {"local": run_local, "flower": run_flower_simulation}
