@@ -7,6 +7,7 @@ preprocessing). Models read ``x = row[:-1]`` and predict ``y = row[1:]``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,7 +48,7 @@ class FederatedDataset:
     name: str
     vocab: Vocabulary
     seq_len: int
-    users: list[np.ndarray]  # users[u]: int64 [n_u, seq_len + 1], n_u >= 1
+    users: Sequence[np.ndarray]  # users[u]: int64 [n_u, seq_len + 1], n_u >= 1 (may be lazy)
     test: np.ndarray  # int64 [M, seq_len + 1]
     ceiling_accuracy: float | None = None  # Bayes-optimal next-token accuracy, where known
     unigram_accuracy: float | None = None  # accuracy of predicting the most frequent word

@@ -1,0 +1,35 @@
+# fedpriv: `make demo` runs the embedded default experiment, `make test` the test suite.
+# Each target first creates/refreshes .venv idempotently. The CPU build of torch is installed
+# first (pinned) so that pip never resolves the multi-GB CUDA build.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fedpriv-installed
+export FLWR_TELEMETRY_ENABLED := 0
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+
+.PHONY: venv demo test test-slow bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: venv
+	$(PY) -m fedpriv.simulate
+
+test: venv
+	$(PY) -m pytest -q
+
+test-slow: venv
+	$(PY) -m pytest -q -m slow
+
+bench: venv
+	$(PY) scripts/bench_round.py
+
+clean:
+	rm -rf $(VENV) outputs multirun

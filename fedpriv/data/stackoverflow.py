@@ -1,0 +1,596 @@
+"""TFF's StackOverflow (``stackoverflow.sqlite``) as a :class:`FederatedDataset`, without TensorFlow.
+
+File layout (TFF): table ``examples(split_name TEXT, client_id TEXT, serialized_example_proto BLOB)``,
+``split_name`` in {"train", "heldout", "test"}; each blob is a serialized ``tf.train.Example`` whose
+bytes feature ``tokens`` is one sentence of space-separated lowercased words (also ``title``,
+``tags``, ``type``, perhaps ``creation_date`` and ``score``, all ignored here). Files written by TFF's
+``sql_client_data_utils`` also hold ``client_metadata(client_id, split_name, num_examples)``; when
+present it lists the clients, which spares a scan of ``examples``.
+
+Preprocessing is TFF's word-level StackOverflow task: the vocabulary is the first ``vocab_size`` (V)
+words of ``stackoverflow.word_count``; ids are pad 0, words 1..V, OOV V+1, BOS V+2, EOS V+3. A
+sentence becomes ``[BOS] + ids(words[:seq_len]) + [EOS]``, truncated to ``seq_len + 1`` and padded with
+0 to ``seq_len + 1``; so a sentence of ``seq_len`` words or more loses its EOS (as in TFF, which only
+appends EOS to shorter sentences). Words are split on whitespace: TFF splits on single spaces, which
+is the same on this data (its extraneous whitespace was removed when the dataset was built).
+
+Scale: the real file has 342,477 train users and 135.8M sentences, so train users are read on demand
+(:class:`SqliteUsers`). The file is opened read-only and nothing is ever written to it, so no index
+is created: if ``examples`` has no index on ``client_id``, every user read is a full-table scan (far
+too slow for training on the full file). :func:`load_stackoverflow` logs a warning in that case; the
+cure is an indexed copy (``sqlite3 stackoverflow.sqlite ".backup copy.sqlite"``, then
+``CREATE INDEX examples_client ON examples(client_id, split_name)`` in the copy; reads then take
+~10 ms per 256-sentence user). Loading also scans the table once to list the test split's rowids
+(minutes on the full file). None of this could be checked against the real file here.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import sqlite3
+import struct
+import threading
+import warnings
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+
+from fedpriv.data.federated import FederatedDataset, Vocabulary
+from fedpriv.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+FeatureValues = list[bytes] | list[int] | list[float]
+
+VOCAB_FILE_NAME = "stackoverflow.word_count"
+_TRAIN, _TEST = "train", "test"
+_TEST_FETCH_CHUNK = 500  # rowids per ``IN (...)`` query, below SQLite's bound-parameter limit
+
+# ---------------------------------------------------------------------------------------------
+# tf.train.Example wire format
+# ---------------------------------------------------------------------------------------------
+
+_VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
+_INT64_MIN, _UINT64 = -(2**63), 2**64
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """Decodes the unsigned varint at ``buf[pos:]``; returns (value, next position)."""
+    value = shift = 0
+    while shift < 70:
+        if pos >= len(buf):
+            raise ValueError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("varint longer than 10 bytes")
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
+    """Yields (field number, wire type, value) of a message: an int for varints, bytes otherwise."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _read_varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == _VARINT:
+            value, pos = _read_varint(buf, pos)
+        else:
+            if wire == _LEN:
+                size, pos = _read_varint(buf, pos)
+            elif wire in (_FIXED32, _FIXED64):
+                size = 4 if wire == _FIXED32 else 8
+            else:
+                raise ValueError(f"unsupported protobuf wire type {wire}")
+            if pos + size > len(buf):
+                raise ValueError("truncated protobuf field")
+            value, pos = buf[pos : pos + size], pos + size
+        yield number, wire, value
+
+
+def _as_int64(value: int) -> int:
+    """Reads an unsigned 64-bit varint value as two's-complement int64."""
+    return value - _UINT64 if value >= 2**63 else value
+
+
+def _decode_int64s(buf: bytes) -> list[int]:
+    """Int64List: field 1, packed (one LEN of varints) or unpacked (one varint per value)."""
+    out: list[int] = []
+    for number, wire, value in _fields(buf):
+        if number != 1:
+            continue
+        if wire == _VARINT:
+            out.append(_as_int64(value))
+        elif wire == _LEN:
+            pos = 0
+            while pos < len(value):
+                raw, pos = _read_varint(value, pos)
+                out.append(_as_int64(raw))
+        else:
+            raise ValueError(f"Int64List value with wire type {wire}")
+    return out
+
+
+def _decode_floats(buf: bytes) -> list[float]:
+    """FloatList: field 1, little-endian float32s, packed (one LEN) or unpacked (one fixed32 each)."""
+    out: list[float] = []
+    for number, wire, value in _fields(buf):
+        if number != 1:
+            continue
+        if wire not in (_FIXED32, _LEN) or len(value) % 4:
+            raise ValueError("malformed FloatList")
+        out.extend(struct.unpack(f"<{len(value) // 4}f", value))
+    return out
+
+
+def _decode_bytes(buf: bytes) -> list[bytes]:
+    """BytesList: field 1, one LEN per value."""
+    return [value for number, wire, value in _fields(buf) if number == 1 and wire == _LEN]
+
+
+_LIST_DECODERS = {1: _decode_bytes, 2: _decode_floats, 3: _decode_int64s}
+
+
+def _decode_feature(buf: bytes) -> FeatureValues:
+    """Feature: a oneof of the three lists; an empty Feature decodes to ``[]``."""
+    values: FeatureValues = []
+    for number, _, value in _fields(buf):
+        if number in _LIST_DECODERS:
+            values = _LIST_DECODERS[number](value)  # oneof: the last one set wins
+    return values
+
+
+def decode_example(blob: bytes) -> dict[str, FeatureValues]:
+    """Decodes a serialized ``tf.train.Example`` into ``{feature name: values}``.
+
+    Field numbers (tensorflow/core/example/{example,feature}.proto)::
+
+        Example   { Features features = 1; }
+        Features  { map<string, Feature> feature = 1; }  // entry { string key = 1; Feature value = 2; }
+        Feature   { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
+                                 Int64List int64_list = 3; } }
+        BytesList { repeated bytes value = 1; }
+        FloatList { repeated float value = 1 [packed = true]; }   // fixed32, little-endian
+        Int64List { repeated int64 value = 1 [packed = true]; }   // varint; negatives take 10 bytes
+
+    Packed and unpacked repeated scalars are both accepted, unknown fields are skipped, and a
+    repeated map key keeps its last value (protobuf merge semantics).
+    """
+    features: dict[str, FeatureValues] = {}
+    for number, _, payload in _fields(blob):
+        if number != 1:
+            continue
+        for entry_number, _, entry in _fields(payload):
+            if entry_number != 1:
+                continue
+            key, value = b"", b""
+            for field, _, content in _fields(entry):
+                if field == 1:
+                    key = content
+                elif field == 2:
+                    value = content
+            features[key.decode("utf-8")] = _decode_feature(value)
+    return features
+
+
+def _varint(value: int) -> bytes:
+    """Encodes a non-negative integer as a varint."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _tag(number: int, wire: int) -> bytes:
+    return _varint(number << 3 | wire)
+
+
+def _len_field(number: int, payload: bytes) -> bytes:
+    return _tag(number, _LEN) + _varint(len(payload)) + payload
+
+
+def _encode_int64s(values: Sequence[int], packed: bool) -> bytes:
+    for v in values:
+        if not _INT64_MIN <= v < 2**63:
+            raise ValueError(f"{v} does not fit in int64")
+    varints = [_varint(v % _UINT64) for v in values]
+    if packed:
+        return _len_field(1, b"".join(varints)) if varints else b""
+    return b"".join(_tag(1, _VARINT) + v for v in varints)
+
+
+def _encode_floats(values: Sequence[float], packed: bool) -> bytes:
+    if packed:
+        return _len_field(1, struct.pack(f"<{len(values)}f", *values)) if values else b""
+    return b"".join(_tag(1, _FIXED32) + struct.pack("<f", v) for v in values)
+
+
+def _encode_feature(values: Sequence[bytes] | Sequence[int] | Sequence[float], packed: bool) -> bytes:
+    """Picks the list kind from the values: all bytes, all ints, or numbers with a float."""
+    if all(isinstance(v, bytes) for v in values):  # also the empty list
+        return _len_field(1, b"".join(_len_field(1, v) for v in values))
+    if all(isinstance(v, int) for v in values):
+        return _len_field(3, _encode_int64s(values, packed))
+    if all(isinstance(v, (int, float)) for v in values):
+        return _len_field(2, _encode_floats(values, packed))
+    raise TypeError("feature values must be all bytes, all ints or all numbers")
+
+
+def encode_example(
+    features: Mapping[str, Sequence[bytes] | Sequence[int] | Sequence[float]], *, packed: bool = True
+) -> bytes:
+    """Serializes ``{name: values}`` as a ``tf.train.Example`` (see :func:`decode_example`).
+
+    Lists of bytes become ``bytes_list``, of ints ``int64_list``, of numbers with a float
+    ``float_list`` (stored as float32), an empty list an empty ``bytes_list``. ``packed=True`` writes
+    int64/float lists packed, as TensorFlow does; ``packed=False`` writes one field per value.
+    """
+    entries = b"".join(
+        _len_field(1, _len_field(1, name.encode("utf-8")) + _len_field(2, _encode_feature(v, packed)))
+        for name, v in features.items()
+    )
+    return _len_field(1, entries)
+
+
+# ---------------------------------------------------------------------------------------------
+# Vocabulary and sentence ids
+# ---------------------------------------------------------------------------------------------
+
+
+def load_word_counts(path: str | os.PathLike) -> list[str]:
+    """Words of TFF's ``stackoverflow.word_count`` (``word<TAB>count`` lines), in file order.
+
+    The file lists words most frequent first, so its first V words are the standard vocabulary.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(_missing_vocab_message(path))
+    with path.open(encoding="utf-8") as f:
+        return [line.split()[0] for line in f if line.strip()]
+
+
+def _vocabulary(words: Sequence[str]) -> Vocabulary:
+    """TFF's id layout for V words: pad 0, words 1..V, OOV V+1, BOS V+2, EOS V+3."""
+    v = len(words)
+    return Vocabulary(size=v + 4, bos_id=v + 2, eos_id=v + 3, pad_id=0, oov_id=v + 1, words=tuple(words))
+
+
+def _word_lookup(vocab: Vocabulary) -> dict[bytes, int]:
+    """Maps each vocabulary word, as raw bytes, to its id."""
+    return {w.encode("utf-8", "surrogateescape"): i + 1 for i, w in enumerate(vocab.words or ())}
+
+
+def _sentence_words(blob: bytes) -> list[bytes]:
+    """The words of one serialized example's ``tokens`` feature."""
+    tokens = decode_example(blob).get("tokens")
+    if not tokens or not isinstance(tokens[0], bytes):
+        raise ConfigError("an example has no 'tokens' bytes feature: not TFF's stackoverflow.sqlite")
+    return tokens[0].split()
+
+
+def _sentence_ids(
+    words: Sequence[bytes], lookup: Mapping[bytes, int], vocab: Vocabulary, seq_len: int
+) -> list[int]:
+    """``[BOS] + ids(words[:seq_len]) + [EOS]``, truncated then padded to ``seq_len + 1``."""
+    ids = [vocab.bos_id, *(lookup.get(w, vocab.oov_id) for w in words[:seq_len]), vocab.eos_id]
+    ids = ids[: seq_len + 1]
+    return ids + [vocab.pad_id] * (seq_len + 1 - len(ids))
+
+
+def _rows(
+    blobs: Iterable[bytes], lookup: Mapping[bytes, int], vocab: Vocabulary, seq_len: int
+) -> np.ndarray:
+    """One int64 row of ``seq_len + 1`` ids per serialized example."""
+    ids = [_sentence_ids(_sentence_words(b), lookup, vocab, seq_len) for b in blobs]
+    return np.array(ids, dtype=np.int64).reshape(len(ids), seq_len + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# sqlite access (read-only)
+# ---------------------------------------------------------------------------------------------
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """Read-only connection (``mode=ro``): nothing, not even an index, is written to the file."""
+    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+
+
+def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
+    try:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(examples)")}
+    except sqlite3.DatabaseError as e:
+        raise ConfigError(f"cannot read {path} ({e}): expected TFF's stackoverflow.sqlite") from e
+    missing = {"split_name", "client_id", "serialized_example_proto"} - columns
+    if missing:
+        raise ConfigError(f"{path} is not TFF's stackoverflow.sqlite: 'examples' lacks {sorted(missing)}")
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    return conn.execute(query, (name,)).fetchone() is not None
+
+
+def _has_client_index(conn: sqlite3.Connection) -> bool:
+    """True if an index on ``examples`` starts with client_id or with (split_name, client_id)."""
+    for row in conn.execute("PRAGMA index_list(examples)").fetchall():
+        columns = [info[2] for info in conn.execute("SELECT * FROM pragma_index_info(?)", (row[1],))]
+        if columns[:1] == ["client_id"] or columns[:2] == ["split_name", "client_id"]:
+            return True
+    return False
+
+
+def _train_client_ids(conn: sqlite3.Connection, max_users: int | None) -> list[str]:
+    """The first ``max_users`` train client ids, sorted (SQLite's binary collation: code-point order)."""
+    if _has_table(conn, "client_metadata"):
+        query = (
+            "SELECT DISTINCT client_id FROM client_metadata WHERE split_name = ? AND num_examples > 0"
+            " ORDER BY client_id LIMIT ?"
+        )
+    else:
+        query = "SELECT DISTINCT client_id FROM examples WHERE split_name = ? ORDER BY client_id LIMIT ?"
+    limit = -1 if max_users is None else max_users
+    return [row[0] for row in conn.execute(query, (_TRAIN, limit))]
+
+
+def _client_blobs(conn: sqlite3.Connection, client_id: str, limit: int) -> list[bytes]:
+    """A train client's first ``limit`` examples in file (rowid) order."""
+    query = (
+        "SELECT serialized_example_proto FROM examples WHERE split_name = ? AND client_id = ?"
+        " ORDER BY rowid LIMIT ?"
+    )
+    return [row[0] for row in conn.execute(query, (_TRAIN, client_id, limit))]
+
+
+class SqliteUsers(Sequence[np.ndarray]):
+    """The train users of a StackOverflow sqlite file, each read and preprocessed on demand.
+
+    ``users[i]`` is ``client_ids[i]``'s first ``max_sentences`` train sentences in file (rowid) order,
+    as an int64 array ``[n, seq_len + 1]`` (a fresh copy each time). Each process opens its own
+    read-only connection on first use (also after fork or unpickling); pickles carry only the path,
+    the ids and the vocabulary. A small LRU cache keeps the last ``cache_size`` users.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        client_ids: Sequence[str],
+        vocab: Vocabulary,
+        seq_len: int,
+        max_sentences: int,
+        cache_size: int = 64,
+    ) -> None:
+        self.path = Path(path)
+        self.client_ids = tuple(client_ids)
+        self.vocab = vocab
+        self.seq_len = seq_len
+        self.max_sentences = max_sentences
+        self.cache_size = cache_size
+        self._lookup = _word_lookup(vocab)
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
+        self._pid = os.getpid()
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for key in ("_pid", "_conn", "_lock", "_cache"):
+            del state[key]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset_process_state()
+
+    def __len__(self) -> int:
+        return len(self.client_ids)
+
+    def __getitem__(self, index: int) -> np.ndarray:  # type: ignore[override]
+        i = operator.index(index)
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"user index {i} out of range for {len(self)} users")
+        i %= len(self)
+        if self._pid != os.getpid():
+            self._reset_process_state()
+        with self._lock:
+            rows = self._cache.get(i)
+            if rows is None:
+                rows = self._read(i)
+                self._cache[i] = rows
+                if len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(i)
+        return rows.copy()
+
+    def _read(self, i: int) -> np.ndarray:
+        if self._conn is None:
+            self._conn = _connect(self.path)
+        blobs = _client_blobs(self._conn, self.client_ids[i], self.max_sentences)
+        return _rows(blobs, self._lookup, self.vocab, self.seq_len)
+
+    def __repr__(self) -> str:
+        return f"SqliteUsers({str(self.path)!r}, {len(self)} users)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Loader
+# ---------------------------------------------------------------------------------------------
+
+
+def _missing_data_message(path: Path) -> str:
+    return (
+        f"StackOverflow data not found at {path}: download TFF's stackoverflow.sqlite "
+        "(stackoverflow.sqlite.lzma from the TensorFlow Federated datasets storage, "
+        "storage.googleapis.com/tff-datasets-public, decompress it) "
+        "and set data.path=/path/to/stackoverflow.sqlite"
+    )
+
+
+def _missing_vocab_message(path: Path) -> str:
+    return (
+        f"StackOverflow vocabulary not found at {path}: download TFF's {VOCAB_FILE_NAME} "
+        "(from the TensorFlow Federated datasets storage, storage.googleapis.com/tff-datasets-public) "
+        "and put it beside "
+        f"stackoverflow.sqlite or set data.vocab_path=/path/to/{VOCAB_FILE_NAME}"
+    )
+
+
+def _check_args(**values: int | None) -> None:
+    minimum = {"max_test_sentences": 0}
+    for name, value in values.items():
+        low = minimum.get(name, 1)
+        if value is not None and value < low:
+            raise ConfigError(f"data.{name} must be >= {low}, got {value}")
+
+
+def _private_vocab_words(
+    conn: sqlite3.Connection, client_ids: Sequence[str], max_sentences: int, vocab_size: int
+) -> list[str]:
+    """Top words by occurrence over the sentences the users list yields (ties: word order).
+
+    One pass over the train split in file order, applying the same per-user cap; TFF's own file
+    counts users per word instead. Slow (pure-Python decoding) on the full file.
+    """
+    selected = set(client_ids)
+    taken: Counter[str] = Counter()
+    counts: Counter[bytes] = Counter()
+    query = (
+        "SELECT client_id, serialized_example_proto FROM examples WHERE split_name = ?"
+        " ORDER BY rowid"
+    )
+    for client_id, blob in conn.execute(query, (_TRAIN,)):
+        if client_id in selected and taken[client_id] < max_sentences:
+            taken[client_id] += 1
+            counts.update(_sentence_words(blob))
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return [word.decode("utf-8", "surrogateescape") for word, _ in ranked[:vocab_size]]
+
+
+def _warn_private_vocab() -> None:
+    message = (
+        "StackOverflow vocabulary built from the private training data: it leaks information about "
+        "users and is outside the differential-privacy guarantee"
+    )
+    warnings.warn(message, UserWarning, stacklevel=3)
+    logger.warning(message)
+
+
+def _vocabulary_words(
+    conn: sqlite3.Connection,
+    db: Path,
+    vocab_path: str | os.PathLike | None,
+    vocab_size: int,
+    client_ids: Sequence[str],
+    max_sentences: int,
+    allow_private_vocab: bool,
+) -> tuple[list[str], str]:
+    """(top words, where they came from): ``vocab_path``, else the word-count file beside ``db``,
+    else (only with ``allow_private_vocab``) counts over the private train split."""
+    if vocab_path is not None:
+        return load_word_counts(vocab_path)[:vocab_size], str(vocab_path)
+    beside = db.with_name(VOCAB_FILE_NAME)
+    if beside.is_file():
+        return load_word_counts(beside)[:vocab_size], str(beside)
+    if not allow_private_vocab:
+        raise ConfigError(_missing_vocab_message(beside))
+    _warn_private_vocab()
+    return _private_vocab_words(conn, client_ids, max_sentences, vocab_size), "private train split"
+
+
+def _test_blobs(conn: sqlite3.Connection, limit: int, seed: int) -> list[bytes]:
+    """Up to ``limit`` test examples: a seeded uniform subset of the test rowids, in rowid order."""
+    query = "SELECT rowid FROM examples WHERE split_name = ? ORDER BY rowid"
+    rowids = np.fromiter((row[0] for row in conn.execute(query, (_TEST,))), dtype=np.int64)
+    if len(rowids) > limit:
+        rowids = np.sort(np.random.default_rng(seed).choice(rowids, size=limit, replace=False))
+    blobs: list[bytes] = []
+    for start in range(0, len(rowids), _TEST_FETCH_CHUNK):
+        chunk = rowids[start : start + _TEST_FETCH_CHUNK].tolist()
+        marks = ",".join("?" * len(chunk))
+        query = f"SELECT serialized_example_proto FROM examples WHERE rowid IN ({marks}) ORDER BY rowid"
+        blobs.extend(row[0] for row in conn.execute(query, chunk))
+    return blobs
+
+
+def load_stackoverflow(
+    path: str | os.PathLike,
+    *,
+    vocab_path: str | os.PathLike | None = None,
+    vocab_size: int = 10000,
+    seq_len: int = 20,
+    max_sentences_per_user: int = 256,
+    max_users: int | None = None,
+    max_test_sentences: int = 10000,
+    seed: int = 0,
+    allow_private_vocab: bool = False,
+) -> FederatedDataset:
+    """Loads TFF's StackOverflow word-level task (see the module docstring for the preprocessing).
+
+    - Users: the train split's clients in sorted client_id order (the first ``max_users``), each
+      with its first ``max_sentences_per_user`` sentences in file order, read lazily
+      (:class:`SqliteUsers`). The heldout split is not used.
+    - Vocabulary: the first ``vocab_size`` words of ``vocab_path``, or of ``stackoverflow.word_count``
+      beside the sqlite file. Without either, ``allow_private_vocab=True`` counts words over the
+      private train data (with a warning: outside the DP guarantee); otherwise ``ConfigError``.
+    - Test: up to ``max_test_sentences`` sentences of the test split, a uniform subset chosen with
+      ``seed``, in file order.
+
+    ``info["vocab_size"]`` is V, the number of words (``vocab.size`` is V + 4). Raises ``ConfigError``
+    (one line) for a missing or malformed file or an out-of-range argument.
+    """
+    _check_args(
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        max_sentences_per_user=max_sentences_per_user,
+        max_users=max_users,
+        max_test_sentences=max_test_sentences,
+    )
+    db = Path(path)
+    if not db.is_file():
+        raise ConfigError(_missing_data_message(db))
+    with closing(_connect(db)) as conn:
+        _check_schema(conn, db)
+        indexed = _has_client_index(conn)
+        if not indexed:
+            logger.warning(
+                "%s has no index on examples(client_id): each user read scans the whole table; "
+                "for the full dataset use an indexed copy (see fedpriv.data.stackoverflow)",
+                db,
+            )
+        client_ids = _train_client_ids(conn, max_users)
+        if not client_ids:
+            raise ConfigError(f"{db} has no clients in its 'train' split")
+        words, vocab_source = _vocabulary_words(
+            conn, db, vocab_path, vocab_size, client_ids, max_sentences_per_user, allow_private_vocab
+        )
+        vocab = _vocabulary(words)
+        test = _rows(_test_blobs(conn, max_test_sentences, seed), _word_lookup(vocab), vocab, seq_len)
+    users = SqliteUsers(db, client_ids, vocab, seq_len, max_sentences_per_user)
+    return FederatedDataset(
+        name="stackoverflow",
+        vocab=vocab,
+        seq_len=seq_len,
+        users=users,  # a lazy Sequence[np.ndarray]
+        test=test,
+        info={
+            "path": str(db),
+            "num_users": len(users),
+            "num_test": len(test),
+            "vocab_size": len(words),
+            "vocab_source": vocab_source,
+            "max_sentences_per_user": max_sentences_per_user,
+            "client_index": indexed,
+        },
+    )
