@@ -54,11 +54,14 @@ class DPFedAvg:
         expected = {int(u) for u in cohort}
         seen: set[int] = set()
         for update in sorted(updates, key=lambda u: u.user):
-            if update.user not in expected or update.user in seen or update.delta is None:
+            if update.user not in expected or update.user in seen:
                 agg.rejected += 1
                 continue
-            seen.add(update.user)
-            agg.add(update.delta)
+            seen.add(update.user)  # it replied: a malformed reply is rejected, not dropped
+            if update.delta is None:
+                agg.rejected += 1
+            else:
+                agg.add(update.delta)
         noise = self.mechanism.noise(round_idx, self.params.shape)
         privatized = agg.privatize(noise, self.sampler.expected_cohort)
         self.params = self.optimizer.step(self.params, privatized)

@@ -1,0 +1,158 @@
+"""``python -m fedpriv.accounting``: epsilon for a noise multiplier, or noise for a target epsilon.
+
+Examples::
+
+    python -m fedpriv.accounting epsilon --noise-multiplier 1.1 --sampling-rate 0.0042667 \\
+        --rounds 14063 --delta 1e-5 --accountant pld --json
+    python -m fedpriv.accounting noise --target-epsilon 2 --sampling-rate 0.01 --rounds 1000 --delta 1e-5
+
+The DpEvent always comes from the mechanism object (``MECHANISMS``) and a sampler of
+``fedpriv.sampling``; this file only parses, validates and prints. Bad input prints one line
+``error: ...`` on stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any, Callable, NoReturn, Sequence
+
+import dp_accounting
+
+from fedpriv.accounting.accountant import (ACCOUNTANTS, RDP, calibrate_noise_multiplier,
+                                           check_delta, check_epsilon, compute_epsilon,
+                                           relation_name)
+from fedpriv.accounting.ledger import json_epsilon
+from fedpriv.errors import ConfigError
+from fedpriv.mechanisms.gaussian import GaussianMechanism
+from fedpriv.sampling import FIXED_SIZE, POISSON, FixedSizeSampler, PoissonSampler, Sampler
+
+EXIT_BAD_INPUT = 2
+
+
+def _gaussian(args: argparse.Namespace, noise_multiplier: float) -> GaussianMechanism:
+    """Independent Gaussian noise; the clip norm does not enter accounting (events are per unit sensitivity)."""
+    return GaussianMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, seed=0)
+
+
+# name -> builder(args, noise_multiplier) of a mechanism with ``dp_event`` / ``neighboring_relation``.
+# Tree / BandMF register here (and add their own options) when they exist.
+MECHANISMS: dict[str, Callable[[argparse.Namespace, float], Any]] = {"gaussian": _gaussian}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``error: ...``) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        _fail(message)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m fedpriv.accounting",
+                     description="Privacy accounting with dp_accounting (RDP or PLD).")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    eps = sub.add_parser("epsilon", help="epsilon spent for a given noise multiplier")
+    eps.add_argument("--noise-multiplier", type=float, required=True, help="sigma (noise std / clip norm)")
+    noise = sub.add_parser("noise", help="smallest noise multiplier for a target epsilon")
+    noise.add_argument("--target-epsilon", type=float, required=True)
+    for p in (eps, noise):
+        p.add_argument("--mechanism", choices=sorted(MECHANISMS), default="gaussian")
+        p.add_argument("--sampling-rate", type=float, required=True, help="q in (0, 1]")
+        p.add_argument("--rounds", type=int, required=True, help="number of rounds / steps T >= 1")
+        p.add_argument("--delta", type=float, required=True, help="delta in (0, 1)")
+        p.add_argument("--accountant", choices=ACCOUNTANTS, default=RDP)
+        p.add_argument("--sampling", choices=(POISSON, FIXED_SIZE), default=POISSON)
+        p.add_argument("--population", type=int, default=None,
+                       help="population N (required for --sampling fixed; cohort = round(q*N))")
+        p.add_argument("--json", action="store_true", help="print one JSON line")
+    return parser
+
+
+def _validate(args: argparse.Namespace) -> None:
+    check_delta(args.delta)
+    if not (math.isfinite(args.sampling_rate) and 0.0 < args.sampling_rate <= 1.0):
+        raise ConfigError(f"sampling rate must be in (0, 1], got {args.sampling_rate}")
+    if args.rounds < 1:
+        raise ConfigError(f"rounds must be >= 1, got {args.rounds}")
+    if args.population is not None and args.population < 1:
+        raise ConfigError(f"population must be >= 1, got {args.population}")
+    if args.command == "epsilon" and not (math.isfinite(args.noise_multiplier) and args.noise_multiplier >= 0):
+        raise ConfigError(f"noise multiplier must be a finite number >= 0, got {args.noise_multiplier}")
+    if args.command == "noise":
+        check_epsilon(args.target_epsilon)
+
+
+def make_cli_sampler(kind: str, rate: float, population: int | None) -> Sampler:
+    """The sampler the accountant must assume. Seed 0: draws never enter accounting."""
+    if kind == POISSON:
+        # Poisson accounting depends only on q; the population is informational here.
+        return PoissonSampler(population=population or 0, rate=rate, seed=0)
+    if population is None:
+        raise ConfigError("--sampling fixed needs --population (cohort = round(q * N))")
+    cohort = round(rate * population)
+    if not 1 <= cohort <= population:
+        raise ConfigError(f"fixed-size cohort round({rate} * {population}) = {cohort} is not in [1, {population}]")
+    return FixedSizeSampler(population=population, cohort=cohort, seed=0)
+
+
+def _epsilon(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
+    mechanism = MECHANISMS[args.mechanism](args, args.noise_multiplier)
+    relation = mechanism.neighboring_relation(sampler)
+    eps = compute_epsilon(mechanism.dp_event(sampler, args.rounds), args.delta, args.accountant, relation)
+    return _with_epsilon({}, eps, args, relation)
+
+
+def _noise(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
+    mechanism = MECHANISMS[args.mechanism](args, 1.0)
+    relation = mechanism.neighboring_relation(sampler)
+
+    def make_event(sigma: float) -> dp_accounting.DpEvent:
+        return mechanism.dp_event(sampler, args.rounds, noise_multiplier=sigma)
+
+    sigma = calibrate_noise_multiplier(make_event, args.target_epsilon, args.delta, args.accountant, relation)
+    eps = compute_epsilon(make_event(sigma), args.delta, args.accountant, relation)
+    out = {"noise_multiplier": sigma, "target_epsilon": args.target_epsilon}
+    return _with_epsilon(out, eps, args, relation)
+
+
+def _with_epsilon(out: dict[str, Any], eps: float, args: argparse.Namespace,
+                  relation: dp_accounting.NeighboringRelation) -> dict[str, Any]:
+    out.update({"epsilon": json_epsilon(eps), "delta": args.delta, "accountant": args.accountant,
+                "neighboring_relation": relation_name(relation)})
+    if math.isinf(eps):
+        out["non_private"] = True
+    return out
+
+
+def _human(args: argparse.Namespace, out: dict[str, Any]) -> str:
+    eps = "inf (non-private)" if out["epsilon"] is None else f"{out['epsilon']:.6g}"
+    head = f"noise_multiplier = {out['noise_multiplier']:.6g}, " if "noise_multiplier" in out else ""
+    return (f"{head}epsilon = {eps} at delta = {args.delta:g} ({args.accountant} accountant, "
+            f"{out['neighboring_relation']} neighbouring, {args.mechanism} mechanism, "
+            f"{args.sampling} sampling q = {args.sampling_rate:g}, {args.rounds} rounds)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        _validate(args)
+        sampler = make_cli_sampler(args.sampling, args.sampling_rate, args.population)
+    except ConfigError as err:
+        _fail(str(err))
+    try:
+        out = _epsilon(args, sampler) if args.command == "epsilon" else _noise(args, sampler)
+    except ConfigError as err:
+        _fail(f"{args.mechanism} mechanism with {args.sampling} sampling: {err}")
+    print(json.dumps(out, allow_nan=False) if args.json else _human(args, out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The persisted record of privacy spent by a training run (``privacy.json`` + checkpoint state).
+
+The ledger holds no privacy formula: after ``n`` recorded rounds its ε is
+``compute_epsilon(mechanism.dp_event(sampler, n), δ, accountant, mechanism.neighboring_relation(sampler))``.
+It assumes every round used the same mechanism, noise multiplier and sampler (the ones it was
+built with); it checks the mechanism's σ on every query and refuses to account a changed one.
+
+JSON convention for a non-private run (σ = 0, ε = ∞): ``"epsilon": null`` together with
+``"non_private": true``. ``non_private`` is always present (``false`` otherwise), so the file is
+always strict JSON (no bare ``Infinity``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+import dp_accounting
+
+from fedpriv.accounting.accountant import (PLD, PLD_VALUE_DISCRETIZATION, RDP, check_accountant,
+                                           check_delta, check_epsilon, compute_epsilon,
+                                           relation_name)
+from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
+from fedpriv.sampling import Sampler
+
+LEDGER_FORMAT = 1
+PRIVACY_FILE = "privacy.json"
+BUDGET_SLACK = 1e-9  # relative slack when comparing spent ε with the target
+
+
+class AccountedMechanism(Protocol):
+    """What the ledger needs from a noise mechanism: it states its own DpEvent and relation."""
+
+    name: str
+    noise_multiplier: float
+
+    def dp_event(self, sampler: Sampler, rounds: int) -> dp_accounting.DpEvent: ...
+
+    def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation: ...
+
+
+def json_epsilon(epsilon: float) -> float | None:
+    """ε for JSON: ``None`` (null) when infinite, see the module docstring."""
+    return None if math.isinf(epsilon) else float(epsilon)
+
+
+def sampling_dict(sampler: Sampler) -> dict[str, Any]:
+    return {"kind": sampler.kind, "rate": float(sampler.rate), "population": int(sampler.population),
+            "expected_cohort": float(sampler.expected_cohort)}
+
+
+def _check_round_count(rounds: int | None, what: str) -> int | None:
+    if rounds is None:
+        return None
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ConfigError(f"{what} must be an integer >= 0, got {rounds!r}")
+    return rounds
+
+
+class PrivacyLedger:
+    """ε spent so far by ``mechanism`` under ``sampler``, at fixed ``delta``, with a budget check."""
+
+    def __init__(self, mechanism: AccountedMechanism, sampler: Sampler, delta: float,
+                 accountant: str = RDP, target_epsilon: float | None = None,
+                 planned_rounds: int | None = None) -> None:
+        self.mechanism = mechanism
+        self.sampler = sampler
+        self.delta = check_delta(delta)
+        self.accountant = check_accountant(accountant)
+        self.target_epsilon = None if target_epsilon is None else check_epsilon(target_epsilon)
+        self.planned_rounds = _check_round_count(planned_rounds, "planned rounds")
+        self.noise_multiplier = float(mechanism.noise_multiplier)
+        self.relation = mechanism.neighboring_relation(sampler)
+        self._round_indices: list[int] = []
+        self._cache: dict[int, float] = {0: 0.0}
+        self.epsilon(1)  # fail closed now if this mechanism/sampler/accountant cannot be accounted
+
+    # ------------------------------------------------------------ accounting
+
+    @property
+    def rounds_done(self) -> int:
+        return len(self._round_indices)
+
+    @property
+    def round_indices(self) -> tuple[int, ...]:
+        return tuple(self._round_indices)
+
+    def dp_event(self, rounds: int | None = None) -> dp_accounting.DpEvent:
+        """The mechanism's event for ``rounds`` rounds (default: the rounds recorded so far)."""
+        return self.mechanism.dp_event(self.sampler, self._rounds(rounds))
+
+    def epsilon(self, rounds: int | None = None) -> float:
+        """ε after ``rounds`` rounds (default: rounds recorded); cached per round count."""
+        n = self._rounds(rounds)
+        self._check_mechanism_unchanged()
+        if n not in self._cache:
+            try:
+                self._cache[n] = compute_epsilon(self.mechanism.dp_event(self.sampler, n), self.delta,
+                                                 self.accountant, self.relation)
+            except ConfigError as err:
+                raise ConfigError(f"{self.mechanism.name} mechanism with {self.sampler.kind} "
+                                  f"sampling: {err}") from err
+        return self._cache[n]
+
+    def check_can_run(self, rounds_done_after: int) -> float:
+        """Raise ``PrivacyBudgetExceeded`` if ε after ``rounds_done_after`` rounds would exceed the target.
+
+        Call it *before* releasing a round (with ``rounds_done + 1``), or once at start with the
+        planned rounds. Returns that ε. Without a target it only computes ε.
+        """
+        eps = self.epsilon(rounds_done_after)
+        if self.target_epsilon is not None and eps > self.target_epsilon * (1.0 + BUDGET_SLACK):
+            raise PrivacyBudgetExceeded(
+                f"{rounds_done_after} rounds would spend epsilon={eps:.6g} > target "
+                f"{self.target_epsilon:g} at delta={self.delta:g} ({self.accountant} accountant)")
+        return eps
+
+    def record_round(self, round_idx: int) -> float:
+        """Record that round ``round_idx`` was released; returns ε so far.
+
+        Records unconditionally (the ledger must never under-report what was released); the budget
+        gate is :meth:`check_can_run`. Round indices must be non-negative and strictly increasing.
+        """
+        if isinstance(round_idx, bool) or not isinstance(round_idx, int) or round_idx < 0:
+            raise ValueError(f"round index must be an integer >= 0, got {round_idx!r}")
+        if self._round_indices and round_idx <= self._round_indices[-1]:
+            raise ValueError(f"round {round_idx} recorded after round {self._round_indices[-1]}; "
+                             "rounds must be recorded once each, in increasing order")
+        self._round_indices.append(round_idx)
+        return self.epsilon()
+
+    # ------------------------------------------------------------ persistence
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary (privacy.json). ε = ∞ is written as null + ``non_private: true``."""
+        eps = self.epsilon()
+        planned = None if self.planned_rounds is None else json_epsilon(self.epsilon(self.planned_rounds))
+        return {
+            "epsilon": json_epsilon(eps),
+            "non_private": math.isinf(eps),
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "accountant_settings": self._accountant_settings(),
+            "neighboring_relation": relation_name(self.relation),
+            "mechanism": self.mechanism.name,
+            "noise_multiplier": self.noise_multiplier,
+            "sampling": sampling_dict(self.sampler),
+            "rounds": self.rounds_done,
+            "last_round": self._round_indices[-1] if self._round_indices else None,
+            "planned_rounds": self.planned_rounds,
+            "planned_epsilon": planned,
+            "target_epsilon": self.target_epsilon,
+            "events": [repr(self.dp_event())],
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpoint state: the configuration (checked on load) and the recorded round indices."""
+        return {"format": LEDGER_FORMAT, "config": self._config(),
+                "round_indices": list(self._round_indices)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore recorded rounds; the checkpoint's privacy configuration must equal this one's."""
+        if state.get("format") != LEDGER_FORMAT:
+            raise ConfigError(f"privacy ledger checkpoint format {state.get('format')!r} is not {LEDGER_FORMAT}")
+        mine, theirs = self._config(), state.get("config", {})
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if diff:
+            raise ConfigError("privacy ledger checkpoint was written with a different privacy "
+                              f"configuration (differs in: {', '.join(diff)})")
+        indices = [int(i) for i in state["round_indices"]]
+        if any(b <= a for a, b in zip(indices, indices[1:])) or any(i < 0 for i in indices):
+            raise ConfigError("privacy ledger checkpoint has invalid round indices")
+        self._round_indices = indices
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`to_dict` as strict JSON, atomically (temp file in the same dir + os.replace).
+
+        ``path`` is the file, or a directory in which ``privacy.json`` is written. Returns the file.
+        """
+        target = Path(path)
+        if target.is_dir():
+            target = target / PRIVACY_FILE
+        text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
+
+    # ------------------------------------------------------------ helpers
+
+    def _rounds(self, rounds: int | None) -> int:
+        n = self.rounds_done if rounds is None else _check_round_count(rounds, "rounds")
+        assert n is not None
+        return n
+
+    def _check_mechanism_unchanged(self) -> None:
+        if float(self.mechanism.noise_multiplier) != self.noise_multiplier:
+            raise ConfigError(
+                f"{self.mechanism.name} mechanism noise multiplier changed from {self.noise_multiplier} "
+                f"to {self.mechanism.noise_multiplier} after the privacy ledger was created")
+
+    def _accountant_settings(self) -> dict[str, Any]:
+        if self.accountant == PLD:
+            return {"value_discretization_interval": PLD_VALUE_DISCRETIZATION}
+        return {"rdp_orders": "dp_accounting default (1.1..10.9, 11..63, 128, 256, 512, 1024)"}
+
+    def _config(self) -> dict[str, Any]:
+        return {"mechanism": self.mechanism.name, "noise_multiplier": self.noise_multiplier,
+                "sampling": sampling_dict(self.sampler), "delta": self.delta,
+                "accountant": self.accountant, "neighboring_relation": relation_name(self.relation),
+                "target_epsilon": self.target_epsilon, "planned_rounds": self.planned_rounds}

@@ -1,0 +1,33 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+
+@pytest.fixture
+def run_cli():
+    """Run ``python -m fedpriv.simulate ARGS`` in the repo root; returns the CompletedProcess."""
+    import subprocess
+
+    def _run(*args: str, timeout: float = 300):
+        env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+        return subprocess.run([sys.executable, "-m", "fedpriv.simulate", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    return _run
+
+
+def compose_cfg(*overrides: str, run_dir) -> dict:
+    """The resolved config dict that ``python -m fedpriv.simulate OVERRIDES`` would run."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain["run_dir"] = str(run_dir)
+    return plain

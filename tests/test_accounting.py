@@ -1,0 +1,392 @@
+"""Tests for fedpriv.accounting: pinned known answers, calibration, ledger, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import dp_accounting
+import pytest
+from dp_accounting.rdp import RdpAccountant
+
+from fedpriv.accounting import (PLD, RDP, PrivacyLedger, calibrate_noise_multiplier,
+                                compute_epsilon)
+from fedpriv.accounting.__main__ import main as cli_main
+from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
+from fedpriv.mechanisms.gaussian import GaussianMechanism
+from fedpriv.sampling import FixedSizeSampler, PoissonSampler
+
+REPO = Path(__file__).resolve().parents[1]
+ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+REPLACE_ONE = dp_accounting.NeighboringRelation.REPLACE_ONE
+
+# KNOWN_ANSWERS.md: DP-SGD, N=60000, batch 256, sigma=1.1, 14063 steps, delta=1e-5, Poisson.
+SGD_Q, SGD_SIGMA, SGD_STEPS, SGD_DELTA = 256 / 60000, 1.1, 14063, 1e-5
+# KNOWN_ANSWERS.md: DP-FedAvg user level, 342477 users, q=100/342477, 1600 rounds, m=8.83, delta=1e-6.
+FEDAVG_N, FEDAVG_Q, FEDAVG_SIGMA, FEDAVG_ROUNDS, FEDAVG_DELTA = 342477, 100 / 342477, 8.83, 1600, 1e-6
+
+
+def _poisson(rate: float, population: int = 60000) -> PoissonSampler:
+    return PoissonSampler(population=population, rate=rate, seed=0)
+
+
+def _eps(sigma: float, sampler, rounds: int, delta: float, accountant: str = RDP) -> float:
+    mech = GaussianMechanism(sigma, clip_norm=1.0)
+    return compute_epsilon(mech.dp_event(sampler, rounds), delta, accountant, mech.neighboring_relation(sampler))
+
+
+# ------------------------------------------------------------------ pinned values
+
+def test_dp_sgd_rdp_known_answer():
+    assert _eps(SGD_SIGMA, _poisson(SGD_Q), SGD_STEPS, SGD_DELTA, RDP) == pytest.approx(2.597, abs=0.01)
+
+
+def test_dp_sgd_pld_known_answer():
+    assert _eps(SGD_SIGMA, _poisson(SGD_Q), SGD_STEPS, SGD_DELTA, PLD) == pytest.approx(2.382, abs=0.02)
+
+
+def test_dp_fedavg_user_level_rdp_known_answer():
+    eps = _eps(FEDAVG_SIGMA, _poisson(FEDAVG_Q, FEDAVG_N), FEDAVG_ROUNDS, FEDAVG_DELTA, RDP)
+    assert eps == pytest.approx(0.0067, abs=0.001)
+
+
+def test_rdp_and_pld_differ_at_small_q_as_documented():
+    sampler = _poisson(FEDAVG_Q, FEDAVG_N)
+    assert _eps(1.13, sampler, FEDAVG_ROUNDS, FEDAVG_DELTA, RDP) == pytest.approx(0.52, abs=0.01)
+    assert _eps(1.13, sampler, FEDAVG_ROUNDS, FEDAVG_DELTA, PLD) == pytest.approx(0.048, abs=0.002)
+
+
+# ------------------------------------------------------------------ compute_epsilon behaviour
+
+@pytest.mark.parametrize("accountant", [RDP, PLD])
+def test_epsilon_monotone_in_rounds(accountant):
+    sampler = _poisson(0.01)
+    eps = [_eps(1.0, sampler, t, 1e-5, accountant) for t in (1, 10, 100, 1000)]
+    assert all(a < b for a, b in zip(eps, eps[1:])), eps
+
+
+@pytest.mark.parametrize("accountant", [RDP, PLD])
+def test_non_private_event_is_infinite(accountant):
+    assert compute_epsilon(dp_accounting.NonPrivateDpEvent(), 1e-5, accountant) == math.inf
+    mech = GaussianMechanism(0.0, clip_norm=1.0)
+    sampler = _poisson(0.01)
+    assert compute_epsilon(mech.dp_event(sampler, 10), 1e-5, accountant) == math.inf
+
+
+@pytest.mark.parametrize("accountant", [RDP, PLD])
+def test_unsupported_event_fails_closed(accountant):
+    with pytest.raises(ConfigError, match=accountant):
+        compute_epsilon(dp_accounting.UnsupportedDpEvent(), 1e-5, accountant)
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, -1e-5, float("nan")])
+def test_bad_delta_rejected(bad):
+    with pytest.raises(ConfigError, match="delta"):
+        compute_epsilon(dp_accounting.GaussianDpEvent(1.0), bad)
+
+
+def test_unknown_accountant_rejected():
+    with pytest.raises(ConfigError, match="accountant"):
+        compute_epsilon(dp_accounting.GaussianDpEvent(1.0), 1e-5, "moments")
+
+
+# ------------------------------------------------------------------ fixed-size sampling
+
+def test_fixed_size_event_uses_replace_one_and_half_multiplier():
+    mech = GaussianMechanism(1.2, clip_norm=1.0)
+    sampler = FixedSizeSampler(population=10000, cohort=100, seed=0)
+    assert mech.neighboring_relation(sampler) is REPLACE_ONE
+    event = mech.dp_event(sampler, 50)
+    assert isinstance(event, dp_accounting.SelfComposedDpEvent) and event.count == 50
+    inner = event.event
+    assert isinstance(inner, dp_accounting.SampledWithoutReplacementDpEvent)
+    assert (inner.source_dataset_size, inner.sample_size) == (10000, 100)
+    assert inner.event == dp_accounting.GaussianDpEvent(0.6)
+
+
+def test_fixed_size_costs_more_than_poisson_at_equal_sigma():
+    fixed = FixedSizeSampler(population=10000, cohort=100, seed=0)
+    poisson = PoissonSampler(population=10000, rate=0.01, seed=0)
+    assert _eps(1.2, fixed, 500, 1e-5) > _eps(1.2, poisson, 500, 1e-5)
+
+
+def test_fixed_size_under_pld_is_config_error():
+    mech = GaussianMechanism(1.2, clip_norm=1.0)
+    sampler = FixedSizeSampler(population=10000, cohort=100, seed=0)
+    with pytest.raises(ConfigError, match="pld accountant.*SampledWithoutReplacement"):
+        compute_epsilon(mech.dp_event(sampler, 10), 1e-5, PLD, REPLACE_ONE)
+    with pytest.raises(ConfigError, match="gaussian mechanism with fixed sampling"):
+        PrivacyLedger(mech, sampler, delta=1e-5, accountant=PLD)
+
+
+def test_fixed_size_under_wrong_relation_is_config_error():
+    mech = GaussianMechanism(1.2, clip_norm=1.0)
+    sampler = FixedSizeSampler(population=10000, cohort=100, seed=0)
+    with pytest.raises(ConfigError, match="add_or_remove_one"):
+        compute_epsilon(mech.dp_event(sampler, 10), 1e-5, RDP, ADD_REMOVE)
+
+
+# ------------------------------------------------------------------ calibration
+
+def _sgd_maker(sampler=None, rounds: int = SGD_STEPS):
+    mech = GaussianMechanism(1.0, clip_norm=1.0)
+    sampler = sampler or _poisson(SGD_Q)
+    return (lambda s: mech.dp_event(sampler, rounds, noise_multiplier=s)), mech.neighboring_relation(sampler)
+
+
+def test_calibration_inverts_dp_sgd_rdp():
+    make_event, relation = _sgd_maker()
+    target = compute_epsilon(make_event(SGD_SIGMA), SGD_DELTA, RDP, relation)
+    sigma = calibrate_noise_multiplier(make_event, target, SGD_DELTA, RDP, relation)
+    assert sigma == pytest.approx(SGD_SIGMA, rel=0.003)
+    assert compute_epsilon(make_event(sigma), SGD_DELTA, RDP, relation) <= target
+
+
+def test_calibration_inverts_pld():
+    make_event, relation = _sgd_maker(_poisson(0.01), rounds=1000)
+    target = compute_epsilon(make_event(1.07), 1e-5, PLD, relation)
+    sigma = calibrate_noise_multiplier(make_event, target, 1e-5, PLD, relation)
+    assert sigma == pytest.approx(1.07, rel=0.003)
+    assert compute_epsilon(make_event(sigma), 1e-5, PLD, relation) <= target
+
+
+@pytest.mark.parametrize("target", [0.5, 1.0, 3.0, 8.0])
+def test_calibration_is_minimal_and_within_budget(target):
+    make_event, relation = _sgd_maker(_poisson(0.02), rounds=300)
+    sigma = calibrate_noise_multiplier(make_event, target, 1e-5, RDP, relation, rtol=1e-4)
+    assert compute_epsilon(make_event(sigma), 1e-5, RDP, relation) <= target
+    assert compute_epsilon(make_event(sigma * (1 - 2e-4)), 1e-5, RDP, relation) > target
+
+
+def test_calibration_fixed_size_returns_mechanism_sigma():
+    sampler = FixedSizeSampler(population=10000, cohort=100, seed=0)
+    make_event, relation = _sgd_maker(sampler, rounds=200)
+    target = compute_epsilon(make_event(1.5), 1e-5, RDP, relation)
+    assert calibrate_noise_multiplier(make_event, target, 1e-5, RDP, relation) == pytest.approx(1.5, rel=0.003)
+
+
+def test_calibration_unreachable_target_is_config_error():
+    make_event, relation = _sgd_maker(_poisson(1.0), rounds=100)  # no amplification: RDP floor
+    with pytest.raises(ConfigError, match="unreachable"):
+        calibrate_noise_multiplier(make_event, 1e-4, 1e-6, RDP, relation)
+
+
+def test_calibration_pld_fixed_size_is_config_error():
+    make_event, relation = _sgd_maker(FixedSizeSampler(population=1000, cohort=10, seed=0), rounds=10)
+    with pytest.raises(ConfigError):
+        calibrate_noise_multiplier(make_event, 1.0, 1e-5, PLD, relation)
+
+
+def test_calibration_rejects_bad_target():
+    make_event, relation = _sgd_maker(rounds=10)
+    with pytest.raises(ConfigError, match="epsilon"):
+        calibrate_noise_multiplier(make_event, 0.0, 1e-5, RDP, relation)
+
+
+# ------------------------------------------------------------------ ledger
+
+def _ledger(target: float | None = None, sigma: float = 1.0, accountant: str = RDP,
+            planned: int | None = 100) -> PrivacyLedger:
+    return PrivacyLedger(GaussianMechanism(sigma, clip_norm=1.0), _poisson(0.01, 5000), delta=1e-5,
+                         accountant=accountant, target_epsilon=target, planned_rounds=planned)
+
+
+@pytest.mark.parametrize("accountant", [RDP, PLD])
+def test_ledger_cached_epsilon_equals_direct_computation(accountant):
+    ledger = _ledger(accountant=accountant)
+    for r in range(3):
+        ledger.record_round(r)
+    mech, sampler = ledger.mechanism, ledger.sampler
+    direct = compute_epsilon(mech.dp_event(sampler, 3), 1e-5, accountant, ADD_REMOVE)
+    assert ledger.epsilon() == direct == ledger.epsilon(3)
+    if accountant == RDP:  # the count path of dp_accounting's own API gives the same number
+        via_count = RdpAccountant().compose(mech.round_event(sampler), 3).get_epsilon(1e-5)
+        assert ledger.epsilon() == pytest.approx(via_count, rel=1e-12)
+
+
+def test_ledger_refuses_past_budget():
+    budget = _ledger().epsilon(50)
+    ledger = _ledger(target=budget)
+    for r in range(50):
+        ledger.check_can_run(ledger.rounds_done + 1)
+        ledger.record_round(r)
+    assert ledger.epsilon() == pytest.approx(budget, rel=1e-12)
+    with pytest.raises(PrivacyBudgetExceeded, match="target"):
+        ledger.check_can_run(ledger.rounds_done + 1)
+    with pytest.raises(PrivacyBudgetExceeded):
+        ledger.check_can_run(ledger.planned_rounds)
+
+
+def test_ledger_without_target_never_refuses():
+    ledger = _ledger(target=None)
+    assert ledger.check_can_run(10_000) > 0
+
+
+def test_ledger_rejects_out_of_order_rounds():
+    ledger = _ledger()
+    ledger.record_round(3)
+    with pytest.raises(ValueError):
+        ledger.record_round(3)
+    with pytest.raises(ValueError):
+        ledger.record_round(-1)
+
+
+def test_ledger_detects_changed_noise_multiplier():
+    ledger = _ledger()
+    ledger.mechanism.noise_multiplier = 0.5
+    with pytest.raises(ConfigError, match="changed"):
+        ledger.epsilon(3)
+
+
+def test_ledger_state_round_trip():
+    ledger = _ledger(target=5.0)
+    for r in range(0, 40, 2):
+        ledger.record_round(r)
+    state = json.loads(json.dumps(ledger.state_dict()))  # checkpoints may be JSON-serialised
+    resumed = _ledger(target=5.0)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == ledger.state_dict()
+    assert resumed.to_dict() == ledger.to_dict()
+    ledger.record_round(41)
+    resumed.record_round(41)
+    assert resumed.to_dict() == ledger.to_dict()
+
+
+def test_ledger_load_rejects_other_configuration():
+    ledger = _ledger(target=5.0)
+    ledger.record_round(0)
+    with pytest.raises(ConfigError, match="noise_multiplier"):
+        _ledger(target=5.0, sigma=2.0).load_state_dict(ledger.state_dict())
+    with pytest.raises(ConfigError, match="accountant"):
+        _ledger(target=5.0, accountant=PLD).load_state_dict(ledger.state_dict())
+
+
+def _strict_json(text: str) -> dict:
+    def reject(const: str):
+        raise ValueError(f"non-standard JSON constant {const}")
+    return json.loads(text, parse_constant=reject)
+
+
+def test_privacy_json_is_valid(tmp_path):
+    ledger = _ledger(target=5.0)
+    for r in range(10):
+        ledger.record_round(r)
+    written = ledger.save(tmp_path)
+    assert written == tmp_path / "privacy.json"
+    data = _strict_json(written.read_text())
+    assert data["epsilon"] == pytest.approx(ledger.epsilon()) and data["non_private"] is False
+    assert data["delta"] == 1e-5 and data["accountant"] == "rdp" and data["rounds"] == 10
+    assert data["neighboring_relation"] == "add_or_remove_one" and data["noise_multiplier"] == 1.0
+    assert data["sampling"] == {"kind": "poisson", "rate": 0.01, "population": 5000, "expected_cohort": 50.0}
+    assert data["target_epsilon"] == 5.0 and data["planned_rounds"] == 100
+    assert "PoissonSampledDpEvent" in data["events"][0] and "count=10" in data["events"][0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["privacy.json"]  # no temp file left
+
+
+def test_privacy_json_non_private(tmp_path):
+    ledger = _ledger(sigma=0.0)
+    ledger.record_round(0)
+    assert ledger.epsilon() == math.inf
+    data = _strict_json(ledger.save(tmp_path / "p.json").read_text())
+    assert data["epsilon"] is None and data["non_private"] is True and data["planned_epsilon"] is None
+
+
+def test_empty_ledger_has_zero_epsilon():
+    ledger = _ledger()
+    assert ledger.epsilon() == 0.0
+    assert _strict_json(json.dumps(ledger.to_dict(), allow_nan=False))["rounds"] == 0
+
+
+# ------------------------------------------------------------------ CLI
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedpriv.accounting", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_dp_sgd_json_rdp_and_pld(capsys):
+    common = ["--noise-multiplier", "1.1", "--sampling-rate", repr(SGD_Q), "--rounds", str(SGD_STEPS),
+              "--delta", "1e-5", "--json"]
+    rdp = _run_cli("epsilon", "--mechanism", "gaussian", *common)
+    assert rdp.returncode == 0, rdp.stderr
+    out = _strict_json(rdp.stdout.strip())
+    assert out["epsilon"] == pytest.approx(2.597, abs=0.01)
+    assert (out["accountant"], out["neighboring_relation"], out["delta"]) == ("rdp", "add_or_remove_one", 1e-5)
+    assert cli_main(["epsilon", *common, "--accountant", "pld"]) == 0  # in-process: same code path
+    assert _strict_json(capsys.readouterr().out)["epsilon"] == pytest.approx(2.382, abs=0.02)
+
+
+def test_cli_dp_fedavg_json():
+    res = _run_cli("epsilon", "--noise-multiplier", "8.83", "--sampling-rate", repr(FEDAVG_Q),
+                   "--rounds", "1600", "--delta", "1e-6", "--population", "342477", "--json")
+    assert res.returncode == 0, res.stderr
+    assert _strict_json(res.stdout.strip())["epsilon"] == pytest.approx(0.0067, abs=0.001)
+
+
+def test_cli_bad_input_subprocess():
+    res = _run_cli("epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.01", "--rounds", "10",
+                   "--delta", "1.5")
+    assert res.returncode == 2 and res.stdout == ""
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "delta" in lines[0]
+
+
+BASE = ["--sampling-rate", "0.01", "--rounds", "10", "--delta", "1e-5"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["noise", "--target-epsilon", "0", *BASE], "epsilon"),
+    (["noise", "--target-epsilon", "-1", *BASE], "epsilon"),
+    (["epsilon", "--noise-multiplier", "-1", *BASE], "noise multiplier"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0", "--rounds", "10", "--delta", "1e-5"], "sampling rate"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "1.5", "--rounds", "10", "--delta", "1e-5"], "sampling rate"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.01", "--rounds", "0", "--delta", "1e-5"], "rounds"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.01", "--rounds", "10", "--delta", "0"], "delta"),
+    (["epsilon", "--noise-multiplier", "1", *BASE, "--sampling", "fixed"], "population"),
+    (["epsilon", "--noise-multiplier", "1", *BASE, "--sampling", "fixed", "--population", "1000",
+      "--accountant", "pld"], "pld accountant"),
+    (["epsilon", "--noise-multiplier", "1", *BASE, "--accountant", "moments"], "accountant"),
+    (["epsilon", "--noise-multiplier", "1", *BASE, "--mechanism", "nope"], "mechanism"),
+    (["epsilon", "--noise-multiplier", "x", *BASE], "noise-multiplier"),
+    (["noise", "--target-epsilon", "1e-4", "--sampling-rate", "1", "--rounds", "100", "--delta", "1e-6"], "unreachable"),
+    ([], "command"),
+])
+def test_cli_bad_input_one_line_exit_2(argv, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(argv)
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 1, captured.err
+    assert lines[0].startswith("error: ") and needle in lines[0]
+
+
+def test_cli_noise_inverts_epsilon(capsys):
+    assert cli_main(["epsilon", "--noise-multiplier", "1.3", *BASE[:2], "--rounds", "500",
+                     "--delta", "1e-5", "--json"]) == 0
+    eps = json.loads(capsys.readouterr().out)["epsilon"]
+    assert cli_main(["noise", "--target-epsilon", repr(eps), *BASE[:2], "--rounds", "500",
+                     "--delta", "1e-5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["noise_multiplier"] == pytest.approx(1.3, rel=0.003)
+    assert out["epsilon"] <= eps and out["accountant"] == "rdp"
+
+
+def test_cli_fixed_size_and_human_output(capsys):
+    assert cli_main(["epsilon", "--noise-multiplier", "1.2", *BASE, "--sampling", "fixed",
+                     "--population", "10000"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "replace_one" in line and "rdp" in line and line.startswith("epsilon = ")
+    expected = _eps(1.2, FixedSizeSampler(population=10000, cohort=100, seed=0), 10, 1e-5)
+    assert cli_main(["epsilon", "--noise-multiplier", "1.2", *BASE, "--sampling", "fixed",
+                     "--population", "10000", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["epsilon"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_cli_non_private_json(capsys):
+    assert cli_main(["epsilon", "--noise-multiplier", "0", *BASE, "--json"]) == 0
+    out = _strict_json(capsys.readouterr().out)
+    assert out["epsilon"] is None and out["non_private"] is True

@@ -1,0 +1,123 @@
+"""End to end through the Hydra entry point and the run loop: outputs, bad input, resume, backends."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import compose_cfg
+from client.app import make_client_app
+from fedpriv.runner import prepare, train
+from server.app import grid_round_fn, run_local
+from server.grid import LocalGrid
+
+
+def test_smoke_run_writes_outputs(run_cli, tmp_path):
+    out = tmp_path / "run"
+    res = run_cli("+experiment=smoke", f"run_dir={out}", "progress=false")
+    assert res.returncode == 0, res.stderr
+    assert "final accuracy" in res.stdout and "epsilon" in res.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 3
+    assert {"accuracy", "loss"} <= set(summary["final"])
+    assert {"epsilon", "delta", "accountant", "noise_multiplier"} <= set(summary["privacy"])
+    assert 0 < summary["privacy"]["epsilon"] <= 50.0  # the smoke target
+    assert 0 < summary["ceiling_accuracy"] < 1
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert all(r["epsilon"] <= 50.0 for r in rows)
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert privacy["rounds"] == 3 and privacy["epsilon"] == summary["privacy"]["epsilon"]
+    assert (out / "config.yaml").exists() and (out / "checkpoints" / "last.pt").exists()
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("privacy.target_epsilon=0", "privacy.target_epsilon"),
+    ("privacy.target_epsilon=-1", "privacy.target_epsilon"),
+    ("privacy.delta=1.5", "privacy.delta"),
+    ("privacy.delta=0", "privacy.delta"),
+    ("privacy.clip_norm=0", "privacy.clip_norm"),
+    ("cohort_size=100000", "cohort_size"),
+    ("model=gru", "unknown model"),
+    ("mechanism=laplace", "unknown mechanism"),
+    ("privacy.accountant=prv", "privacy.accountant"),
+    ("rounds=0", "rounds"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(run_cli, tmp_path, override, needle):
+    out = tmp_path / "run"
+    res = run_cli("+experiment=smoke", f"run_dir={out}", override)
+    assert res.returncode == 2, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], res.stderr
+    assert not out.exists()
+
+
+def test_missing_stackoverflow_file_says_what_to_download(run_cli, tmp_path):
+    out = tmp_path / "run"
+    res = run_cli("+experiment=stackoverflow", f"data.path={tmp_path}/nope.sqlite", f"run_dir={out}")
+    assert res.returncode == 2
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "stackoverflow.sqlite" in lines[0]
+    assert not out.exists()
+
+
+def test_delta_warning_when_delta_at_least_one_over_n(tmp_path, caplog):
+    cfg = compose_cfg("+experiment=smoke", "privacy.delta=0.1", run_dir=tmp_path / "r")
+    with caplog.at_level("WARNING"):
+        prepare(cfg)
+    assert any("1/num_users" in r.message for r in caplog.records)
+
+
+def test_budget_overrun_refused(tmp_path):
+    from fedpriv.errors import PrivacyBudgetExceeded
+
+    cfg = compose_cfg("+experiment=smoke", run_dir=tmp_path / "r")
+    session = prepare(cfg)
+    session.ledger.check_can_run(3)
+    with pytest.raises(PrivacyBudgetExceeded):
+        session.ledger.check_can_run(4)
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def test_resume_after_interruption_equals_uninterrupted(tmp_path):
+    overrides = ("+experiment=smoke", "rounds=4", "progress=false")
+    full = prepare(compose_cfg(*overrides, run_dir=tmp_path / "full"))
+    run_local(full)
+
+    cfg = compose_cfg(*overrides, run_dir=tmp_path / "cut")
+    first = prepare(cfg)
+    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
+
+    def crashing(round_idx, cohort):
+        if round_idx == 2:  # "killed" during round 3, after round 2's checkpoint
+            raise Crash
+        return inner(round_idx, cohort)
+
+    with pytest.raises(Crash):
+        train(first, crashing)
+    resumed = prepare({**cfg, "resume": True})
+    assert resumed.start_round == 2
+    run_local(resumed)
+
+    torch.testing.assert_close(resumed.server.params, full.server.params, rtol=0, atol=0)
+    a = json.loads((tmp_path / "full" / "privacy.json").read_text())
+    b = json.loads((tmp_path / "cut" / "privacy.json").read_text())
+    assert a == b
+    rows_a = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
+    rows_b = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+    strip = lambda rows: [{k: v for k, v in json.loads(r).items() if k != "wall_s"} for r in rows]  # noqa: E731
+    assert strip(rows_a) == strip(rows_b)
+
+
+def test_existing_run_dir_needs_resume(tmp_path):
+    from fedpriv.errors import ConfigError
+
+    cfg = compose_cfg("+experiment=smoke", "rounds=1", "progress=false", run_dir=tmp_path / "r")
+    run_local(prepare(cfg))
+    with pytest.raises(ConfigError, match="resume=true"):
+        prepare(cfg)
+    with pytest.raises(ConfigError, match="config differs in seed"):
+        prepare({**cfg, "resume": True, "seed": 5})
