@@ -121,3 +121,18 @@ def test_existing_run_dir_needs_resume(tmp_path):
         prepare(cfg)
     with pytest.raises(ConfigError, match="config differs in seed"):
         prepare({**cfg, "resume": True, "seed": 5})
+
+
+def test_local_and_flower_backends_give_the_same_model(tmp_path):
+    """Same seed → same final model on the in-process grid and Flower's simulation engine (Ray)."""
+    from server.app import run_flower_simulation
+
+    local = prepare(compose_cfg("+experiment=smoke", "progress=false", run_dir=tmp_path / "local"))
+    run_local(local)
+    flower = prepare(compose_cfg("+experiment=smoke", "progress=false", "backend=flower", run_dir=tmp_path / "flower"))
+    summary = run_flower_simulation(flower)
+    assert summary["backend"] == "flower" and summary["rounds"] == 3
+    torch.testing.assert_close(flower.server.params, local.server.params, rtol=0, atol=0)
+    a = json.loads((tmp_path / "local" / "privacy.json").read_text())
+    b = json.loads((tmp_path / "flower" / "privacy.json").read_text())
+    assert a == b
