@@ -1,0 +1,514 @@
+"""A user-keyed synthetic corpus with a known generative model (the embedded default dataset).
+
+Generative model
+----------------
+* Vocabulary: ``V`` words with Zipf base frequencies ``p(w) ∝ w^-s`` (id 1 is the most frequent).
+  Token ids follow the StackOverflow layout: pad 0, words ``1..V``, OOV ``V+1`` (reserved, never
+  generated), BOS ``V+2``, EOS ``V+3``.
+* Topics: ``K`` private topics (ids ``0..K-1``) and ``P`` public-only topics (ids ``K..K+P-1``).
+  Each topic is a sparse first-order Markov chain over the states ``{BOS} ∪ words``. A state ``s``
+  has ``n_s`` word successors (uniform in ``[min_successors, max_successors]``, the same count in
+  every topic): a share of them is common to all topics (drawn once from the Zipf distribution),
+  the rest is topic-specific (drawn from the Zipf distribution restricted to the topic's word
+  subset with probability ``topic_bias``, otherwise from the full Zipf distribution). Successor
+  weights are ``Dirichlet(successor_concentration)`` per topic (optionally tilted toward frequent
+  words by ``p(w)^zipf_weight_bias``), mixed as ``(1-ρ)·w + ρ·b`` with base weights ``b`` of the
+  state's shared successors that every topic uses (``ρ = weight_sharing``): the shared part is
+  what a single global model can learn, the rest is what topic inference from the prefix adds.
+  A word state also ends the sentence (EOS) with a per-(topic, state) probability
+  ``q ~ Beta(c, c·(mean_length-1))`` (mean ``1 / mean_length``); BOS never goes to EOS.
+* Users: ``num_users`` users, user ``u`` has a topic mixture ``θ_u ~ Dirichlet(β·1_K)`` over the
+  private topics and ``n_u`` sentences (lognormal, rounded, clipped to ``[1,
+  max_sentences_per_user]``). Each sentence draws a topic from ``θ_u`` and then runs the chain
+  from BOS until EOS or ``seq_len`` words (then the EOS is cut, as in TFF's preprocessing).
+* Test set: ``num_test`` sentences; each picks a user with probability ``∝ n_u``, a topic from
+  ``θ_u``, then runs the chain.
+* Public corpus: ``num_public`` sentences from a shifted mixture: a fraction
+  ``public_private_fraction`` (exactly, after rounding) is drawn uniformly from the private topics,
+  the rest uniformly from the public-only topics; each carries its topic label.
+
+Bayes ceiling
+-------------
+``ceiling_accuracy`` is the next-token accuracy on the test set of the predictor that knows every
+chain and the population topic prior ``π_k = Σ_u n_u θ_uk / Σ_u n_u`` (the exact marginal topic
+distribution of a test sentence) but not the user. At each position it forms the topic posterior
+``p(k | prefix) ∝ π_k Π_j P_k(t_{j+1} | t_j)`` and predicts ``argmax_w Σ_k p(k | prefix)
+P_k(w | t_i)`` over words only (EOS excluded, ties to the lowest id). As in the standard metric,
+positions whose target is pad, OOV or EOS are ignored, so the accuracy is the mean over test
+positions whose target is a word. Ignoring the user makes it the ceiling for a single global model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from fedpriv.data.federated import FederatedDataset, PublicCorpus, Vocabulary
+from fedpriv.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Every knob of the generator; the defaults are calibrated to StackOverflow-like difficulty."""
+
+    seq_len: int = 20
+    vocab_size: int = 3000
+    num_topics: int = 20
+    num_public_topics: int = 10
+    num_users: int = 3000
+    mean_sentences: float = 25.0  # lognormal mean before rounding and clipping
+    sentences_sigma: float = 1.0  # lognormal shape of sentences per user
+    max_sentences_per_user: int = 256
+    num_test: int = 4000
+    num_public: int = 20000
+    public_private_fraction: float = 0.2
+    zipf_exponent: float = 1.0
+    user_concentration: float = 0.3  # Dirichlet β of the users' topic mixtures
+    min_successors: int = 4
+    max_successors: int = 10
+    shared_successor_fraction: float = 0.5  # share of a state's successors common to all topics
+    topic_words: int = 150  # size of each topic's word subset
+    topic_bias: float = 0.7  # P(a topic-specific successor comes from the topic's subset)
+    successor_concentration: float = 0.8  # Dirichlet α of successor weights
+    zipf_weight_bias: float = 0.0  # weights ∝ Dirichlet · p(w)^bias (0: no tilt)
+    weight_sharing: float = 0.12  # mix of a state's shared base weights into every topic's weights
+    mean_length: float = 14.0  # mean words per sentence before truncation to seq_len
+    eos_concentration: float = 4.0  # Beta(c, c·(mean_length-1)) for the EOS probability
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TopicChains:
+    """The topics' Markov chains in padded sparse form.
+
+    State index: 0 is BOS, ``w`` (1..V) is word ``w``. ``succ[t, s, j]`` is a successor token id
+    (a word or EOS) with probability ``prob[t, s, j]``; padding entries have id 0 and probability 0.
+    """
+
+    succ: np.ndarray  # int64 [T, V+1, M]
+    prob: np.ndarray  # float64 [T, V+1, M]
+    topic_words: np.ndarray  # int64 [T, topic_words]
+    vocab: Vocabulary
+
+    @property
+    def num_states(self) -> int:
+        return self.succ.shape[1]
+
+    def dense(self, topic: int) -> np.ndarray:
+        """Transition matrix ``[V+1, vocab.size]`` of one topic (for tests and small vocabularies)."""
+        out = np.zeros((self.num_states, self.vocab.size))
+        rows = np.repeat(np.arange(self.num_states), self.succ.shape[2])
+        np.add.at(out, (rows, self.succ[topic].ravel()), self.prob[topic].ravel())
+        return out
+
+
+@dataclass(frozen=True)
+class SyntheticTruth:
+    """The hidden ground truth behind a generated dataset."""
+
+    chains: TopicChains
+    user_mixtures: np.ndarray  # float64 [U, K]
+    user_topics: list[np.ndarray]  # user_topics[u]: int64 [n_u], topic of each sentence
+    topic_prior: np.ndarray  # float64 [K], population topic distribution
+    test_topics: np.ndarray  # int64 [M]
+    test_users: np.ndarray  # int64 [M]
+
+
+def make_vocabulary(vocab_size: int) -> Vocabulary:
+    """StackOverflow layout: pad 0, words 1..V, OOV V+1, BOS V+2, EOS V+3."""
+    v = vocab_size
+    words = tuple(f"w{i}" for i in range(1, v + 1))
+    return Vocabulary(size=v + 4, bos_id=v + 2, eos_id=v + 3, pad_id=0, oov_id=v + 1, words=words)
+
+
+def zipf_probs(vocab_size: int, exponent: float) -> np.ndarray:
+    """Base word distribution ``p(w) ∝ w^-exponent`` over ids 1..V (index 0 is word 1)."""
+    p = np.arange(1, vocab_size + 1, dtype=np.float64) ** -exponent
+    return p / p.sum()
+
+
+def _validate(cfg: SyntheticConfig) -> None:
+    """Raise ``ConfigError`` on a config the generator cannot honour."""
+    checks = [
+        (cfg.seq_len >= 1, "seq_len must be >= 1"),
+        (cfg.vocab_size >= 2, "vocab_size must be >= 2"),
+        (cfg.num_topics >= 1, "num_topics must be >= 1"),
+        (cfg.num_public_topics >= 0, "num_public_topics must be >= 0"),
+        (cfg.num_users >= 1, "num_users must be >= 1"),
+        (cfg.max_sentences_per_user >= 1, "max_sentences_per_user must be >= 1"),
+        (cfg.mean_sentences >= 1, "mean_sentences must be >= 1"),
+        (cfg.sentences_sigma >= 0, "sentences_sigma must be >= 0"),
+        (cfg.zipf_exponent >= 0, "zipf_exponent must be >= 0"),
+        (cfg.zipf_weight_bias >= 0, "zipf_weight_bias must be >= 0"),
+        (0.0 <= cfg.weight_sharing <= 1.0, "weight_sharing must be in [0, 1]"),
+        (cfg.num_test >= 1, "num_test must be >= 1"),
+        (cfg.num_public >= 0, "num_public must be >= 0"),
+        (0.0 <= cfg.public_private_fraction <= 1.0, "public_private_fraction must be in [0, 1]"),
+        (cfg.num_public_topics > 0 or cfg.public_private_fraction == 1.0 or cfg.num_public == 0,
+         "public-only samples need num_public_topics >= 1"),
+        (1 <= cfg.min_successors <= cfg.max_successors <= cfg.vocab_size,
+         "need 1 <= min_successors <= max_successors <= vocab_size"),
+        (1 <= cfg.topic_words <= cfg.vocab_size, "topic_words must be in [1, vocab_size]"),
+        (0.0 <= cfg.shared_successor_fraction <= 1.0, "shared_successor_fraction in [0, 1]"),
+        (0.0 <= cfg.topic_bias <= 1.0, "topic_bias must be in [0, 1]"),
+        (cfg.successor_concentration > 0, "successor_concentration must be > 0"),
+        (cfg.user_concentration > 0, "user_concentration must be > 0"),
+        (cfg.mean_length > 1, "mean_length must be > 1"),
+        (cfg.eos_concentration > 0, "eos_concentration must be > 0"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(f"synthetic: {msg}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Chains
+
+
+def _draw(rng: np.random.Generator, cdf: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
+    """Indices drawn i.i.d. from the distribution with cumulative sums ``cdf``."""
+    idx = np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right")
+    return np.minimum(idx, len(cdf) - 1)
+
+
+def _first_distinct(cands: np.ndarray, valid: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per row, the first ``counts[r]`` distinct valid candidates in column order (0 = padding).
+
+    Returns int64 ``[R, counts.max()]``; a row with too few distinct candidates is zero-padded.
+    """
+    rows, cols = cands.shape
+    order = np.argsort(cands * cols + np.arange(cols), axis=1, kind="stable")
+    sorted_c = np.take_along_axis(cands, order, axis=1)
+    first = np.ones_like(valid)
+    first[:, 1:] = sorted_c[:, 1:] != sorted_c[:, :-1]
+    keep = np.zeros_like(valid)
+    np.put_along_axis(keep, order, first, axis=1)
+    keep &= valid
+    # Later (among valid, distinct) columns lose; rank them by column position.
+    rank = np.where(keep, np.arange(cols), cols + 1)
+    pick = np.argsort(rank, axis=1, kind="stable")[:, : counts.max()]
+    out = np.take_along_axis(cands, pick, axis=1)
+    ok = np.take_along_axis(keep, pick, axis=1) & (np.arange(pick.shape[1]) < counts[:, None])
+    return np.where(ok, out, 0)
+
+
+def _share_weights(w: np.ndarray, chosen: np.ndarray, shared: np.ndarray, shared_w: np.ndarray,
+                   rho: float) -> np.ndarray:
+    """``(1-ρ)·w + ρ·b`` where ``b`` are the state's shared base weights (on shared successors)."""
+    match = (chosen[:, :, None] == shared[:, None, :]) & (chosen[:, :, None] > 0)
+    b = (match * shared_w[:, None, :]).sum(axis=2)
+    has = b.sum(axis=1, keepdims=True) > 0  # states without shared successors keep their weights
+    return np.where(has, (1.0 - rho) * w + rho * b, w)
+
+
+def build_chains(cfg: SyntheticConfig, rng: np.random.Generator) -> TopicChains:
+    """Draw every topic's sparse Markov chain (see the module docstring)."""
+    v, n_topics = cfg.vocab_size, cfg.num_topics + cfg.num_public_topics
+    vocab = make_vocabulary(v)
+    n_states, m_max = v + 1, cfg.max_successors
+    base = zipf_probs(v, cfg.zipf_exponent)
+    base_cdf = np.cumsum(base)
+
+    counts = rng.integers(cfg.min_successors, cfg.max_successors + 1, size=n_states)
+    n_shared = np.rint(counts * cfg.shared_successor_fraction).astype(np.int64)
+    n_draw = 3 * m_max
+    shared = _draw(rng, base_cdf, (n_states, n_draw)) + 1
+    shared = _first_distinct(shared, np.ones(shared.shape, bool), n_shared)
+    shared_w = np.where(shared > 0, rng.gamma(cfg.successor_concentration, size=shared.shape), 0)
+    shared_w /= np.maximum(shared_w.sum(axis=1, keepdims=True), 1e-300)
+
+    topic_words = np.stack([np.sort(rng.choice(v, cfg.topic_words, replace=False)) + 1
+                            for _ in range(n_topics)])
+    succ = np.zeros((n_topics, n_states, m_max + 1), dtype=np.int64)
+    prob = np.zeros((n_topics, n_states, m_max + 1))
+    for t in range(n_topics):
+        words = topic_words[t]
+        sub_cdf = np.cumsum(base[words - 1])
+        from_topic = rng.random((n_states, n_draw)) < cfg.topic_bias
+        own = words[_draw(rng, sub_cdf, (n_states, n_draw))]
+        other = _draw(rng, base_cdf, (n_states, n_draw)) + 1
+        cands = np.concatenate([shared, np.where(from_topic, own, other)], axis=1)
+        chosen = _first_distinct(cands, cands > 0, counts)  # [S, <= m_max]
+        k = chosen.shape[1]
+        w = rng.gamma(cfg.successor_concentration, size=chosen.shape)
+        if cfg.zipf_weight_bias:
+            w = w * base[np.maximum(chosen, 1) - 1] ** cfg.zipf_weight_bias
+        w = np.where(chosen > 0, w, 0.0)
+        w /= w.sum(axis=1, keepdims=True)
+        if cfg.weight_sharing:
+            w = _share_weights(w, chosen, shared, shared_w, cfg.weight_sharing)
+        a = cfg.eos_concentration
+        q = rng.beta(a, a * (cfg.mean_length - 1.0), size=n_states)
+        q[0] = 0.0  # BOS never ends the sentence
+        succ[t, :, :k] = chosen
+        prob[t, :, :k] = w * (1.0 - q)[:, None]
+        succ[t, :, m_max] = np.where(q > 0, vocab.eos_id, 0)
+        prob[t, :, m_max] = q
+    return TopicChains(succ=succ, prob=prob, topic_words=topic_words, vocab=vocab)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sentences
+
+
+def sample_sentences(chains: TopicChains, topics: np.ndarray, seq_len: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """Run each sentence's topic chain from BOS; rows ``[BOS, w.., EOS, 0..]`` of ``seq_len+1``."""
+    vocab = chains.vocab
+    n = len(topics)
+    rows = np.zeros((n, seq_len + 1), dtype=np.int64)
+    rows[:, 0] = vocab.bos_id
+    cdf = np.cumsum(chains.prob, axis=2)
+    cdf /= cdf[:, :, -1:]
+    state = np.zeros(n, dtype=np.int64)
+    alive = np.arange(n)
+    for i in range(1, seq_len + 1):
+        if alive.size == 0:
+            break
+        c = cdf[topics[alive], state[alive]]
+        j = (rng.random(alive.size)[:, None] >= c).sum(axis=1)
+        j = np.minimum(j, c.shape[1] - 1)
+        tok = chains.succ[topics[alive], state[alive], j]
+        rows[alive, i] = tok
+        going = tok != vocab.eos_id
+        alive = alive[going]
+        state[alive] = tok[going]
+    return rows
+
+
+def user_sentence_counts(cfg: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
+    """Heavy-tailed sentences per user: lognormal, rounded, clipped to [1, max]."""
+    sigma = cfg.sentences_sigma
+    mu = math.log(cfg.mean_sentences) - sigma**2 / 2
+    n = np.rint(rng.lognormal(mu, sigma, size=cfg.num_users)).astype(np.int64)
+    return np.clip(n, 1, cfg.max_sentences_per_user)
+
+
+def _draw_topics(mixtures: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One topic per row of ``mixtures`` (each row a distribution)."""
+    cdf = np.cumsum(mixtures, axis=1)
+    j = (rng.random(len(mixtures))[:, None] * cdf[:, -1:] >= cdf).sum(axis=1)
+    return np.minimum(j, mixtures.shape[1] - 1)
+
+
+def public_topics(cfg: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
+    """Shifted mixture: exactly ``round(fraction·P)`` private-topic samples, the rest public-only."""
+    n_priv = int(round(cfg.public_private_fraction * cfg.num_public))
+    priv = rng.integers(0, cfg.num_topics, size=n_priv)
+    pub = cfg.num_topics + rng.integers(0, max(cfg.num_public_topics, 1),
+                                        size=cfg.num_public - n_priv)
+    return rng.permutation(np.concatenate([priv, pub]).astype(np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Ceiling
+
+
+def _states(tokens: np.ndarray, vocab: Vocabulary) -> np.ndarray:
+    """Chain state of each token: the word id for a word, 0 for anything else (BOS)."""
+    is_word = (tokens >= 1) & (tokens < vocab.oov_id)
+    return np.where(is_word, tokens, 0)
+
+
+def _transition_logprob(chains: TopicChains, topics: np.ndarray, states: np.ndarray,
+                        targets: np.ndarray) -> np.ndarray:
+    """``log P_t(target | state)`` for every topic ``t`` in ``topics`` and pair; ``[T', N]``."""
+    t_all, s_all, m = chains.succ.shape
+    width = chains.vocab.size
+    keys = ((np.arange(t_all)[:, None, None] * s_all + np.arange(s_all)[None, :, None]) * width
+            + chains.succ)
+    live = chains.prob > 0
+    keys, vals = keys[live], np.log(chains.prob[live])
+    order = np.argsort(keys, kind="stable")
+    keys, vals = keys[order], vals[order]
+    q = (topics[:, None] * s_all + states[None, :]) * width + targets[None, :]
+    pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+    return np.where(keys[pos] == q, vals[pos], -np.inf)
+
+
+def topic_posteriors(chains: TopicChains, prior: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``p(k | prefix)`` for every row and position ``i`` (prefix = ``rows[:, :i+1]``); [N, L, K].
+
+    Only transitions into words count (later positions are never scored).
+    """
+    vocab = chains.vocab
+    k = len(prior)
+    prev, tgt = rows[:, :-1], rows[:, 1:]
+    is_word = (tgt >= 1) & (tgt < vocab.oov_id)
+    ll = np.zeros((k,) + tgt.shape)
+    flat = is_word.ravel()
+    ll.reshape(k, -1)[:, flat] = _transition_logprob(
+        chains, np.arange(k), _states(prev, vocab).ravel()[flat], tgt.ravel()[flat])
+    # Exclusive cumulative sum: the posterior at i conditions on transitions 0..i-1.
+    cum = np.zeros_like(ll)
+    np.cumsum(ll[:, :, :-1], axis=2, out=cum[:, :, 1:])
+    with np.errstate(divide="ignore"):
+        logp = np.log(prior)[:, None, None] + cum
+    logp -= logp.max(axis=0, keepdims=True)
+    post = np.exp(logp)
+    post /= post.sum(axis=0, keepdims=True)
+    return np.moveaxis(post, 0, 2)
+
+
+def predict_words(chains: TopicChains, states: np.ndarray, post: np.ndarray) -> np.ndarray:
+    """``argmax_w Σ_k post[n, k] P_k(w | states[n])`` over words (ties: lowest id)."""
+    k = post.shape[1]
+    succ, prob = chains.succ[:k], chains.prob[:k]
+    is_word = (succ >= 1) & (succ < chains.vocab.oov_id)
+    pred = np.zeros(len(states), dtype=np.int64)
+    order = np.argsort(states, kind="stable")
+    uniq, starts = np.unique(states[order], return_index=True)
+    bounds = np.append(starts, len(order))
+    for s, a, b in zip(uniq, bounds[:-1], bounds[1:]):
+        idx = order[a:b]
+        live = is_word[:, s]
+        words, inv = np.unique(succ[:, s][live], return_inverse=True)
+        table = np.zeros((k, len(words)))
+        table[np.nonzero(live)[0], inv] = prob[:, s][live]
+        pred[idx] = words[np.argmax(post[idx] @ table, axis=1)]
+    return pred
+
+
+def scored_positions(rows: np.ndarray, vocab: Vocabulary) -> np.ndarray:
+    """Mask ``[N, L]`` of positions the accuracy counts: the target ``rows[:, 1:]`` is a word."""
+    tgt = rows[:, 1:]
+    return ~np.isin(tgt, vocab.excluded_from_accuracy()) & (tgt != vocab.bos_id)
+
+
+def bayes_correct(chains: TopicChains, prior: np.ndarray, rows: np.ndarray) -> tuple[int, int]:
+    """(correct, scored) of the Bayes predictor on ``rows`` (see the module docstring)."""
+    mask = scored_positions(rows, chains.vocab)
+    post = topic_posteriors(chains, prior, rows)[mask]
+    pred = predict_words(chains, _states(rows[:, :-1], chains.vocab)[mask], post)
+    return int((pred == rows[:, 1:][mask]).sum()), int(mask.sum())
+
+
+def ceiling_accuracy(chains: TopicChains, prior: np.ndarray, rows: np.ndarray) -> float:
+    """Bayes-optimal next-word accuracy of a user-agnostic predictor on ``rows``."""
+    correct, total = bayes_correct(chains, prior, rows)
+    return correct / max(total, 1)
+
+
+def oracle_topic_accuracy(chains: TopicChains, rows: np.ndarray, topics: np.ndarray) -> float:
+    """Accuracy when the sentence's topic is known (an upper bound on ``ceiling_accuracy``)."""
+    mask = scored_positions(rows, chains.vocab)
+    k = int(topics.max()) + 1
+    onehot = np.eye(k)[np.broadcast_to(topics[:, None], mask.shape)[mask]]
+    pred = predict_words(chains, _states(rows[:, :-1], chains.vocab)[mask], onehot)
+    return float((pred == rows[:, 1:][mask]).mean()) if mask.any() else 0.0
+
+
+def expected_visits(chains: TopicChains, topics: int, seq_len: int) -> np.ndarray:
+    """``v[k, s]``: expected visits of state ``s`` at input positions ``0..seq_len-1`` under topic k."""
+    n = chains.num_states
+    visits = np.zeros((topics, n))
+    for k in range(topics):
+        word = (chains.succ[k] >= 1) & (chains.succ[k] < chains.vocab.oov_id)
+        rows = np.nonzero(word)[0]
+        step = sp.csr_matrix((chains.prob[k][word], (rows, chains.succ[k][word])), shape=(n, n))
+        d = np.zeros(n)
+        d[0] = 1.0
+        for _ in range(seq_len):
+            visits[k] += d
+            d = step.T @ d
+    return visits
+
+
+def bigram_bayes_accuracy(chains: TopicChains, prior: np.ndarray, rows: np.ndarray,
+                          seq_len: int) -> float:
+    """Accuracy of the best predictor that sees only the previous token.
+
+    It predicts ``argmax_w Σ_k π_k v_k(s) P_k(w | s)`` with ``v_k(s)`` the expected visits of
+    ``s`` as an input position under topic ``k`` (the exact population bigram).
+    """
+    mask = scored_positions(rows, chains.vocab)
+    weight = prior[:, None] * expected_visits(chains, len(prior), seq_len)
+    weight /= np.maximum(weight.sum(axis=0, keepdims=True), 1e-300)
+    states = _states(rows[:, :-1], chains.vocab)[mask]
+    pred = predict_words(chains, states, weight.T[states])
+    return float((pred == rows[:, 1:][mask]).mean()) if mask.any() else 0.0
+
+
+def unigram_accuracy(train: np.ndarray, test: np.ndarray, vocab: Vocabulary) -> tuple[float, int]:
+    """Accuracy of always predicting the training data's most frequent word, and that word."""
+    words = train[:, 1:][scored_positions(train, vocab)]
+    top = int(np.argmax(np.bincount(words, minlength=vocab.size)))
+    mask = scored_positions(test, vocab)
+    return (float((test[:, 1:][mask] == top).mean()) if mask.any() else 0.0), top
+
+
+# ---------------------------------------------------------------------------------------------
+# Assembly
+
+
+def _stats(cfg: SyntheticConfig, sizes: np.ndarray, train: np.ndarray,
+           vocab: Vocabulary) -> dict:
+    lengths = ((train >= 1) & (train < vocab.oov_id)).sum(axis=1)
+    counts = np.bincount(train[:, 1:][scored_positions(train, vocab)], minlength=vocab.size)
+    top = np.sort(counts)[::-1]
+    return {
+        "num_train_sentences": int(sizes.sum()),
+        "num_train_words": int(counts.sum()),
+        "sentences_per_user_mean": float(sizes.mean()),
+        "sentences_per_user_median": float(np.median(sizes)),
+        "sentences_per_user_max": int(sizes.max()),
+        "mean_sentence_words": float(lengths.mean()),
+        "truncated_fraction": float((lengths >= cfg.seq_len).mean()),
+        "distinct_words_seen": int((counts > 0).sum()),
+        "top100_word_share": float(top[:100].sum() / max(counts.sum(), 1)),
+    }
+
+
+def generate_with_truth(cfg: SyntheticConfig) -> tuple[FederatedDataset, SyntheticTruth]:
+    """Generate the dataset and return it with its hidden ground truth."""
+    _validate(cfg)
+    ss = np.random.SeedSequence(cfg.seed)
+    rng_chain, rng_users, rng_train, rng_test, rng_pub = (
+        np.random.default_rng(s) for s in ss.spawn(5))
+    chains = build_chains(cfg, rng_chain)
+    vocab = chains.vocab
+
+    sizes = user_sentence_counts(cfg, rng_users)
+    mixtures = rng_users.dirichlet(np.full(cfg.num_topics, cfg.user_concentration),
+                                   size=cfg.num_users)
+    owner = np.repeat(np.arange(cfg.num_users), sizes)
+    topics = _draw_topics(mixtures[owner], rng_train)
+    train = sample_sentences(chains, topics, cfg.seq_len, rng_train)
+    splits = np.cumsum(sizes)[:-1]
+    users = np.split(train, splits)
+    user_topics = np.split(topics, splits)
+
+    prior = (sizes[:, None] * mixtures).sum(axis=0) / sizes.sum()
+    test_users = rng_test.choice(cfg.num_users, size=cfg.num_test, p=sizes / sizes.sum())
+    test_topics = _draw_topics(mixtures[test_users], rng_test)
+    test = sample_sentences(chains, test_topics, cfg.seq_len, rng_test)
+
+    pub_topics = public_topics(cfg, rng_pub)
+    pub = sample_sentences(chains, pub_topics, cfg.seq_len, rng_pub)
+
+    ceiling = ceiling_accuracy(chains, prior, test)
+    unigram, top_word = unigram_accuracy(train, test, vocab)
+    info = asdict(cfg) | _stats(cfg, sizes, train, vocab) | {
+        "ceiling_accuracy": ceiling,
+        "unigram_accuracy": unigram,
+        "unigram_word": top_word,
+        "oracle_topic_accuracy": oracle_topic_accuracy(chains, test, test_topics),
+        "bigram_bayes_accuracy": bigram_bayes_accuracy(chains, prior, test, cfg.seq_len),
+    }
+    ds = FederatedDataset(
+        name="synthetic", vocab=vocab, seq_len=cfg.seq_len, users=users, test=test,
+        ceiling_accuracy=ceiling, unigram_accuracy=unigram,
+        public=PublicCorpus(sentences=pub, topics=pub_topics,
+                            private_topics=frozenset(range(cfg.num_topics))),
+        info=info)
+    truth = SyntheticTruth(chains=chains, user_mixtures=mixtures, user_topics=user_topics,
+                           topic_prior=prior, test_topics=test_topics, test_users=test_users)
+    return ds, truth
+
+
+def generate(cfg: SyntheticConfig | None = None) -> FederatedDataset:
+    """Generate the synthetic federated dataset (deterministic in ``cfg.seed``)."""
+    return generate_with_truth(cfg or SyntheticConfig())[0]
