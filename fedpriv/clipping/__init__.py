@@ -1,0 +1,11 @@
+"""Per-sample clipping with the Book-Keeping (BK) algorithm (ghost norms + book-kept sums).
+
+``BookKeeping(model, clip_norm, noise_multiplier, mode, generator)`` hooks a model built from
+supported layers (``RULES``); ``bk.backward(per_sample_loss, groups=None)`` sets clipped and noised
+gradients. Add a layer type with :func:`register_rule`.
+"""
+
+from fedpriv.clipping.engine import MODES, BookKeeping, UnsupportedLayerError
+from fedpriv.clipping.rules import RULES, LayerRule, register_rule
+
+__all__ = ["BookKeeping", "LayerRule", "MODES", "RULES", "UnsupportedLayerError", "register_rule"]

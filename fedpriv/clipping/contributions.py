@@ -1,0 +1,199 @@
+"""Factored per-sample gradients of one parameter, and the algebra BK needs on them.
+
+A layer rule (see :mod:`fedpriv.clipping.rules`) turns one module call into *contributions*: for
+each parameter, a description of every sample's gradient ``G_i`` in one of three forms.
+
+* :class:`Outer` — ``G_i = Σ_t left[i,t] ⊗ right[i,t]`` (reshaped to the parameter): a Linear or
+  (unfolded) Conv weight; ``left`` are output gradients, ``right`` kept input activations.
+* :class:`Rows` — ``G_i = Σ_t e_{index[i,t]} ⊗ values[i,t]``: an Embedding table; row
+  ``index[i,t]`` receives ``values[i,t]`` (the output gradient).
+* :class:`Dense` — ``G_i`` given explicitly, ``per_sample[i]`` (biases, LayerNorm).
+
+The first two never need ``G_i`` itself: ``<G_i, H_i>`` for two factored forms is a double sum
+over positions (:func:`cross`), the "ghost norm" of Li et al. / Bu et al.; :func:`per_sample`
+instantiates ``G_i`` where that is cheaper, and :func:`weighted_sum` forms ``Σ_i c_i G_i``
+straight from the factors (book-keeping). Every tensor is batch-first: dim 0 indexes the clipping
+unit (a sample, or a group after :func:`regroup`); dim 1 of ``Outer``/``Rows`` is positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Outer:
+    """``G_i = Σ_t left[i,t] right[i,t]ᵀ``; ``left`` [B,T,p], ``right`` [B,T,d], param numel p·d."""
+
+    left: Tensor
+    right: Tensor
+
+    @property
+    def steps(self) -> int:
+        return self.left.shape[1]
+
+
+@dataclass(frozen=True)
+class Rows:
+    """``G_i = Σ_t e_{index[i,t]} values[i,t]ᵀ`` ([num_rows, d]); ``index`` [B,T], ``values`` [B,T,d]."""
+
+    index: Tensor
+    values: Tensor
+    num_rows: int
+
+    @property
+    def steps(self) -> int:
+        return self.index.shape[1]
+
+
+@dataclass(frozen=True)
+class Dense:
+    """``G_i = per_sample[i]``; ``per_sample`` [B, *param.shape]."""
+
+    per_sample: Tensor
+
+
+Contribution = Union[Outer, Rows, Dense]
+
+
+def concat(parts: Sequence[Contribution]) -> Contribution:
+    """One contribution equal to the sum of ``parts`` (all of the same kind).
+
+    Factored forms are concatenated along positions (``Σ_t`` over the union of positions), so
+    several calls of one layer, or two layers sharing a weight in the same form, become one.
+    """
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    if isinstance(first, Outer):
+        return Outer(torch.cat([c.left for c in parts], 1), torch.cat([c.right for c in parts], 1))
+    if isinstance(first, Rows):
+        return Rows(torch.cat([c.index for c in parts], 1), torch.cat([c.values for c in parts], 1),
+                    first.num_rows)
+    total = first.per_sample.clone()
+    for c in parts[1:]:
+        total += c.per_sample
+    return Dense(total)
+
+
+# ----------------------------------------------------------------------------- grouping
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Maps samples to clipping units: sample ``i`` is member ``slot[i]`` of unit ``unit[i]``.
+
+    Units are the distinct group ids in increasing order; ``size`` is the largest unit.
+    """
+
+    unit: Tensor
+    slot: Tensor
+    num_units: int
+    size: int
+
+    @staticmethod
+    def from_ids(ids: Tensor) -> "Grouping":
+        """Build from one group id per sample (any integers)."""
+        _, unit = torch.unique(ids, sorted=True, return_inverse=True)
+        num_units = int(unit.max()) + 1 if unit.numel() else 0
+        counts = torch.bincount(unit, minlength=num_units)
+        starts = torch.cumsum(counts, 0) - counts
+        order = torch.argsort(unit, stable=True)
+        slot = torch.empty_like(unit)
+        slot[order] = torch.arange(unit.numel(), device=unit.device) - starts[unit[order]]
+        return Grouping(unit, slot, num_units, int(counts.max()) if counts.numel() else 0)
+
+
+def _stack_units(x: Tensor, g: Grouping) -> Tensor:
+    """[B, T, ...] → [U, size·T, ...]: a unit's samples laid end to end, zero-padded."""
+    out = x.new_zeros((g.num_units, g.size) + tuple(x.shape[1:]))
+    out[g.unit, g.slot] = x
+    return out.reshape((g.num_units, g.size * x.shape[1]) + tuple(x.shape[2:]))
+
+
+def regroup(c: Contribution, g: Grouping) -> Contribution:
+    """The same contribution with units as clipping units: ``G_u = Σ_{i in u} G_i``.
+
+    Padding slots get zero factors (and row index 0 with zero values), so they add nothing.
+    """
+    if isinstance(c, Outer):
+        return Outer(_stack_units(c.left, g), _stack_units(c.right, g))
+    if isinstance(c, Rows):
+        return Rows(_stack_units(c.index, g), _stack_units(c.values, g), c.num_rows)
+    out = c.per_sample.new_zeros((g.num_units,) + tuple(c.per_sample.shape[1:]))
+    return Dense(out.index_add_(0, g.unit, c.per_sample))
+
+
+# ----------------------------------------------------------------------------- algebra
+
+
+def per_sample(c: Contribution, shape: torch.Size) -> Tensor:
+    """Instantiate ``G`` as [B, *shape] (cost B·T·p·d for Outer; memory B·numel)."""
+    if isinstance(c, Dense):
+        return c.per_sample.reshape((-1,) + tuple(shape))
+    if isinstance(c, Outer):
+        return torch.bmm(c.left.transpose(1, 2), c.right).reshape((-1,) + tuple(shape))
+    b, t, d = c.values.shape
+    offsets = torch.arange(b, device=c.index.device).unsqueeze(1) * c.num_rows
+    flat = _scatter_rows(c.index + offsets, c.values, b * c.num_rows)
+    return flat.reshape((b,) + tuple(shape))
+
+
+def _scatter_rows(index: Tensor, values: Tensor, num_rows: int) -> Tensor:
+    """``out[k] = Σ_{j: index_j = k} values_j`` ([num_rows, d]) with the kernel nn.Embedding's
+    own backward uses (sort-based; much faster on CPU than ``index_add_`` with repeated rows)."""
+    d = values.shape[-1]
+    return torch.ops.aten.embedding_dense_backward(values.reshape(-1, d), index.reshape(-1),
+                                                   num_rows, -1, False)
+
+
+def cross(x: Contribution, y: Contribution) -> Tensor:
+    """``<G_i, H_i>`` for every unit i, [B], for factored forms — no per-sample gradient formed.
+
+    Outer·Outer: ``Σ_{t,s} (l_t·l'_s)(r_t·r'_s)`` (``l lᵀ`` and ``r rᵀ`` are [B,T,T'] products).
+    Rows·Rows:   ``Σ_{t,s} [k_t = k'_s] (v_t·v'_s)``.
+    Rows·Outer:  ``Σ_{t,s} l'_s[k_t] (v_t·r'_s)`` (a tied embedding table and output layer).
+    """
+    if isinstance(x, Outer) and isinstance(y, Rows):
+        x, y = y, x
+    if isinstance(x, Outer) and isinstance(y, Outer):
+        if x.steps == 1 and y.steps == 1:
+            return (x.left * y.left).sum((1, 2)) * (x.right * y.right).sum((1, 2))
+        lefts = torch.bmm(x.left, y.left.transpose(1, 2))
+        rights = torch.bmm(x.right, y.right.transpose(1, 2))
+        return (lefts * rights).sum((1, 2))
+    if isinstance(x, Rows) and isinstance(y, Rows):
+        same = x.index.unsqueeze(2) == y.index.unsqueeze(1)
+        dots = torch.bmm(x.values, y.values.transpose(1, 2))
+        return (dots * same).sum((1, 2))
+    if isinstance(x, Rows) and isinstance(y, Outer):
+        b, t = x.index.shape
+        picked = y.left.gather(2, x.index.unsqueeze(1).expand(b, y.steps, t))  # [B, S, T]
+        dots = torch.bmm(y.right, x.values.transpose(1, 2))  # [B, S, T]
+        return (picked * dots).sum((1, 2))
+    raise TypeError(f"no ghost inner product between {type(x).__name__} and {type(y).__name__}")
+
+
+def weighted_sum(c: Contribution, coef: Tensor, shape: torch.Size) -> Tensor:
+    """``Σ_i coef[i] G_i`` as a tensor of ``shape``, straight from the factors (book-keeping)."""
+    if isinstance(c, Dense):
+        return torch.tensordot(coef, c.per_sample, dims=1).reshape(shape)
+    if isinstance(c, Outer):
+        left, right = c.left, c.right
+        scale = coef.view(-1, 1, 1)
+        if left.shape[2] <= right.shape[2]:  # scale the smaller factor
+            left = left * scale
+        else:
+            right = right * scale
+        if left.is_contiguous():
+            flat_left = left.view(-1, left.shape[2])
+            return torch.mm(flat_left.t(), right.reshape(-1, right.shape[2])).reshape(shape)
+        # e.g. the logits' gradient when the loss took logits.transpose(1, 2): stored [B, p, T];
+        # a per-sample GEMM accumulated in place avoids a transposing copy of it
+        out = left.new_empty(left.shape[2], right.shape[2])
+        return torch.addbmm(out, left.transpose(1, 2), right, beta=0).reshape(shape)
+    return _scatter_rows(c.index, c.values * coef.view(-1, 1, 1), c.num_rows).reshape(shape)

@@ -1,0 +1,424 @@
+"""Book-Keeping (BK) per-sample clipping: Bu et al., "Differentially Private Optimization on
+Large Model at Small Cost" (ICML 2023), for any model built from the layers in
+:mod:`fedpriv.clipping.rules`.
+
+One step, given the per-sample losses ``ℓ_i`` of a batch-first forward:
+
+1. Forward hooks keep every supported module call's input ``a`` (detached) and output ``y``.
+2. *Ghost differentiation*: ``torch.autograd.grad(Σ_i ℓ_i, [y of every call])`` — one backward
+   that computes only the output gradients ``g = ∂L/∂y`` (autograd skips every weight gradient,
+   since no parameter is among its inputs). Every call is asked for, so no layer can be dropped
+   because of the order of the forward.
+3. Each call's ``(a, g)`` becomes per-sample contributions per parameter; several calls of one
+   module (LSTM's ``hh`` at every step, any reused layer) and modules sharing a weight (a tied
+   embedding and head) are summed per sample, with their cross terms.
+4. Per-sample squared norms, per parameter: the ghost norm ``Σ_{t,s} (a_t·a_s)(g_t·g_s)`` or the
+   instantiated per-sample gradient, by ``mode``; ``mixopt`` takes ghost iff ``2T² < numel``
+   (T = positions per clipping unit over all calls of that parameter, numel = p·d).
+5. ``c_i = C / max(||g_i||, C)`` (exact: 1 when ``||g_i|| <= C``, no epsilon; ``||c_i g_i|| <= C``).
+6. ``p.grad = Σ_i c_i G_i + σ·C·N(0, I)`` formed from the kept factors (book-keeping), e.g.
+   ``Σ_i c_i Σ_t g_{i,t} a_{i,t}ᵀ`` for a Linear weight. ``p.grad`` is *set*, never accumulated.
+
+Assumptions: dim 0 of the model input and of every batched layer input is the batch (do not
+flatten batch and time before a hooked layer); sample i's loss depends only on sample i (no
+BatchNorm); the hooked outputs are not modified in place. A hooked call whose input has no batch
+dim (position ids ``arange(T)`` fed to an Embedding; see :meth:`BookKeeping._is_batched`) is
+*shared* by all samples: its output is returned with a new leading batch dim (an ``expand`` view,
+which broadcasts exactly as the original did), so each sample gets its own part of the gradient.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
+                                            cross, per_sample, regroup, weighted_sum)
+from fedpriv.clipping.rules import RULES, LayerRule
+from fedpriv.errors import ConfigError
+from fedpriv.models.lstm import LSTM as FedLSTM
+
+MODES = ("ghost", "instantiate", "mixopt")
+
+
+class UnsupportedLayerError(ConfigError):
+    """The model has a trainable parameter BK cannot clip per sample (a ``ValueError``).
+
+    Raised by ``BookKeeping(...)`` for a parameter owned by an unsupported module type, and by
+    ``backward`` when a parameter is used outside a call of its module (functional use, a fused
+    kernel), which hooks cannot see. Never a silent pass.
+    """
+
+
+_SUPPORTED = "nn.Linear, nn.Embedding, nn.LayerNorm, nn.Conv1d, nn.Conv2d, fedpriv.models.LSTM"
+_HINTS: dict[type, str] = {
+    nn.LSTM: "use fedpriv.models.LSTM (gates are nn.Linear) instead of nn.LSTM",
+    nn.GRU: "build the recurrent cell from nn.Linear pieces (as fedpriv.models.LSTM does)",
+    nn.RNN: "build the recurrent cell from nn.Linear pieces (as fedpriv.models.LSTM does)",
+    nn.LSTMCell: "use fedpriv.models.LSTM, or nn.Linear gates, instead of nn.LSTMCell",
+    nn.GRUCell: "build the cell from nn.Linear pieces",
+    nn.RNNCell: "build the cell from nn.Linear pieces",
+    nn.MultiheadAttention: "use nn.Linear q/k/v and output projections with "
+                           "torch.nn.functional.scaled_dot_product_attention "
+                           "(as fedpriv.models.TransformerLanguageModel does)",
+}
+
+
+def _hint(module: nn.Module) -> str:
+    for kind, text in _HINTS.items():
+        if isinstance(module, kind):
+            return text
+    return (f"supported layers are {_SUPPORTED}; move the parameter into one of them, or add a "
+            "rule with fedpriv.clipping.register_rule")
+
+
+@dataclass
+class _Call:
+    """One recorded module call: batch-first input (detached), output (in the graph)."""
+
+    path: str
+    module: nn.Module
+    rule: LayerRule
+    input: Tensor
+    output: Tensor
+    version: int
+    input_node: Any  # grad_fn of the original input (graph audit continues from here)
+    input_leaf: Optional[Tensor]  # the original input if it is a leaf that requires grad
+
+
+def _first_tensor(args: tuple, kwargs: dict) -> Optional[Tensor]:
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, Tensor):
+            return value
+    return None
+
+
+class BookKeeping:
+    """Per-sample (or per-group) clipping and Gaussian noise for ``model`` with the BK algorithm.
+
+    ``bk = BookKeeping(model, clip_norm=C, noise_multiplier=σ, mode="mixopt", generator=None)``
+    hooks ``model``; after a forward, ``bk.backward(per_sample_loss)`` sets every trainable
+    ``p.grad = Σ_i min(1, C/||g_i||) g_i + σ·C·N(0, I)`` (noise from ``generator``; ``None`` →
+    torch's default RNG; σ = 0 → deterministic) and ``bk.last_norms`` to each unit's total
+    gradient norm over all parameters, before clipping (``last_scales``: the factors c_i;
+    ``last_methods``: per parameter name, "ghost", "instantiate" or "unused"). ``groups`` makes
+    a group (all of one user's sequences) the clipping unit; units are the distinct ids in
+    increasing order.
+
+    Raises :class:`UnsupportedLayerError` (a ``ValueError``) at construction for a trainable
+    parameter owned by any module type without a rule (``nn.LSTM``, ``nn.MultiheadAttention``,
+    ``nn.GRU``, a bare ``nn.Parameter`` on a custom module, ...) and for BatchNorm. Frozen
+    parameters are ignored and get no grad. Every ``fedpriv.models.LSTM`` inside ``model`` is
+    switched to ``unrolled=True`` (its ``ih`` and ``hh`` Linear calls become visible) until
+    :meth:`detach`. Use as a context manager to remove the hooks on exit.
+
+    Every forward with grad enabled since the last ``backward`` counts (two passes of the model
+    in one loss are both clipped together); recorded tensors are dropped by ``backward``, by
+    :meth:`clear`, or when the model is next called with a different batch size. Calls under
+    ``torch.no_grad()`` are not recorded.
+    """
+
+    def __init__(self, model: nn.Module, clip_norm: float = 1.0, noise_multiplier: float = 0.0,
+                 mode: str = "mixopt", generator: Optional[torch.Generator] = None) -> None:
+        if not clip_norm > 0 or clip_norm == float("inf"):
+            raise ValueError(f"clip_norm must be positive and finite, got {clip_norm}")
+        if not noise_multiplier >= 0:
+            raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.model = model
+        self.clip_norm = float(clip_norm)
+        self.noise_multiplier = float(noise_multiplier)
+        self.mode = mode
+        self.generator = generator
+        self.last_norms: Optional[Tensor] = None
+        self.last_scales: Optional[Tensor] = None
+        self.last_methods: dict[str, str] = {}
+        self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._calls: list[_Call] = []
+        self._batch: Optional[int] = None
+        self._index_ndim: Optional[int] = None
+        self._in_backward = False
+        managed = self._inspect(model)
+        self._lstms = [(m, m.unrolled) for m in model.modules() if isinstance(m, FedLSTM)]
+        for m, _ in self._lstms:
+            m.unrolled = True
+        self._handles = [model.register_forward_pre_hook(self._on_root, with_kwargs=True)]
+        for path, module, rule in managed:
+            hook = self._make_hook(path, rule)
+            self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
+
+    # ------------------------------------------------------------------ set-up
+
+    @staticmethod
+    def _inspect(model: nn.Module) -> list[tuple[str, nn.Module, LayerRule]]:
+        """Modules owning trainable parameters, each with its rule; raise for anything else."""
+        managed = []
+        for path, module in model.named_modules():
+            where = f"{path or '<model>'} ({type(module).__name__})"
+            if isinstance(module, _BatchNorm):
+                raise UnsupportedLayerError(
+                    f"{where}: batch statistics mix samples, so per-sample gradients are not "
+                    "defined; use nn.LayerNorm")
+            own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+            if not own:
+                continue
+            rule = RULES.get(type(module))
+            if rule is None:
+                raise UnsupportedLayerError(
+                    f"{where} owns trainable parameter(s) {', '.join(own)} that BookKeeping "
+                    f"cannot clip per sample: {_hint(module)}")
+            extra = [n for n in own if n not in rule.params]
+            if extra:
+                raise UnsupportedLayerError(
+                    f"{where} has extra trainable parameter(s) {', '.join(extra)} that its rule "
+                    f"does not cover: {_hint(nn.Module())}")
+            problem = rule.check(module)
+            if problem:
+                raise UnsupportedLayerError(f"{where}: {problem}")
+            managed.append((path, module, rule))
+        return managed
+
+    def _make_hook(self, path: str, rule: LayerRule):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any):
+            return self._on_forward(path, rule, module, args, kwargs, output)
+        return hook
+
+    def detach(self) -> None:
+        """Remove all hooks, restore the LSTMs' ``unrolled`` flags, drop recorded tensors."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for module, unrolled in self._lstms:
+            module.unrolled = unrolled
+        self._lstms = []
+        self.clear()
+
+    def clear(self) -> None:
+        """Drop the calls recorded since the last backward (e.g. after an abandoned forward)."""
+        self._calls = []
+        self._batch = None
+        self._index_ndim = None
+
+    def __enter__(self) -> "BookKeeping":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()
+
+    @property
+    def recorded_calls(self) -> int:
+        """Number of module calls kept for the next backward (0 right after a backward)."""
+        return len(self._calls)
+
+    # ------------------------------------------------------------------ forward side
+
+    def _on_root(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """The model's first tensor argument fixes the batch size (batch-first)."""
+        if self._in_backward or not torch.is_grad_enabled():
+            return None
+        x = _first_tensor(args, kwargs)
+        if x is None or x.dim() == 0:
+            return None
+        if self._calls and self._batch is not None and x.shape[0] != self._batch:
+            self.clear()  # a new batch size: the pending calls belong to an abandoned forward
+        self._batch = x.shape[0]
+        if not (x.is_floating_point() or x.is_complex()):
+            self._index_ndim = x.dim()
+        return None
+
+    def _is_batched(self, rule: LayerRule, module: nn.Module, x: Tensor) -> bool:
+        """Whether a call's input has the batch as dim 0 (else: one input shared by all samples).
+
+        Batched iff it has at least ``rule.min_batched_ndim`` dims, its dim 0 equals the batch
+        size and, for index inputs, it has as many dims as the model's index input (so with
+        tokens [B, T], positions ``arange(T)`` are shared even when T == B; a per-sample single
+        id must then be passed as [B, 1]). The batch size comes from the model's input, or from
+        the first hooked call when the model itself was not called.
+        """
+        if x.dim() < rule.min_batched_ndim(module):
+            return False
+        if rule.index_input:
+            if self._index_ndim is None:
+                self._index_ndim = x.dim()
+            elif x.dim() < self._index_ndim:
+                return False
+        if self._batch is None:
+            self._batch = x.shape[0]
+        return x.shape[0] == self._batch
+
+    def _on_forward(self, path: str, rule: LayerRule, module: nn.Module, args: tuple,
+                    kwargs: dict, output: Any) -> Optional[Tensor]:
+        if self._in_backward or not isinstance(output, Tensor) or not output.requires_grad:
+            return None
+        x = _first_tensor(args, kwargs)
+        leaf = x if x.requires_grad and x.grad_fn is None else None
+        node = x.grad_fn
+        batched = self._is_batched(rule, module, x)
+        if not batched:
+            if self._batch is None:
+                raise UnsupportedLayerError(
+                    f"{path} ({type(module).__name__}) was called on an input without a batch "
+                    "dim before the batch size was known; call the model itself (batch-first)")
+            x = x.unsqueeze(0).expand((self._batch,) + tuple(x.shape))
+            output = output.unsqueeze(0).expand((self._batch,) + tuple(output.shape))
+        self._calls.append(
+            _Call(path, module, rule, x.detach(), output, output._version, node, leaf))
+        return None if batched else output
+
+    # ------------------------------------------------------------------ backward side
+
+    def backward(self, per_sample_loss: Tensor,
+                 groups: Optional[Union[Tensor, Sequence[int]]] = None) -> None:
+        """Set every trainable ``p.grad`` to the clipped (per sample or per group) sum plus noise.
+
+        ``per_sample_loss``: [B], entry i depends only on sample i. ``groups``: [B] integer ids;
+        then a group's summed gradient is the unit clipped, and ``last_norms`` has one entry per
+        distinct id, in increasing id order.
+        """
+        calls, batch = self._calls, self._batch
+        self.clear()
+        if per_sample_loss.dim() != 1:
+            raise ValueError("per_sample_loss must have shape [B], got "
+                             f"{tuple(per_sample_loss.shape)}")
+        if per_sample_loss.grad_fn is None:
+            raise ValueError("per_sample_loss does not depend on any trainable parameter "
+                             "(was the forward run under torch.no_grad()?)")
+        size = per_sample_loss.shape[0]
+        for call in calls:
+            if call.input.shape[0] != size:
+                raise ValueError(
+                    f"{call.path} was called with batch dim {call.input.shape[0]} but "
+                    f"per_sample_loss has {size} entries; inputs must be batch-first "
+                    f"(do not flatten batch and time before a layer); model batch was {batch}")
+            if call.output._version != call.version:
+                raise RuntimeError(
+                    f"the output of {call.path} ({type(call.module).__name__}) was modified in "
+                    "place after its forward; BookKeeping needs it intact (use out-of-place ops)")
+        self._audit(per_sample_loss, calls)
+        self._in_backward = True
+        try:
+            grads = torch.autograd.grad(per_sample_loss.sum(), [c.output for c in calls],
+                                        allow_unused=True) if calls else ()
+        finally:
+            self._in_backward = False
+        with torch.no_grad():
+            contributions: dict[int, list[Contribution]] = defaultdict(list)
+            for call, g in zip(calls, grads):
+                if g is not None:
+                    for p, c in call.rule.contributions(call.module, call.input, g):
+                        contributions[id(p)].append(c)
+            del calls, grads
+            grouping = None
+            if groups is not None:
+                ids = torch.as_tensor(groups, device=per_sample_loss.device)
+                if ids.shape != (size,):
+                    raise ValueError(f"groups must have shape [{size}], got {tuple(ids.shape)}")
+                grouping = Grouping.from_ids(ids)
+            units = grouping.num_units if grouping else size
+            self._clip_and_noise(contributions, grouping, units, per_sample_loss.dtype)
+
+    def _clip_and_noise(self, contributions: dict[int, list[Contribution]],
+                        grouping: Optional[Grouping], units: int, dtype: torch.dtype) -> None:
+        """Norms (ghost or instantiated per parameter), clip factors, weighted sums, noise."""
+        device = self._params[0][1].device if self._params else None
+        sq_norms = torch.zeros(units, dtype=dtype, device=device)
+        plans: list[tuple[nn.Parameter, list[Contribution]]] = []
+        methods: dict[str, str] = {}
+        for name, p in self._params:
+            parts = _merge(contributions.pop(id(p), []))
+            if grouping is not None:
+                parts = [regroup(c, grouping) for c in parts]
+            if not parts:
+                methods[name] = "unused"
+            else:
+                methods[name] = "ghost" if self._use_ghost(p, parts) else "instantiate"
+            if methods[name] == "ghost":
+                for i, x in enumerate(parts):
+                    sq_norms += cross(x, x)
+                    for y in parts[i + 1:]:
+                        sq_norms += 2 * cross(x, y)
+            elif parts:
+                total = per_sample(parts[0], p.shape)
+                for c in parts[1:]:
+                    total = total + per_sample(c, p.shape)
+                sq_norms += total.reshape(units, -1).pow(2).sum(1)
+                parts = [Dense(total)]
+            plans.append((p, parts))
+        norms = sq_norms.clamp_min(0).sqrt()
+        scales = self.clip_norm / norms.clamp_min(self.clip_norm)
+        std = self.noise_multiplier * self.clip_norm
+        for p, parts in plans:
+            grad = None
+            for c in parts:
+                term = weighted_sum(c, scales.to(p.dtype), p.shape)
+                grad = term if grad is None else grad.add_(term)
+            if grad is None:
+                grad = torch.zeros_like(p)
+            if std > 0:
+                noise = torch.randn(p.shape, generator=self.generator, device=p.device,
+                                    dtype=p.dtype)
+                grad.add_(noise, alpha=std)
+            p.grad = grad
+        self.last_norms = norms
+        self.last_scales = scales
+        self.last_methods = methods
+
+    def _use_ghost(self, p: nn.Parameter, parts: list[Contribution]) -> bool:
+        """Ghost norm for ``p``? Never for Dense parts; for ``mixopt`` iff ``2·T² < numel``."""
+        if self.mode == "instantiate" or any(isinstance(c, Dense) for c in parts):
+            return False
+        if self.mode == "ghost":
+            return True
+        steps = sum(c.steps for c in parts)
+        return 2 * steps * steps < p.numel()
+
+    def _audit(self, loss: Tensor, calls: list[_Call]) -> None:
+        """Fail if a trainable parameter reaches the loss other than through a recorded call.
+
+        Walks the autograd graph from the loss; at each recorded call's output node it jumps to
+        the call's input instead of descending into the layer, so any parameter leaf still
+        reached is used where no hook sees it (``F.linear(x, layer.weight)``, a fused LSTM kernel,
+        a loss term on the weights) and its gradient would be silently missed.
+        """
+        managed = {id(p): n for n, p in self._params}
+        hidden: set[str] = set()
+        cut: dict[Any, list[Any]] = defaultdict(list)
+        for call in calls:
+            cut[call.output.grad_fn].append(call.input_node)
+            if call.input_leaf is not None and id(call.input_leaf) in managed:
+                hidden.add(managed[id(call.input_leaf)])
+        stack, seen = [loss.grad_fn], set()
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if node in cut:
+                stack.extend(cut[node])
+                continue
+            var = getattr(node, "variable", None)
+            if var is not None:
+                if id(var) in managed:
+                    hidden.add(managed[id(var)])
+                continue
+            stack.extend(fn for fn, _ in node.next_functions)
+        if hidden:
+            raise UnsupportedLayerError(
+                f"parameter(s) {', '.join(sorted(hidden))} reach the loss outside a call of their "
+                "module (functional use such as F.linear(x, layer.weight), a fused kernel, or a "
+                "loss term on the weights), so BookKeeping would miss that part of their "
+                "gradient; call the module itself (weight decay belongs in the optimizer)")
+
+
+def _merge(parts: list[Contribution]) -> list[Contribution]:
+    """At most one contribution per kind: same-kind parts concatenated along positions."""
+    by_kind: dict[type, list[Contribution]] = defaultdict(list)
+    for c in parts:
+        by_kind[type(c)].append(c)
+    return [concat(group) for kind in (Outer, Rows, Dense) if (group := by_kind.get(kind))]

@@ -1,0 +1,413 @@
+"""BK engine (fedpriv.clipping) against torch.func per-sample gradients, in every mode."""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from fedpriv.clipping import BookKeeping, UnsupportedLayerError
+from fedpriv.models import LSTMLanguageModel, TransformerLanguageModel
+
+MODES = ("ghost", "instantiate", "mixopt")
+PAD = 0
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread is faster and immune to a busy second core."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def lm_loss(forward: Callable, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy per sequence, averaged over non-pad targets: [B]."""
+    logits = forward(tokens[:, :-1])
+    targets = tokens[:, 1:]
+    ce = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    mask = (targets != PAD).to(ce.dtype)
+    return (ce * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+
+
+def class_loss(forward: Callable, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(forward(x), y, reduction="none")
+
+
+def per_sample_grads(model: nn.Module, loss_fn: Callable, data: tuple) -> dict[str, torch.Tensor]:
+    """torch.func reference: vmap(grad(ℓ_i)) over the batch, trainable parameters only."""
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+    def one(p: dict, *sample: torch.Tensor) -> torch.Tensor:
+        batch = tuple(s.unsqueeze(0) for s in sample)
+        return loss_fn(lambda *a: functional_call(model, p, a), *batch)[0]
+
+    return vmap(grad(one), in_dims=(None,) + (0,) * len(data))(params, *data)
+
+
+def reference(per: dict[str, torch.Tensor], clip: float, groups: torch.Tensor | None = None):
+    """Norms and clipped sums from per-sample grads (optionally summed per group first)."""
+    if groups is not None:
+        ids, unit = torch.unique(groups, sorted=True, return_inverse=True)
+        per = {n: g.new_zeros((len(ids),) + g.shape[1:]).index_add_(0, unit, g)
+               for n, g in per.items()}
+    norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per.values()))
+    scales = clip / norms.clamp_min(clip)
+    return norms, {n: torch.tensordot(scales, g, dims=1) for n, g in per.items()}
+
+
+def assert_rel_close(got: torch.Tensor, want: torch.Tensor, rel: float = 1e-4,
+                     what: str = "") -> None:
+    """||got - want|| <= rel·||want|| (plus a float32 floor for all-zero references)."""
+    err = (got - want).norm().item()
+    assert err <= rel * want.norm().item() + 1e-7, f"{what}: |Δ|={err:.3e}, |want|={want.norm():.3e}"
+
+
+def bk_step(model: nn.Module, loss_fn: Callable, data: tuple, clip: float, mode: str,
+            groups=None, **kw) -> BookKeeping:
+    for p in model.parameters():
+        p.grad = None
+    bk = BookKeeping(model, clip_norm=clip, mode=mode, **kw)
+    bk.backward(loss_fn(model, *data), groups=groups)
+    bk.detach()
+    return bk
+
+
+def check_against_reference(model, loss_fn, data, mode, groups=None):
+    per = per_sample_grads(model, loss_fn, data)
+    full_norms, _ = reference(per, 1.0, groups)
+    clip = full_norms.median().item()  # clips some units, not others
+    norms, want = reference(per, clip, groups)
+    assert (norms > clip * 1.01).any() and (norms < clip * 0.99).any()
+    bk = bk_step(model, loss_fn, data, clip, mode, groups=groups)
+    assert_rel_close(bk.last_norms, norms, what="norms")
+    assert torch.allclose(bk.last_norms, norms, rtol=1e-4)
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert_rel_close(p.grad, want[name], what=name)
+    return bk
+
+
+# ----------------------------------------------------------------------------- models
+
+
+class ConvNet(nn.Module):
+    """Conv2d (zero pad) → Conv2d (stride 2, reflect pad) → Conv1d ('same', dilation 2) → Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 4, 3, padding=1)
+        self.c2 = nn.Conv2d(4, 3, 3, stride=2, padding=1, padding_mode="reflect", bias=False)
+        self.c3 = nn.Conv1d(3, 4, 3, padding="same", dilation=2)
+        self.fc = nn.Linear(4 * 9, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.c2(torch.relu(self.c1(x))))  # [B, 3, 3, 3]
+        h = torch.tanh(self.c3(h.flatten(2)))  # [B, 4, 9]
+        return self.fc(h.flatten(1))
+
+
+class Twice(nn.Module):
+    """The same Linear called twice per forward (and the embedding with a shared position call)."""
+
+    def __init__(self, vocab: int = 30, d: int = 8) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d, padding_idx=PAD)
+        self.pos = nn.Embedding(16, d)
+        self.lin = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d)
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.emb(tokens) + self.pos(torch.arange(tokens.shape[1]))
+        h = torch.tanh(self.lin(h))
+        h = torch.tanh(self.lin(self.norm(h)))
+        return self.out(h)
+
+
+class SharedInput(nn.Module):
+    """A Linear on a batch-free input (shared by all samples), and a layer never called."""
+
+    def __init__(self, vocab: int = 30, d: int = 8) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.register_buffer("anchors", torch.randn(3, d))
+        self.proj = nn.Linear(d, d)
+        self.unused = nn.Linear(d, d)
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        shared = self.proj(self.anchors)  # [3, d], broadcast over the batch
+        h = torch.tanh(self.emb(tokens) + shared.mean(-2, keepdim=True))
+        return self.out(h * shared[..., :1, :])
+
+
+def tokens(b: int, t: int, vocab: int, pad_tail: bool = False, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(1, vocab, (b, t), generator=g)
+    if pad_tail:  # sequences of different lengths, padded with PAD
+        for i in range(b):
+            x[i, max(2, t - i):] = PAD
+    return x
+
+
+def small_transformer(**kw) -> TransformerLanguageModel:
+    return TransformerLanguageModel(40, d_model=16, num_layers=2, num_heads=2, ff_dim=32,
+                                    max_len=8, **kw)
+
+
+def small_lstm() -> LSTMLanguageModel:
+    return LSTMLanguageModel(40, embed_dim=8, hidden_size=12, projection_dim=6)
+
+
+def make_case(name: str):
+    torch.manual_seed(0)
+    if name == "transformer":
+        return small_transformer(), lm_loss, (tokens(5, 8, 40),)
+    if name == "transformer_T_eq_B":  # positions arange(T) with T == B must still be shared
+        return small_transformer(), lm_loss, (tokens(6, 7, 40, seed=1),)
+    if name == "lstm":
+        return small_lstm(), lm_loss, (tokens(4, 7, 40),)
+    if name == "tied":
+        return small_transformer(tie_embeddings=True), lm_loss, (tokens(5, 8, 40, seed=2),)
+    if name == "padded_transformer":
+        return small_transformer(), lm_loss, (tokens(6, 8, 40, pad_tail=True, seed=3),)
+    if name == "padded_lstm":
+        return small_lstm(), lm_loss, (tokens(6, 8, 40, pad_tail=True, seed=4),)
+    if name == "conv":
+        x = torch.randn(6, 2, 6, 6)
+        return ConvNet(), class_loss, (x, torch.randint(0, 5, (6,)))
+    if name == "twice":
+        return Twice(), lm_loss, (tokens(5, 8, 30, pad_tail=True, seed=5),)
+    if name == "shared_input":
+        return SharedInput(), lm_loss, (tokens(5, 6, 30, seed=6),)
+    raise KeyError(name)
+
+
+CASES = ["transformer", "transformer_T_eq_B", "lstm", "tied", "padded_transformer", "padded_lstm",
+         "conv", "twice", "shared_input"]
+
+
+# ----------------------------------------------------------------------------- correctness
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", CASES)
+def test_norms_and_clipped_sum_match_torch_func(case: str, mode: str) -> None:
+    model, loss_fn, data = make_case(case)
+    if isinstance(model, LSTMLanguageModel):
+        model.lstm.unrolled = True  # torch.func reference through the Linear-cell path
+    check_against_reference(model, loss_fn, data, mode)
+
+
+def test_mixopt_uses_the_layerwise_rule() -> None:
+    model, loss_fn, data = make_case("conv")
+    bk = bk_step(model, loss_fn, data, clip=1.0, mode="mixopt")
+    assert bk.last_methods["c1.weight"] == "instantiate"  # T = 36 positions: 2·36² > 4·2·9
+    assert bk.last_methods["fc.weight"] == "ghost"  # T = 1: 2 < 5·36
+    assert bk.last_methods["fc.bias"] == "instantiate"
+    model, loss_fn, data = make_case("shared_input")
+    bk = bk_step(model, loss_fn, data, clip=1.0, mode="ghost")
+    assert bk.last_methods["out.weight"] == "ghost" and bk.last_methods["unused.weight"] == "unused"
+    assert torch.equal(model.unused.weight.grad, torch.zeros_like(model.unused.weight))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_group_clipping_equals_clipping_summed_per_group_grads(mode: str) -> None:
+    model, loss_fn, data = make_case("twice")
+    groups = torch.tensor([7, 2, 7, 5, 2])
+    bk = check_against_reference(model, loss_fn, data, mode, groups=groups)
+    assert bk.last_norms.shape == (3,)  # ids 2, 5, 7 in that order
+
+
+def test_group_clipping_lstm_user_level() -> None:
+    model, loss_fn, data = make_case("padded_lstm")
+    model.lstm.unrolled = True
+    check_against_reference(model, loss_fn, data, "mixopt", groups=torch.tensor([1, 0, 1, 1, 3, 0]))
+
+
+def test_tied_weights_are_one_parameter_with_cross_term() -> None:
+    model, loss_fn, data = make_case("tied")
+    assert model.head.weight is model.token_embedding.weight
+    per = per_sample_grads(model, loss_fn, data)
+    # the cross term matters: summing the two modules' squared norms separately would differ
+    bk = check_against_reference(model, loss_fn, data, "ghost")
+    assert bk.last_norms.shape == (5,)
+    assert "head.weight" not in per
+
+
+def test_huge_clip_norm_gives_the_ordinary_gradient() -> None:
+    for case in ("transformer", "lstm", "conv"):
+        model, loss_fn, data = make_case(case)
+        ref = copy.deepcopy(model)
+        loss_fn(ref, *data).sum().backward()
+        bk_step(model, loss_fn, data, clip=1e8, mode="mixopt")
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert_rel_close(p.grad, q.grad, rel=1e-5, what=f"{case}:{name}")
+
+
+def test_no_non_private_weight_gradient_is_computed() -> None:
+    model, loss_fn, data = make_case("transformer")
+    fired = []
+    for name, p in model.named_parameters():
+        p.register_hook(lambda g, name=name: fired.append(name))
+    p = model.blocks[0].ff_in.weight
+    p.grad = torch.full_like(p, 123.0)  # overwritten, never accumulated into
+    bk = BookKeeping(model, clip_norm=0.1)
+    bk.backward(loss_fn(model, *data))
+    assert fired == []  # autograd never produced a gradient for any weight
+    assert bk.recorded_calls == 0  # recorded tensors released after backward
+    bk.detach()
+    per = per_sample_grads(model, loss_fn, data)
+    _, want = reference(per, 0.1)
+    assert_rel_close(p.grad, want["blocks.0.ff_in.weight"], what="ff_in")
+
+
+# ----------------------------------------------------------------------------- noise
+
+
+def test_noise_std_is_sigma_times_clip() -> None:
+    model, loss_fn, data = make_case("transformer")
+    bk = BookKeeping(model, clip_norm=0.5, noise_multiplier=2.0,
+                     generator=torch.Generator().manual_seed(1))
+    draws = []
+    for _ in range(10):
+        bk.backward(0.0 * loss_fn(model, *data))  # zero gradients: p.grad is pure noise
+        draws.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    noise = torch.cat(draws)
+    assert noise.numel() > 50_000
+    assert abs(noise.std().item() - 1.0) < 0.015  # σ·C = 1; sd of the estimate ≈ 0.003
+    assert abs(noise.mean().item()) < 0.02
+    assert torch.all(bk.last_norms == 0)
+
+
+def test_seeded_noise_is_reproducible_and_zero_noise_is_deterministic() -> None:
+    model, loss_fn, data = make_case("lstm")
+    results = []
+    for sigma, seed in ((0.0, None), (0.0, None), (1.0, 3), (1.0, 3)):
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        bk = BookKeeping(model, clip_norm=0.3, noise_multiplier=sigma, generator=gen)
+        bk.backward(loss_fn(model, *data))
+        bk.detach()
+        results.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.equal(results[0], results[1])
+    assert torch.equal(results[2], results[3])
+    assert not torch.equal(results[0], results[2])
+
+
+# ----------------------------------------------------------------------------- errors / hygiene
+
+
+class WithModule(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.inner = inner
+
+
+class Scale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(8))
+
+
+@pytest.mark.parametrize("inner, hint", [
+    (nn.LSTM(8, 8, batch_first=True), "fedpriv.models.LSTM"),
+    (nn.MultiheadAttention(8, 2, batch_first=True), "scaled_dot_product_attention"),
+    (nn.GRU(8, 8), "nn.Linear"),
+    (Scale(), "supported layers"),
+    (nn.BatchNorm1d(8), "LayerNorm"),
+])
+def test_unsupported_layers_raise_naming_the_module(inner: nn.Module, hint: str) -> None:
+    with pytest.raises(UnsupportedLayerError) as info:
+        BookKeeping(WithModule(inner))
+    message = str(info.value)
+    assert "inner" in message and type(inner).__name__ in message and hint in message
+    assert isinstance(info.value, ValueError)
+
+
+def test_frozen_unsupported_layer_is_fine_and_frozen_params_get_no_grad() -> None:
+    model, loss_fn, data = make_case("transformer")
+    model.token_embedding.weight.requires_grad_(False)
+    for p in model.blocks[1].parameters():
+        p.requires_grad_(False)
+    check_against_reference(model, loss_fn, data, "mixopt")
+    assert model.token_embedding.weight.grad is None
+    assert all(p.grad is None for p in model.blocks[1].parameters())
+    frozen_lstm = WithModule(nn.LSTM(8, 8)).requires_grad_(False)
+    frozen_lstm.emb.weight.requires_grad_(True)
+    BookKeeping(frozen_lstm).detach()  # no trainable parameter outside supported layers
+
+
+def test_weights_used_outside_their_module_are_detected() -> None:
+    class FunctionalHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(20, 8)
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.linear(torch.tanh(self.lin(self.emb(x))), self.emb.weight)  # hidden tied head
+
+    model = FunctionalHead()
+    bk = BookKeeping(model)
+    with pytest.raises(UnsupportedLayerError, match="emb.weight"):
+        bk.backward(lm_loss(model, tokens(3, 5, 20)))
+
+    lstm = small_lstm()
+    bk = BookKeeping(lstm)
+    assert lstm.lstm.unrolled
+    lstm.lstm.unrolled = False  # fused kernel: hooks cannot see ih/hh
+    with pytest.raises(UnsupportedLayerError, match="lstm.hh.weight"):
+        bk.backward(lm_loss(lstm, tokens(3, 5, 40)))
+    bk.detach()
+
+
+def test_in_place_change_of_a_hooked_output_is_refused() -> None:
+    class InPlace(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x).relu_()
+
+    model = InPlace()
+    bk = BookKeeping(model)
+    with pytest.raises(RuntimeError, match="in place"):
+        bk.backward(model(torch.randn(5, 4)).sum(1))
+
+
+def test_detach_removes_hooks_and_restores_lstm() -> None:
+    model = small_lstm()
+    with BookKeeping(model) as bk:
+        assert model.lstm.unrolled
+        with torch.no_grad():
+            model(tokens(2, 4, 40))
+        assert bk.recorded_calls == 0  # nothing kept without grad
+        model(tokens(2, 4, 40))
+        assert bk.recorded_calls > 0
+    assert not model.lstm.unrolled and bk.recorded_calls == 0
+    model(tokens(2, 4, 40))
+    assert bk.recorded_calls == 0
+
+
+def test_argument_validation() -> None:
+    model = small_lstm()
+    with pytest.raises(ValueError):
+        BookKeeping(model, clip_norm=0.0)
+    with pytest.raises(ValueError):
+        BookKeeping(model, mode="fast")
+    bk = BookKeeping(model)
+    with pytest.raises(ValueError, match="shape"):
+        bk.backward(lm_loss(model, tokens(3, 5, 40)).sum())
