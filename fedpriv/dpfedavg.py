@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fedpriv.aggregation import RoundAggregate
+from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.optim.server import ServerAdam, ServerSGD
 from fedpriv.sampling import Sampler
@@ -33,12 +34,25 @@ class DPFedAvg:
     """Server state of DP-FedAvg: global parameters, sampler, noise mechanism, optimizer."""
 
     def __init__(self, params: torch.Tensor, sampler: Sampler, mechanism: GaussianMechanism,
-                 clip_norm: float, optimizer: ServerSGD | ServerAdam) -> None:
+                 clip_norm: float, optimizer: ServerSGD | ServerAdam, ema_decay: float = 0.0) -> None:
+        if not 0.0 <= ema_decay < 1.0:
+            raise ConfigError(f"ema_decay must be in [0, 1), got {ema_decay}")
         self.params = params.clone()
         self.sampler = sampler
         self.mechanism = mechanism
         self.clip_norm = clip_norm
         self.optimizer = optimizer
+        self.ema_decay = ema_decay
+        self.ema = params.clone()
+
+    @property
+    def model_params(self) -> torch.Tensor:
+        """The released model: the EMA of the iterates when ``ema_decay > 0``, else the iterate.
+
+        ``ema_t = d·ema_{t-1} + (1-d)·θ_t`` averages the privatized iterates (post-processing, no
+        privacy cost) and damps the noise the iterates carry.
+        """
+        return self.ema if self.ema_decay else self.params
 
     def cohort(self, round_idx: int) -> np.ndarray:
         return self.sampler.sample(round_idx)
@@ -65,15 +79,18 @@ class DPFedAvg:
         noise = self.mechanism.noise(round_idx, self.params.shape)
         privatized = agg.privatize(noise, self.sampler.expected_cohort)
         self.params = self.optimizer.step(self.params, privatized)
+        if self.ema_decay:
+            self.ema = self.ema_decay * self.ema + (1.0 - self.ema_decay) * self.params
         losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
         return {"cohort_size": float(len(cohort)), "dropped": float(len(expected - seen)),
                 **agg.stats(), "train_loss": float(np.mean(losses)) if losses else float("nan")}
 
     def state_dict(self) -> dict:
-        return {"params": self.params, "optimizer": self.optimizer.state_dict(),
+        return {"params": self.params, "ema": self.ema, "optimizer": self.optimizer.state_dict(),
                 "mechanism": self.mechanism.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.params = state["params"].clone()
+        self.ema = state["ema"].clone()
         self.optimizer.load_state_dict(state["optimizer"])
         self.mechanism.load_state_dict(state["mechanism"])

@@ -17,9 +17,23 @@ from torch import nn
 from fedpriv.data.federated import Vocabulary
 
 
-def token_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """Mean cross-entropy over non-pad targets of a batch."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=pad_id)
+def target_logits(model: nn.Module, rows: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and targets at the non-pad target positions of ``rows`` [B, seq_len+1].
+
+    The output layer (vocabulary-sized, most of an LM's compute) runs only where the target is
+    not padding. Models expose ``features`` and ``head``; others fall back to a full forward.
+    """
+    x, y = rows[:, :-1], rows[:, 1:]
+    keep = y != pad_id
+    if hasattr(model, "features") and hasattr(model, "head"):
+        return model.head(model.features(x)[keep]), y[keep]
+    return model(x)[keep], y[keep]
+
+
+def token_loss(model: nn.Module, rows: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Mean next-token cross-entropy over the non-pad targets of a batch of rows."""
+    logits, targets = target_logits(model, rows, pad_id)
+    return F.cross_entropy(logits, targets)
 
 
 @torch.no_grad()
@@ -31,18 +45,14 @@ def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: 
     loss_sum = correct = counted = correct_all = counted_all = 0.0
     data = torch.as_tensor(rows, dtype=torch.long)
     for start in range(0, len(data), batch_size):
-        batch = data[start:start + batch_size]
-        x, y = batch[:, :-1], batch[:, 1:]
-        logits = model(x)
-        nonpad = y != vocab.pad_id
-        loss_sum += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                    ignore_index=vocab.pad_id, reduction="sum").item()
+        logits, y = target_logits(model, data[start:start + batch_size], vocab.pad_id)
+        loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
         hit = logits.argmax(-1) == y
         words = ~torch.isin(y, excluded)
         correct += (hit & words).sum().item()
         counted += words.sum().item()
-        correct_all += (hit & nonpad).sum().item()
-        counted_all += nonpad.sum().item()
+        correct_all += hit.sum().item()
+        counted_all += len(y)
     model.train(was_training)
     loss = loss_sum / max(counted_all, 1)
     return {"accuracy": correct / max(counted, 1), "accuracy_with_specials": correct_all / max(counted_all, 1),

@@ -79,8 +79,9 @@ def prepare(cfg: dict) -> RunSession:
                            planned_rounds=int(cfg["rounds"]))
     ledger.check_can_run(int(cfg["rounds"]))
     opt_cfg = dict(cfg["optimizer"])
-    optimizer = build_server_optimizer(opt_cfg.pop("name"), **opt_cfg)
-    server = DPFedAvg(task.initial_params, sampler, mechanism, privacy["clip_norm"], optimizer)
+    optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
+    server = DPFedAvg(task.initial_params, sampler, mechanism, privacy["clip_norm"], optimizer,
+                      ema_decay=float(cfg.get("ema_decay") or 0.0))
     session = RunSession(cfg=cfg, run=RunDirectory(cfg["run_dir"]), task=task, server=server, ledger=ledger)
     _restore(session)
     return session
@@ -104,15 +105,6 @@ def _restore(session: RunSession) -> None:
     session.start_round = int(checkpoint["round"])
     session.wall_s = float(checkpoint["wall_s"])
     session.history = [r for r in run.read_metrics() if r["round"] <= session.start_round]
-
-
-def direct_round_fn(task: Task, server: DPFedAvg) -> RoundFn:
-    """A round without any transport: each cohort user's update computed in this process."""
-
-    def round_fn(round_idx: int, cohort: np.ndarray) -> list[ClientUpdate]:
-        return [client_update(task, server.params, int(u), round_idx) for u in cohort]
-
-    return round_fn
 
 
 def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int) -> ClientUpdate:
@@ -147,7 +139,7 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
         epsilon = ledger.record_round(r)
         row = {"round": r + 1, "epsilon": epsilon, **stats}
         if (r + 1) % eval_every == 0 or r + 1 == rounds:
-            last_eval = evaluate_params(session.task, server.params)
+            last_eval = evaluate_params(session.task, server.model_params)
             row.update({f"test_{k}": v for k, v in last_eval.items()})
             bar.set_postfix(acc=f"{last_eval['accuracy']:.3f}", eps=f"{epsilon:.3g}")
         row["wall_s"] = time.perf_counter() - started
@@ -161,7 +153,7 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
                  stats["clipped_fraction"], epsilon)
     bar.close()
     if not last_eval:  # resumed after the last round: evaluate the restored model
-        last_eval = evaluate_params(session.task, server.params)
+        last_eval = evaluate_params(session.task, server.model_params)
     summary = _summary(session, last_eval, time.perf_counter() - started)
     run.write_json("summary.json", summary)
     return summary

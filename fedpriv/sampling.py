@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedpriv.errors import ConfigError
+
 POISSON = "poisson"
 FIXED_SIZE = "fixed"
 
@@ -71,8 +73,12 @@ Sampler = PoissonSampler | FixedSizeSampler
 
 def make_sampler(kind: str, population: int, cohort_size: int, seed: int) -> Sampler:
     """Build the sampler named by ``kind`` with expected cohort ``cohort_size``."""
+    if population < 1:
+        raise ConfigError(f"population must be >= 1, got {population}")
+    if not 1 <= cohort_size <= population:
+        raise ConfigError(f"cohort size {cohort_size} must be in [1, population={population}]")
     if kind == POISSON:
         return PoissonSampler(population=population, rate=cohort_size / population, seed=seed)
     if kind == FIXED_SIZE:
         return FixedSizeSampler(population=population, cohort=cohort_size, seed=seed)
-    raise ValueError(f"unknown sampler {kind!r} (expected 'poisson' or 'fixed')")
+    raise ConfigError(f"unknown sampler {kind!r} (expected 'poisson' or 'fixed')")

@@ -52,7 +52,7 @@ def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray
                 break
             batch = data[order[start:start + cfg.batch_size]]
             opt.zero_grad(set_to_none=True)
-            loss = token_loss(model(batch[:, :-1]), batch[:, 1:], pad_id)
+            loss = token_loss(model, batch, pad_id)
             loss.backward()
             opt.step()
             losses.append(loss.item())

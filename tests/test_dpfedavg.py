@@ -125,3 +125,51 @@ def test_event_matches_sampler():
     assert (ev.source_dataset_size, ev.sample_size) == (1000, 10)
     assert ev.event.noise_multiplier == pytest.approx(0.55)  # replace-one: sensitivity 2C
     assert mech.neighboring_relation(fixed) == REPLACE_ONE
+
+
+def test_make_sampler_fails_closed_on_bad_sizes():
+    from fedpriv.errors import ConfigError
+    from fedpriv.sampling import make_sampler
+
+    with pytest.raises(ConfigError):
+        make_sampler("poisson", 10, 11, 0)
+    with pytest.raises(ConfigError):
+        make_sampler("fixed", 0, 1, 0)
+    with pytest.raises(ConfigError):
+        make_sampler("shuffle", 10, 2, 0)
+    assert make_sampler("poisson", 10, 2, 0).rate == 0.2
+
+
+def test_ema_of_iterates_is_released_when_enabled_and_checkpointed():
+    sampler = FixedSizeSampler(population=4, cohort=1, seed=0)
+    server = DPFedAvg(torch.zeros(2), sampler, GaussianMechanism(0.0, 10.0), 10.0, ServerSGD(lr=1.0), ema_decay=0.5)
+    for r in range(2):
+        cohort = server.cohort(r)
+        server.apply_round(r, cohort, [ClientUpdate(int(cohort[0]), torch.ones(2))])
+    torch.testing.assert_close(server.params, torch.full((2,), 2.0))
+    torch.testing.assert_close(server.model_params, torch.full((2,), 0.5 * (0.5 * 1.0) + 0.5 * 2.0))
+    clone = DPFedAvg(torch.zeros(2), sampler, GaussianMechanism(0.0, 10.0), 10.0, ServerSGD(lr=1.0), ema_decay=0.5)
+    clone.load_state_dict(server.state_dict())
+    torch.testing.assert_close(clone.model_params, server.model_params)
+    plain = DPFedAvg(torch.zeros(2), sampler, GaussianMechanism(0.0, 10.0), 10.0, ServerSGD(lr=1.0))
+    assert plain.model_params is plain.params
+
+
+def test_cosine_schedule_decays_server_rate_and_resumes():
+    from fedpriv.optim import build_server_optimizer
+
+    opt = build_server_optimizer("sgd", rounds=4, lr=1.0, schedule="cosine")
+    params = torch.zeros(1)
+    steps = []
+    for _ in range(4):
+        new = opt.step(params, torch.ones(1))
+        steps.append(float(new - params))
+        params = new
+    assert steps == pytest.approx([1.0, 0.5 * (1 + np.cos(np.pi / 4)), 0.5, 0.5 * (1 + np.cos(3 * np.pi / 4))])
+    again = build_server_optimizer("sgd", rounds=4, lr=1.0, schedule="cosine")
+    again.load_state_dict({"buffer": None, "t": 2})
+    assert float(again.step(torch.zeros(1), torch.ones(1))) == pytest.approx(0.5)
+    from fedpriv.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        build_server_optimizer("sgd", rounds=4, schedule="linear")

@@ -76,7 +76,15 @@ class LSTMLanguageModel(nn.Module):
         self.projection = nn.Linear(hidden_size, projection_dim)
         self.output = nn.Linear(projection_dim, vocab_size)
 
+    def features(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens``: int [B, T] → the output layer's input [B, T, projection_dim]."""
+        hidden, _ = self.lstm(self.embedding(tokens))
+        return self.projection(hidden)
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        """Output layer: features [..., projection_dim] → logits [..., vocab_size]."""
+        return self.output(features)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens``: int [B, T] → logits [B, T, vocab_size]."""
-        hidden, _ = self.lstm(self.embedding(tokens))
-        return self.output(self.projection(hidden))
+        return self.head(self.features(tokens))

@@ -59,10 +59,14 @@ class TransformerLanguageModel(nn.Module):
         if tie_embeddings:
             self.head.weight = self.token_embedding.weight
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens``: int [B, T] (T <= max_len) → logits [B, T, vocab_size]."""
+    def features(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens``: int [B, T] (T <= max_len) → the head's input [B, T, d_model]."""
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        return self.ln_f(x)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens``: int [B, T] (T <= max_len) → logits [B, T, vocab_size]."""
+        return self.head(self.features(tokens))
