@@ -11,17 +11,22 @@ the realised count — dividing by |S_t| would leak the cohort size. Non-finite 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 
+def clip_factor(delta: torch.Tensor, clip_norm: float) -> tuple[float, float]:
+    """``(min(1, C/‖delta‖₂), ‖delta‖₂)``: the factor that bounds the delta's L2 norm by C."""
+    norm = float(torch.linalg.vector_norm(delta))
+    return (clip_norm / norm if norm > clip_norm else 1.0), norm
+
+
 def clip_by_l2(delta: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]:
     """``delta · min(1, C/‖delta‖₂)`` and the norm before clipping."""
-    norm = float(torch.linalg.vector_norm(delta))
-    if norm > clip_norm:
-        return delta * (clip_norm / norm), norm
-    return delta, norm
+    factor, norm = clip_factor(delta, clip_norm)
+    return (delta * factor if factor < 1.0 else delta), norm
 
 
 @dataclass
@@ -40,12 +45,19 @@ class RoundAggregate:
         return cls(clip_norm=clip_norm, total=torch.zeros(dim))
 
     def add(self, delta: torch.Tensor) -> bool:
-        """Clip and add one user's delta; reject (and count) a wrong shape or non-finite values."""
-        if delta.shape != self.total.shape or not bool(torch.isfinite(delta).all()):
+        """Clip and add one user's delta; reject (and count) a wrong shape or non-finite values.
+
+        A NaN or ±inf entry makes the L2 norm non-finite, so one pass over the delta both detects
+        it and yields the clip factor (a finite delta whose norm overflows float32 is rejected too).
+        """
+        if delta.shape != self.total.shape:
             self.rejected += 1
             return False
-        clipped, norm = clip_by_l2(delta, self.clip_norm)
-        self.total += clipped
+        factor, norm = clip_factor(delta, self.clip_norm)
+        if not math.isfinite(norm):
+            self.rejected += 1
+            return False
+        self.total.add_(delta, alpha=factor)  # fused scale-and-add: no clipped copy
         self.accepted += 1
         self.clipped += int(norm > self.clip_norm)
         self.norms.append(norm)

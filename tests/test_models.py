@@ -58,3 +58,10 @@ def test_flat_params_round_trip():
     flat = get_flat_params(model)
     set_flat_params(model, flat * 2)
     torch.testing.assert_close(get_flat_params(model), flat * 2)
+
+
+def test_lstm_tied_embeddings_share_one_tensor():
+    model = LSTMLanguageModel(40, embed_dim=8, hidden_size=12, projection_dim=8, tie_embeddings=True)
+    assert model.output.weight is model.embedding.weight
+    untied = LSTMLanguageModel(40, embed_dim=8, hidden_size=12, projection_dim=8)
+    assert sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in model.parameters()) == 40 * 8

@@ -69,12 +69,16 @@ class LSTMLanguageModel(nn.Module):
     """
 
     def __init__(self, vocab_size: int, embed_dim: int = 96, hidden_size: int = 670,
-                 projection_dim: int = 96, pad_id: int = 0) -> None:
+                 projection_dim: int = 96, pad_id: int = 0, tie_embeddings: bool = False) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
         self.lstm = LSTM(embed_dim, hidden_size)
         self.projection = nn.Linear(hidden_size, projection_dim)
         self.output = nn.Linear(projection_dim, vocab_size)
+        if tie_embeddings:  # output weight = input embedding (needs projection_dim == embed_dim)
+            if projection_dim != embed_dim:
+                raise ValueError(f"tie_embeddings needs projection_dim == embed_dim, got {projection_dim} != {embed_dim}")
+            self.output.weight = self.embedding.weight
 
     def features(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens``: int [B, T] → the output layer's input [B, T, projection_dim]."""
