@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 
@@ -20,7 +19,6 @@ from fedpriv.runner import RoundFn, RunSession, train
 from server.grid import LocalGrid
 from server.strategy import DPFedAvgStrategy
 
-log = logging.getLogger(__name__)
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float = 120.0) -> list[int]:
