@@ -23,12 +23,6 @@ def clip_factor(delta: torch.Tensor, clip_norm: float) -> tuple[float, float]:
     return (clip_norm / norm if norm > clip_norm else 1.0), norm
 
 
-def clip_by_l2(delta: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]:
-    """``delta · min(1, C/‖delta‖₂)`` and the norm before clipping."""
-    factor, norm = clip_factor(delta, clip_norm)
-    return (delta * factor if factor < 1.0 else delta), norm
-
-
 @dataclass
 class RoundAggregate:
     """Running clipped sum of one round and its bookkeeping."""

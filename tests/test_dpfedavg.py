@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedpriv.aggregation import RoundAggregate, clip_by_l2
+from fedpriv.aggregation import RoundAggregate
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
 from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.mechanisms.gaussian import ADD_REMOVE, REPLACE_ONE
@@ -16,13 +16,18 @@ from fedpriv.sampling import FixedSizeSampler, PoissonSampler
 
 @pytest.mark.parametrize("scale", [1e-3, 0.5, 1.0, 3.0, 1e4])
 def test_clip_bound_holds(scale):
+    """The contribution the aggregate adds for one user has norm <= C (the path the server uses)."""
     torch.manual_seed(0)
     delta = torch.randn(1000) * scale
-    clipped, norm = clip_by_l2(delta, 1.0)
-    assert float(torch.linalg.vector_norm(clipped)) <= 1.0 * (1 + 1e-6)
-    assert norm == pytest.approx(float(torch.linalg.vector_norm(delta)), rel=1e-6)
+    agg = RoundAggregate.zeros(1000, clip_norm=1.0)
+    assert agg.add(delta)
+    assert float(torch.linalg.vector_norm(agg.total)) <= 1.0 * (1 + 1e-6)
+    norm = float(torch.linalg.vector_norm(delta))
+    assert agg.norms == [pytest.approx(norm, rel=1e-6)]
     if norm <= 1.0:
-        assert torch.equal(clipped, delta)
+        assert torch.equal(agg.total, delta)
+    else:
+        torch.testing.assert_close(agg.total, delta / norm)
 
 
 def test_nonfinite_and_misshaped_deltas_are_rejected_not_summed():
