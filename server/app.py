@@ -20,7 +20,6 @@ from server.grid import LocalGrid
 from server.strategy import DPFedAvgStrategy
 
 
-
 def wait_for_nodes(grid: Grid, count: int, timeout: float = 120.0) -> list[int]:
     """Node ids once at least ``count`` nodes are connected (Flower registers them asynchronously)."""
     deadline = time.monotonic() + timeout
