@@ -57,6 +57,21 @@ class RoundAggregate:
         self.norms.append(norm)
         return True
 
+    def add_clipped_sum(self, total: torch.Tensor, norms: torch.Tensor) -> None:
+        """Add a sum of deltas already clipped to this aggregate's bound (e.g. by one BK pass).
+
+        ``norms`` are the units' pre-clipping norms, one per unit in the sum; every one must be
+        finite (a non-finite unit cannot be taken back out of a fused sum: fail closed).
+        """
+        if total.shape != self.total.shape:
+            raise ValueError(f"clipped sum has shape {tuple(total.shape)}, expected {tuple(self.total.shape)}")
+        if not (torch.isfinite(norms).all() and torch.isfinite(total).all()):
+            raise FloatingPointError("a pre-clipped sum holds non-finite values")
+        self.total.add_(total)
+        self.accepted += len(norms)
+        self.clipped += int((norms > self.clip_norm).sum())
+        self.norms.extend(float(n) for n in norms)
+
     def privatize(self, noise: torch.Tensor, denominator: float) -> torch.Tensor:
         """``(sum + noise) / denominator``."""
         return (self.total + noise) / denominator

@@ -15,7 +15,7 @@ MECHANISMS = ("gaussian",)
 SAMPLERS = ("poisson", "fixed")
 ACCOUNTANTS = ("rdp", "pld")
 BACKENDS = ("local", "flower")
-ALGORITHMS = ("dp_fedavg",)
+ALGORITHMS = ("dp_fedavg", "dp_fedsgd", "dpsgd")
 
 
 def _positive(value: Any, name: str, integer: bool = False) -> None:
@@ -49,17 +49,20 @@ def validate(cfg: dict) -> None:
     _choice((cfg.get("mechanism") or {}).get("name"), "mechanism", MECHANISMS)
     _choice((cfg.get("algorithm") or {}).get("name"), "algorithm", ALGORITHMS)
     _choice((cfg.get("backend") or {}).get("name"), "backend", BACKENDS)
+    if cfg["algorithm"]["name"] == "dpsgd" and cfg["backend"]["name"] != "local":
+        raise ConfigError("algorithm=dpsgd is central (pooled data, no clients): use backend=local")
     client = cfg.get("client") or {}
     _positive(client.get("epochs"), "client.epochs", integer=True)
     _positive(client.get("batch_size"), "client.batch_size", integer=True)
     _positive(client.get("lr"), "client.lr")
 
 
-def validate_against_data(cfg: dict, num_users: int) -> None:
-    """Checks that need the population size; warns when δ ≥ 1/N (a weak guarantee)."""
-    if cfg["cohort_size"] > num_users:
-        raise ConfigError(f"cohort_size {cfg['cohort_size']} exceeds the population of {num_users} users")
+def validate_against_data(cfg: dict, population: int, unit: str = "user") -> None:
+    """Checks that need the population size (of users, or of examples for ``unit="example"``);
+    warns when δ ≥ 1/N (a weak guarantee)."""
+    if cfg["cohort_size"] > population:
+        raise ConfigError(f"cohort_size {cfg['cohort_size']} exceeds the population of {population} {unit}s")
     delta = cfg["privacy"]["delta"]
-    if delta >= 1.0 / num_users:
-        log.warning("privacy.delta=%g >= 1/num_users=%g: the guarantee allows leaking a whole user", delta,
-                    1.0 / num_users)
+    if delta >= 1.0 / population:
+        log.warning("privacy.delta=%g >= 1/N=%g (N = %d %ss): the guarantee allows leaking a whole %s", delta,
+                    1.0 / population, population, unit, unit)

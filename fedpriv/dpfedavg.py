@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fedpriv.aggregation import RoundAggregate
+from fedpriv.cohort import CohortSum
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.optim.server import ServerAdam, ServerSGD
@@ -57,31 +58,40 @@ class DPFedAvg:
     def cohort(self, round_idx: int) -> np.ndarray:
         return self.sampler.sample(round_idx)
 
-    def apply_round(self, round_idx: int, cohort: np.ndarray, updates: list[ClientUpdate]) -> dict[str, float]:
+    def apply_round(self, round_idx: int, cohort: np.ndarray,
+                    updates: list[ClientUpdate] | CohortSum) -> dict[str, float]:
         """Aggregate ``updates`` (from users of ``cohort``) into one privatized server step.
 
         Updates are summed in user order so the result does not depend on arrival order.
         Users of the cohort with no reply count as dropped; replies from users outside the
-        cohort or duplicates are rejected.
+        cohort or duplicates are rejected. A :class:`CohortSum` (the one-pass path) is a sum
+        already clipped to C per user; it must cover exactly the cohort.
         """
         agg = RoundAggregate.zeros(self.params.numel(), self.clip_norm)
         expected = {int(u) for u in cohort}
         seen: set[int] = set()
-        for update in sorted(updates, key=lambda u: u.user):
-            if update.user not in expected or update.user in seen:
-                agg.rejected += 1
-                continue
-            seen.add(update.user)  # it replied: a malformed reply is rejected, not dropped
-            if update.delta is None:
-                agg.rejected += 1
-            else:
-                agg.add(update.delta)
+        if isinstance(updates, CohortSum):
+            if sorted(int(u) for u in updates.users) != sorted(expected):
+                raise ValueError(f"round {round_idx}: the one-pass sum does not cover exactly the cohort")
+            agg.add_clipped_sum(updates.total, updates.norms)
+            seen = expected
+            losses = [updates.train_loss]
+        else:
+            for update in sorted(updates, key=lambda u: u.user):
+                if update.user not in expected or update.user in seen:
+                    agg.rejected += 1
+                    continue
+                seen.add(update.user)  # it replied: a malformed reply is rejected, not dropped
+                if update.delta is None:
+                    agg.rejected += 1
+                else:
+                    agg.add(update.delta)
+            losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
         noise = self.mechanism.noise(round_idx, self.params.shape)
         privatized = agg.privatize(noise, self.sampler.expected_cohort)
         self.params = self.optimizer.step(self.params, privatized)
         if self.ema_decay:
             self.ema = self.ema_decay * self.ema + (1.0 - self.ema_decay) * self.params
-        losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
         return {"cohort_size": float(len(cohort)), "dropped": float(len(expected - seen)),
                 **agg.stats(), "train_loss": float(np.mean(losses)) if losses else float("nan")}
 

@@ -36,6 +36,19 @@ def token_loss(model: nn.Module, rows: torch.Tensor, pad_id: int) -> torch.Tenso
     return F.cross_entropy(logits, targets)
 
 
+def sequence_token_losses(model: nn.Module, rows: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the summed next-token cross-entropy over its non-pad targets, and their count ([B] each).
+
+    Batch-first all the way to the output layer (logits ``[B, T, V]``, pad positions included), so
+    per-sample clipping can attribute every position to its row.
+    """
+    x, y = rows[:, :-1], rows[:, 1:]
+    logits = model(x)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=pad_id,
+                         reduction="none").view_as(y)
+    return ce.sum(dim=1), (y != pad_id).sum(dim=1)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: int = 256) -> dict[str, float]:
     """Accuracy (both variants), loss and perplexity of ``model`` on ``rows`` [N, seq_len+1]."""

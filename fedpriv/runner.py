@@ -7,6 +7,7 @@ backend, Flower's simulation engine and a real deployment; the DP math lives in
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -18,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
+from fedpriv.cohort import CohortClipper, CohortSum
 from fedpriv.config import validate, validate_against_data
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
 from fedpriv.errors import ConfigError
@@ -27,7 +29,7 @@ from fedpriv.models import set_flat_params
 from fedpriv.optim import build_server_optimizer
 from fedpriv.rundir import RunDirectory
 from fedpriv.sampling import make_sampler
-from fedpriv.task import Task, load_task
+from fedpriv.task import EXAMPLE_LEVEL_ALGORITHMS, Task, load_task
 from fedpriv.training import client_generator, local_update
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ log = logging.getLogger(__name__)
 # Keys that may differ between the original run and its resumption.
 RESUME_FREE_KEYS = ("resume", "backend", "progress", "run_dir")
 
-RoundFn = Callable[[int, np.ndarray], list[ClientUpdate]]
+RoundFn = Callable[[int, np.ndarray], "list[ClientUpdate] | CohortSum"]
 
 
 def _noise_multiplier(cfg: dict, mechanism: GaussianMechanism, sampler) -> float:
@@ -69,9 +71,9 @@ def prepare(cfg: dict) -> RunSession:
     """
     validate(cfg)
     task = load_task(cfg)
-    validate_against_data(cfg, task.data.num_users)
+    validate_against_data(cfg, len(task.units), privacy_unit(cfg))
     privacy = cfg["privacy"]
-    sampler = make_sampler(cfg["sampling"], task.data.num_users, int(cfg["cohort_size"]), int(cfg["seed"]))
+    sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), int(cfg["seed"]))
     mechanism = GaussianMechanism(0.0, privacy["clip_norm"], seed=cfg["seed"], secure=bool(privacy.get("secure_rng")))
     mechanism.noise_multiplier = _noise_multiplier(cfg, mechanism, sampler)
     target = privacy["target_epsilon"] if privacy.get("noise_multiplier") is None else None
@@ -109,9 +111,36 @@ def _restore(session: RunSession) -> None:
 
 def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int) -> ClientUpdate:
     """What client ``user`` computes in round ``round_idx`` from the global ``params``."""
-    delta, metrics = local_update(task.client_model, params, task.data.users[user], task.local,
-                                  client_generator(task.seed, round_idx, user), task.data.vocab.pad_id)
+    delta, metrics = local_update(task.client_model, params, task.units[user], task.local,
+                                  client_generator(task.seed, round_idx, user), task.data.vocab.pad_id,
+                                  bk=task.bk)
     return ClientUpdate(user=user, delta=delta, metrics=metrics)
+
+
+def privacy_unit(cfg: dict) -> str:
+    """What one sampled, clipped contribution is: a ``user`` (federated) or an ``example`` (dpsgd)."""
+    return "example" if cfg["algorithm"]["name"] in EXAMPLE_LEVEL_ALGORITHMS else "user"
+
+
+def uses_one_pass(cfg: dict) -> bool:
+    """Whether the in-process backend computes a round's clipped sum in one batched BK pass."""
+    algorithm = cfg["algorithm"]
+    return algorithm["name"] == "dpsgd" or (algorithm["name"] == "dp_fedsgd" and bool(algorithm.get("one_pass", True)))
+
+
+def one_pass_round_fn(session: RunSession) -> RoundFn:
+    """A round whose units each take one gradient step, clipped together by one BK pass per chunk
+    (DP-FedSGD's cohort, or DP-SGD's Poisson batch); equal to the per-client loop's clipped sum."""
+    task, algorithm = session.task, session.cfg["algorithm"]
+    clipper = CohortClipper(copy.deepcopy(task.client_model), session.server.clip_norm, task.local.lr,
+                            task.data.vocab.pad_id, mode=algorithm.get("clipping_mode", "mixopt"),
+                            max_rows=int(algorithm.get("max_rows", 512)))
+
+    def round_fn(round_idx: int, cohort: np.ndarray) -> CohortSum:
+        del round_idx  # one full-batch step: no data order to seed
+        return clipper.clipped_sum(session.server.params, cohort, lambda u: task.units[u])
+
+    return round_fn
 
 
 def evaluate_params(task: Task, params: torch.Tensor) -> dict[str, float]:
@@ -169,11 +198,24 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
         "wall_s": wall_s,
         "ceiling_accuracy": data.ceiling_accuracy,
         "unigram_accuracy": data.unigram_accuracy,
-        "dataset": data.name, "num_users": data.num_users,
+        "dataset": data.name, "num_users": data.num_users, "privacy_unit": privacy_unit(cfg),
         "model": cfg["model"]["name"], "algorithm": cfg["algorithm"]["name"],
         "optimizer": cfg["optimizer"]["name"], "backend": cfg["backend"]["name"],
         "clip_norm": cfg["privacy"]["clip_norm"], "cohort_size": cfg["cohort_size"],
+        **_example_privacy(session),
     }
+
+
+def _example_privacy(session: RunSession) -> dict:
+    """Clients' example-level guarantee (client.dp=example), on top of the user-level one."""
+    dp = session.task.local.dp
+    if dp is None:
+        return {}
+    eps = dp.epsilon(session.ledger.rounds_done, session.cfg["privacy"]["accountant"])
+    return {"example_privacy": {
+        "epsilon": None if math.isinf(eps) else eps, "delta": dp.delta, "noise_multiplier": dp.noise_multiplier,
+        "sampling_rate": dp.sampling_rate, "steps_per_round": dp.steps, "clip_norm": dp.clip_norm,
+        "assumes": "every client takes part in every round (no amplification by user sampling)"}}
 
 
 def format_result(summary: dict) -> str:
@@ -183,6 +225,16 @@ def format_result(summary: dict) -> str:
     ceiling = summary.get("ceiling_accuracy")
     ceiling_text = f" (Bayes ceiling {ceiling:.4f})" if ceiling else ""
     return (f"final accuracy {summary['final']['accuracy']:.4f}{ceiling_text}, loss {summary['final']['loss']:.4f}\n"
-            f"epsilon {eps_text} at delta {summary['privacy']['delta']:g} "
+            f"{summary.get('privacy_unit', 'user')}-level epsilon {eps_text} at delta {summary['privacy']['delta']:g} "
             f"({summary['privacy']['accountant']}, {summary['privacy']['neighboring_relation']}), "
-            f"noise multiplier {summary['privacy']['noise_multiplier']:.4g}, {summary['rounds']} rounds")
+            f"noise multiplier {summary['privacy']['noise_multiplier']:.4g}, {summary['rounds']} rounds"
+            f"{_example_line(summary)}")
+
+
+def _example_line(summary: dict) -> str:
+    ex = summary.get("example_privacy")
+    if not ex:
+        return ""
+    eps = "inf" if ex["epsilon"] is None else f"{ex['epsilon']:.4g}"
+    return (f"\nexample-level epsilon on clients {eps} at delta {ex['delta']:g} "
+            f"(noise multiplier {ex['noise_multiplier']:.4g}, every client assumed in every round)")

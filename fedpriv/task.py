@@ -6,29 +6,55 @@ backend builds the data once and every Flower worker process builds it once.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from fedpriv.clipping import BookKeeping
 from fedpriv.data.federated import FederatedDataset
 from fedpriv.errors import ConfigError
 from fedpriv.models import build_model, get_flat_params
+from fedpriv.local_dp import resolve_example_dp
 from fedpriv.training import LocalConfig
+
+
+# Algorithms whose privacy unit (and sampling unit) is one example of the pooled data.
+EXAMPLE_LEVEL_ALGORITHMS = ("dpsgd",)
+
+
+class PooledExamples(Sequence):
+    """The pooled training rows of all users, one example per unit: ``units[i]`` is row i as [1, L]."""
+
+    def __init__(self, users: Sequence[np.ndarray]) -> None:
+        self.rows = np.concatenate([np.asarray(users[u]) for u in range(len(users))])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.rows[i:i + 1]
 
 
 @dataclass
 class Task:
+    """``units`` are what the server samples and clips: the users (federated algorithms) or the
+    pooled examples (central ``dpsgd``)."""
+
     data: FederatedDataset
+    units: Sequence[np.ndarray]
     client_model: nn.Module  # the replica clients train in this process
     eval_model: nn.Module  # the replica the server evaluates with
     initial_params: torch.Tensor
     local: LocalConfig
     seed: int
+    bk: BookKeeping | None = None  # hooks client_model when clients run example-level DP-SGD
 
 
 def load_dataset(data_cfg: Mapping[str, Any]) -> FederatedDataset:
@@ -64,7 +90,10 @@ def _model(model_cfg: Mapping[str, Any], data: FederatedDataset, seed: int) -> n
 
 def task_key(cfg: Mapping[str, Any]) -> str:
     """The config parts that define the task, as a canonical JSON string."""
-    return json.dumps({k: cfg.get(k) for k in ("data", "model", "client", "seed")}, sort_keys=True, default=str)
+    privacy = cfg.get("privacy") or {}
+    key = {k: cfg.get(k) for k in ("data", "model", "client", "algorithm", "seed", "rounds")}
+    key["privacy"] = {k: privacy.get(k) for k in ("accountant", "secure_rng")}
+    return json.dumps(key, sort_keys=True, default=str)
 
 
 @functools.lru_cache(maxsize=2)
@@ -75,9 +104,23 @@ def _load_task(key: str) -> Task:
     client_model = _model(cfg["model"], data, seed)
     eval_model = _model(cfg["model"], data, seed)
     client = cfg.get("client") or {}
-    local = LocalConfig(epochs=int(client.get("epochs", 1)), batch_size=int(client.get("batch_size", 16)),
-                        lr=float(client.get("lr", 0.5)), max_steps=client.get("max_steps"))
-    return Task(data=data, client_model=client_model, eval_model=eval_model,
+    algorithm = (cfg.get("algorithm") or {}).get("name", "dp_fedavg")
+    if algorithm in ("dp_fedsgd", "dpsgd"):  # one full-batch gradient step per unit
+        local = LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client.get("lr", 0.5)), max_steps=1)
+    else:
+        local = LocalConfig(epochs=int(client.get("epochs", 1)), batch_size=int(client.get("batch_size", 16)),
+                            lr=float(client.get("lr", 0.5)), max_steps=client.get("max_steps"))
+    example_dp = resolve_example_dp(client, int(cfg.get("rounds") or 1), cfg["privacy"].get("accountant") or "rdp",
+                                    bool(cfg["privacy"].get("secure_rng")))
+    bk = None
+    if example_dp is not None:
+        if algorithm != "dp_fedavg":
+            raise ConfigError(f"client.dp=example needs algorithm=dp_fedavg (local DP-SGD steps), not {algorithm}")
+        local = dataclasses.replace(local, dp=example_dp)
+        bk = BookKeeping(client_model, clip_norm=example_dp.clip_norm,
+                         noise_multiplier=example_dp.noise_multiplier, mode=example_dp.mode)
+    units = PooledExamples(data.users) if algorithm in EXAMPLE_LEVEL_ALGORITHMS else data.users
+    return Task(data=data, units=units, bk=bk, client_model=client_model, eval_model=eval_model,
                 initial_params=get_flat_params(client_model), local=local, seed=seed)
 
 

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedpriv.clipping import BookKeeping
+from fedpriv.local_dp import ExampleDP, dp_sgd_steps
 from fedpriv.metrics import token_loss
 from fedpriv.models import get_flat_params, set_flat_params
 
@@ -24,6 +26,7 @@ class LocalConfig:
     batch_size: int = 16
     lr: float = 0.5
     max_steps: int | None = None  # cap on local steps per round (None: full epochs)
+    dp: ExampleDP | None = None  # example-level DP-SGD steps instead of plain SGD (client.dp=example)
 
 
 def client_generator(seed: int, round_idx: int, user: int) -> torch.Generator:
@@ -33,14 +36,23 @@ def client_generator(seed: int, round_idx: int, user: int) -> torch.Generator:
 
 
 def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray, cfg: LocalConfig,
-                 generator: torch.Generator, pad_id: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+                 generator: torch.Generator, pad_id: int = 0,
+                 bk: BookKeeping | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Run local SGD on ``rows`` starting from ``global_params``; return (delta, metrics).
 
     ``delta = θ_local − θ_global`` as a flat float32 vector; metrics hold the mean training loss
-    and the number of sentences and steps.
+    and the number of sentences and steps. With ``cfg.dp`` the steps are example-level DP-SGD
+    (:mod:`fedpriv.local_dp`) through ``bk``, a BookKeeping engine hooked on ``model``.
     """
     set_flat_params(model, global_params)
     model.train()
+    if cfg.dp is not None:
+        if bk is None:
+            raise ValueError("client.dp=example needs a BookKeeping engine on the client model")
+        losses, steps = dp_sgd_steps(model, bk, rows, cfg.lr, cfg.dp, generator, pad_id)
+        delta = get_flat_params(model) - global_params
+        return delta, {"train_loss": float(np.mean(losses)) if losses else 0.0,
+                       "num_sentences": float(len(rows)), "num_steps": float(steps)}
     data = torch.as_tensor(rows, dtype=torch.long)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     losses: list[float] = []

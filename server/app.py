@@ -15,7 +15,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from client.app import make_client_app
 from fedpriv.dpfedavg import ClientUpdate
-from fedpriv.runner import RoundFn, RunSession, train
+from fedpriv.runner import RoundFn, RunSession, one_pass_round_fn, train, uses_one_pass
 from server.grid import LocalGrid
 from server.strategy import DPFedAvgStrategy
 
@@ -56,7 +56,10 @@ def make_server_app(session: RunSession, num_nodes: int, result: dict) -> Server
 
 
 def run_local(session: RunSession) -> dict:
-    """``backend=local``: ServerApp loop over an in-process grid of one node."""
+    """``backend=local``: ServerApp loop over an in-process grid of one node, or the one-pass
+    batched round (DP-FedSGD, DP-SGD) where the algorithm allows it."""
+    if uses_one_pass(session.cfg):
+        return train(session, one_pass_round_fn(session))
     grid = LocalGrid(make_client_app(session.cfg), num_nodes=1)
     return train(session, grid_round_fn(session, grid, 1, None))
 

@@ -1,0 +1,109 @@
+"""One-pass clipped sums: the clipped one-step deltas of many units (users or examples) from one
+batched Book-Keeping backward per chunk, instead of one forward/backward per unit.
+
+A unit u owns rows R_u. Its loss is the mean next-token cross-entropy over the non-pad targets of
+its rows, ``L_u(θ) = Σ_{i∈R_u} Σ_t CE_{i,t} / n_u``, and its delta is one SGD step
+``Δ_u = −η ∇L_u(θ)``: what a DP-FedSGD client taking one full-batch local step sends, or one
+example's update in DP-SGD. Since ``‖Δ_u‖ = η‖∇L_u‖``, clipping Δ_u to C is clipping ∇L_u to C/η::
+
+    Σ_u min(1, C/‖Δ_u‖) Δ_u  =  −η · Σ_u min(1, (C/η)/‖∇L_u‖) ∇L_u
+
+and the right side is BK's grouped clipped sum (``groups`` = unit of each row, clip norm C/η,
+no noise: the server mechanism adds it once to the round's sum). Chunks hold whole units, so a
+unit's gradient is never split across backwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedpriv.clipping import BookKeeping
+from fedpriv.metrics import sequence_token_losses
+from fedpriv.models import set_flat_params
+
+
+@dataclass
+class CohortSum:
+    """The clipped sum of a cohort's deltas, computed in one pass (no per-unit deltas exist).
+
+    ``norms[k]`` is unit ``users[k]``'s delta norm before clipping; ``train_loss`` is the mean of
+    the units' losses L_u at the round's parameters.
+    """
+
+    users: np.ndarray
+    total: torch.Tensor
+    norms: torch.Tensor
+    train_loss: float
+
+
+def pack_chunks(sizes: Sequence[int], max_rows: int) -> list[list[int]]:
+    """Consecutive runs of unit indices whose row counts add up to at most ``max_rows``
+    (a unit larger than ``max_rows`` forms a chunk alone)."""
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    rows = 0
+    for k, size in enumerate(sizes):
+        if current and rows + size > max_rows:
+            chunks.append(current)
+            current, rows = [], 0
+        current.append(k)
+        rows += size
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+class CohortClipper:
+    """Clipped sums of one-step unit deltas for ``model`` (a replica this object hooks for good).
+
+    ``clipped_sum(params, users, rows_of)`` returns ``Σ_u min(1, C/‖Δ_u‖) Δ_u`` with
+    ``Δ_u = −lr ∇L_u(params)`` for every ``u`` in ``users`` (rows ``rows_of(u)``), flat in
+    ``get_flat_params`` order. ``mode`` is BK's per-layer norm method.
+    """
+
+    def __init__(self, model: nn.Module, clip_norm: float, lr: float, pad_id: int,
+                 mode: str = "mixopt", max_rows: int = 512) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        self.model = model
+        self.clip_norm = float(clip_norm)
+        self.lr = float(lr)
+        self.pad_id = pad_id
+        self.max_rows = int(max_rows)
+        self.bk = BookKeeping(model, clip_norm=self.clip_norm / self.lr, noise_multiplier=0.0, mode=mode)
+        self._params = [p for p in model.parameters() if p.requires_grad]
+
+    def clipped_sum(self, params: torch.Tensor, users: np.ndarray, rows_of) -> CohortSum:
+        set_flat_params(self.model, params)
+        self.model.train()
+        total = torch.zeros_like(params)
+        norms: list[torch.Tensor] = []
+        losses: list[torch.Tensor] = []
+        rows = [np.asarray(rows_of(int(u))) for u in users]
+        for chunk in pack_chunks([len(r) for r in rows], self.max_rows):
+            data = torch.as_tensor(np.concatenate([rows[k] for k in chunk]), dtype=torch.long)
+            groups = torch.repeat_interleave(torch.arange(len(chunk)),
+                                             torch.tensor([len(rows[k]) for k in chunk]))
+            ce, count = sequence_token_losses(self.model, data, self.pad_id)
+            tokens = torch.zeros(len(chunk), dtype=ce.dtype).index_add_(0, groups, count.to(ce.dtype))
+            per_row = ce / tokens.clamp(min=1.0)[groups]  # row i's share of its unit's mean loss
+            self.bk.backward(per_row, groups=groups)
+            offset = 0
+            for p in self._params:
+                n = p.numel()
+                total[offset:offset + n].add_(p.grad.reshape(-1), alpha=-self.lr)
+                offset += n
+            norms.append(self.bk.last_norms * self.lr)
+            losses.append(torch.zeros(len(chunk)).index_add_(0, groups, per_row.detach()))
+        all_norms = torch.cat(norms) if norms else torch.zeros(0)
+        if not torch.isfinite(all_norms).all() or not torch.isfinite(total).all():
+            bad = [int(users[k]) for k in torch.flatnonzero(~torch.isfinite(all_norms)).tolist()]
+            raise FloatingPointError(f"non-finite gradient for user(s) {bad[:5]} in the one-pass round: "
+                                     "lower client.lr or check the data")
+        return CohortSum(users=np.asarray(users), total=total, norms=all_norms,
+                         train_loss=float(torch.cat(losses).mean()) if losses else float("nan"))

@@ -1,0 +1,132 @@
+"""Example-level DP on clients (``client.dp=example``): every local step is DP-SGD through BK.
+
+Step k of client u (n_u rows) in a round: each row joins the batch B_k independently with
+probability q; with ``ℓ_i`` the mean token loss of row i and ``g_i = ∇ℓ_i``::
+
+    θ ← θ − η · ( Σ_{i∈B_k} min(1, C_e/‖g_i‖) g_i + σ_e C_e N(0, I) ) / (q · n_u)
+
+An empty batch still takes the noise-only step (the accountant counts every step).
+
+Accounting (per example, add/remove-one of one example in one client's data): a round where the
+client takes part releases ``K`` steps of ``PoissonSampledDpEvent(q, GaussianDpEvent(σ_e))``.
+fedpriv assumes the worst case that the client takes part in *every* round (no amplification
+from user sampling is claimed), so after R rounds the example-level event is
+``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(σ_e)), R·K)``. Assumptions: the
+client's row count n_u in the step size is treated as public (as DP-SGD libraries treat the
+dataset size); the server's user-level clipping and noise are a separate guarantee on top.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import dp_accounting
+import numpy as np
+import torch
+from torch import nn
+
+from fedpriv.accounting import calibrate_noise_multiplier, compute_epsilon
+from fedpriv.clipping import MODES, BookKeeping
+from fedpriv.errors import ConfigError
+from fedpriv.metrics import sequence_token_losses
+
+
+@dataclass(frozen=True)
+class ExampleDP:
+    """Resolved example-level DP-SGD settings of every client."""
+
+    sampling_rate: float
+    steps: int
+    clip_norm: float
+    noise_multiplier: float
+    delta: float
+    mode: str = "mixopt"
+    secure_rng: bool = False
+
+    def event(self, rounds: int) -> dp_accounting.DpEvent:
+        """The example-level event after ``rounds`` rounds (client assumed in every round)."""
+        return example_event(self.sampling_rate, self.noise_multiplier, rounds * self.steps)
+
+    def epsilon(self, rounds: int, accountant: str = "rdp") -> float:
+        if self.noise_multiplier == 0:
+            return float("inf")
+        return compute_epsilon(self.event(rounds), self.delta, accountant)
+
+
+def example_event(rate: float, noise_multiplier: float, steps: int) -> dp_accounting.DpEvent:
+    """``steps`` × Poisson-sampled Gaussian: example-level DP-SGD."""
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(noise_multiplier)), steps)
+
+
+def resolve_example_dp(client: Mapping[str, Any], rounds: int, accountant: str = "rdp",
+                       secure_rng: bool = False) -> ExampleDP | None:
+    """``client.example`` as an :class:`ExampleDP` (σ_e calibrated when not given); None when
+    ``client.dp`` is ``none``. Raises ``ConfigError`` for bad values."""
+    kind = client.get("dp", "none") or "none"
+    if kind == "none":
+        return None
+    if kind != "example":
+        raise ConfigError(f"unknown client.dp {kind!r} (choose one of: none, example)")
+    ex = dict(client.get("example") or {})
+    rate, steps, clip = ex.get("sampling_rate"), ex.get("steps"), ex.get("clip_norm")
+    delta, mode = ex.get("delta"), ex.get("mode", "mixopt")
+    if not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+        raise ConfigError(f"client.example.sampling_rate must be in (0, 1], got {rate!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ConfigError(f"client.example.steps must be a positive integer, got {steps!r}")
+    if not isinstance(clip, (int, float)) or not 0 < clip < float("inf"):
+        raise ConfigError(f"client.example.clip_norm must be a positive number, got {clip!r}")
+    if not isinstance(delta, (int, float)) or not 0 < delta < 1:
+        raise ConfigError(f"client.example.delta must be in (0, 1), got {delta!r}")
+    if mode not in MODES:
+        raise ConfigError(f"client.example.mode must be one of {', '.join(MODES)}, got {mode!r}")
+    sigma = ex.get("noise_multiplier")
+    if sigma is None:
+        target = ex.get("target_epsilon")
+        if not isinstance(target, (int, float)) or not target > 0:
+            raise ConfigError(f"client.example.target_epsilon must be positive, got {target!r}")
+        sigma = calibrate_noise_multiplier(lambda s: example_event(rate, s, rounds * steps), float(target),
+                                           float(delta), accountant)
+    elif not isinstance(sigma, (int, float)) or sigma < 0:
+        raise ConfigError(f"client.example.noise_multiplier must be >= 0, got {sigma!r}")
+    return ExampleDP(sampling_rate=float(rate), steps=steps, clip_norm=float(clip), noise_multiplier=float(sigma),
+                     delta=float(delta), mode=mode, secure_rng=secure_rng)
+
+
+def noise_generator(order_generator: torch.Generator, secure: bool) -> torch.Generator:
+    """The client's noise stream: derived from its seeded order generator, or CSPRNG-seeded."""
+    seed = secrets.randbits(63) if secure else int(torch.randint(0, 2**62, (1,), generator=order_generator))
+    return torch.Generator().manual_seed(seed)
+
+
+def dp_sgd_steps(model: nn.Module, bk: BookKeeping, rows: np.ndarray, lr: float, dp: ExampleDP,
+                 generator: torch.Generator, pad_id: int) -> tuple[list[float], int]:
+    """Run ``dp.steps`` example-level DP-SGD steps on ``model`` in place (hooked by ``bk``, whose
+    clip norm and noise multiplier must be ``dp``'s); returns (batch losses, steps)."""
+    if bk.clip_norm != dp.clip_norm or bk.noise_multiplier != dp.noise_multiplier:
+        raise ValueError("the BookKeeping engine does not carry the client's example-level settings")
+    data = torch.as_tensor(rows, dtype=torch.long)
+    params = [p for p in model.parameters() if p.requires_grad]
+    bk.generator = noise_generator(generator, dp.secure_rng)
+    denominator = dp.sampling_rate * len(data)
+    losses: list[float] = []
+    for _ in range(dp.steps):
+        mask = torch.rand(len(data), generator=generator) < dp.sampling_rate
+        batch = data[mask]
+        if len(batch):
+            ce, count = sequence_token_losses(model, batch, pad_id)
+            per_example = ce / count.clamp(min=1)
+            bk.backward(per_example)
+            losses.append(float(per_example.detach().mean()))
+        else:  # noise-only step: the release the accountant counts still happens
+            for p in params:
+                p.grad = dp.noise_multiplier * dp.clip_norm * torch.randn(p.shape, generator=bk.generator)
+        with torch.no_grad():
+            for p in params:
+                p.add_(p.grad, alpha=-lr / denominator)
+                p.grad = None
+    return losses, dp.steps

@@ -1,0 +1,300 @@
+"""Per-sample clipping step time: non-private vs Book-Keeping (each mode) vs Opacus vs torch.func.
+
+    python scripts/bench_clipping.py --model transformer [--steps 12] [--json PATH] [--no-memory]
+    python scripts/bench_clipping.py --model lstm
+
+One step = forward, per-sample losses (mean token cross-entropy of each sequence), clipped
+per-sample gradient sum + Gaussian noise (σ = 1, C = 1), SGD update. Every mode owns its own
+copy of the same initial model and sees the same batch. Timing is round-robin: each of
+``--steps`` iterations runs one step of every mode in turn (after ``--warmup`` untimed ones), so
+this machine's speed drift hits all modes alike; we report the median step time and its ratio to
+the non-private step. Peak memory is the peak RSS of a fresh child process running only that
+mode (``--only MODE``), since one process's peak cannot be split between modes.
+
+Configs (ANCHORS.md): transformer vocab 10000, d 256, 4 layers, 4 heads, ff 1024, T 64, batch 32,
+untied head; LSTM vocab 10000, embed 96, LSTM 670, projection 96, T 20, batch 32. The LSTM
+baseline is ``nn.LSTM`` (cuDNN-style fused kernel); "non-private unrolled" is fedpriv's LSTM
+stepped through its Linear gates, the form every per-sample method needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fedpriv.clipping import BookKeeping  # noqa: E402
+from fedpriv.models import LSTMLanguageModel, TransformerLanguageModel  # noqa: E402
+
+VOCAB = 10000
+CONFIGS = {
+    "transformer": dict(seq=64, batch=32),
+    "lstm": dict(seq=20, batch=32),
+}
+SIGMA, CLIP, LR = 1.0, 1.0, 0.1
+
+
+class BatchedPositions(TransformerLanguageModel):
+    """The same transformer, with position ids expanded to [B, T] (Opacus needs batch-first
+    inputs for every layer; fedpriv's BK handles the shared [T] form too)."""
+
+    def features(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x)
+
+
+class RecurrentLM(nn.Module):
+    """Embedding → ``rnn`` (nn.LSTM or Opacus DPLSTM, batch-first) → projection → output."""
+
+    def __init__(self, rnn: nn.Module) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, 96, padding_idx=0)
+        self.rnn = rnn
+        self.projection = nn.Linear(670, 96)
+        self.output = nn.Linear(96, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.rnn(self.embedding(tokens))
+        return self.output(self.projection(hidden))
+
+
+def fedpriv_model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    if name == "transformer":
+        return TransformerLanguageModel(VOCAB, d_model=256, num_layers=4, num_heads=4, ff_dim=1024, max_len=64)
+    return LSTMLanguageModel(VOCAB, embed_dim=96, hidden_size=670, projection_dim=96)
+
+
+def copy_weights(src: nn.Module, dst: nn.Module) -> nn.Module:
+    """Load fedpriv LSTM LM weights into a RecurrentLM (nn.LSTM or DPLSTM gate layout)."""
+    s = src.state_dict()
+    with torch.no_grad():
+        dst.embedding.weight.copy_(s["embedding.weight"])
+        dst.projection.weight.copy_(s["projection.weight"])
+        dst.projection.bias.copy_(s["projection.bias"])
+        dst.output.weight.copy_(s["output.weight"])
+        dst.output.bias.copy_(s["output.bias"])
+        rnn = dst.rnn
+        if isinstance(rnn, nn.LSTM):
+            rnn.weight_ih_l0.copy_(s["lstm.ih.weight"])
+            rnn.weight_hh_l0.copy_(s["lstm.hh.weight"])
+            rnn.bias_ih_l0.copy_(s["lstm.ih.bias"])
+            rnn.bias_hh_l0.zero_()
+        else:  # Opacus DPLSTM: RNNLinear ih (with bias) and hh (with bias) per layer
+            cell = rnn.layers[0].cells[0] if hasattr(rnn, "layers") else rnn.cell
+            cell.ih.weight.copy_(s["lstm.ih.weight"])
+            cell.ih.bias.copy_(s["lstm.ih.bias"])
+            cell.hh.weight.copy_(s["lstm.hh.weight"])
+            if cell.hh.bias is not None:
+                cell.hh.bias.zero_()
+    return dst
+
+
+def per_sample_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=0,
+                         reduction="none").view_as(targets)
+    return ce.sum(1) / (targets != 0).sum(1).clamp(min=1)
+
+
+def sgd(params, batch: int) -> None:
+    with torch.no_grad():
+        for p in params:
+            p.add_(p.grad, alpha=-LR / batch)
+            p.grad = None
+
+
+def make_steps(name: str, only: str | None = None) -> dict:
+    """Mode name → a zero-argument step function (all modes start from the same weights)."""
+    cfg = CONFIGS[name]
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(1, VOCAB, (cfg["batch"], cfg["seq"] + 1), generator=gen)
+    tokens[: cfg["batch"] // 4, cfg["seq"] // 2:] = 0  # some padded sequences
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    batch = cfg["batch"]
+    reference = fedpriv_model(name)
+    steps: dict = {}
+
+    def want(mode: str) -> bool:
+        return only is None or only == mode
+
+    def plain(model: nn.Module):
+        params = [p for p in model.parameters() if p.requires_grad]
+
+        def step():
+            per_sample_loss(model(x), y).sum().backward()
+            sgd(params, batch)
+        return step
+
+    if name == "lstm":
+        if want("non-private"):
+            steps["non-private"] = plain(copy_weights(reference, RecurrentLM(nn.LSTM(96, 670, batch_first=True))))
+        if want("non-private unrolled"):
+            unrolled = fedpriv_model(name)
+            unrolled.lstm.unrolled = True
+            steps["non-private unrolled"] = plain(unrolled)
+    elif want("non-private"):
+        steps["non-private"] = plain(fedpriv_model(name))
+
+    for mode in ("ghost", "instantiate", "mixopt"):
+        if not want(f"BK {mode}"):
+            continue
+        model = fedpriv_model(name)
+        bk = BookKeeping(model, clip_norm=CLIP, noise_multiplier=SIGMA, mode=mode)
+
+        def bk_step(model=model, bk=bk):
+            bk.backward(per_sample_loss(model(x), y))
+            sgd([p for p in model.parameters() if p.requires_grad], batch)
+        steps[f"BK {mode}"] = bk_step
+
+    if want("torch.func vmap"):
+        steps["torch.func vmap"] = vmap_step(fedpriv_model(name), x, y, batch)
+
+    try:
+        import opacus  # noqa: F401
+    except ImportError:
+        return steps
+    for ghost in (False, True):
+        mode = "Opacus ghost" if ghost else "Opacus hooks"
+        if want(mode):
+            steps[mode] = opacus_step(name, reference, x, y, batch, ghost)
+    return steps
+
+
+def vmap_step(model: nn.Module, x, y, batch: int):
+    from torch.func import functional_call, grad, vmap
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def loss_one(weights, xi, yi):
+        logits = functional_call(model, dict(zip(names, weights)), (xi[None],))
+        return per_sample_loss(logits, yi[None])[0]
+
+    per_sample_grad = vmap(grad(loss_one), in_dims=(None, 0, 0))
+
+    def step():
+        grads = per_sample_grad(tuple(p.detach() for p in params), x, y)
+        norms = torch.sqrt(sum(g.reshape(batch, -1).pow(2).sum(1) for g in grads))
+        scale = (CLIP / norms.clamp(min=CLIP))
+        for p, g in zip(params, grads):
+            p.grad = torch.einsum("b,b...->...", scale, g) + SIGMA * CLIP * torch.randn_like(p)
+        sgd(params, batch)
+    return step
+
+
+def opacus_step(name: str, reference: nn.Module, x, y, batch: int, ghost: bool):
+    from opacus import GradSampleModule
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.layers import DPLSTM
+    from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
+
+    if name == "lstm":
+        model = copy_weights(reference, RecurrentLM(DPLSTM(96, 670, batch_first=True)))
+    else:
+        torch.manual_seed(0)
+        model = BatchedPositions(VOCAB, d_model=256, num_layers=4, num_heads=4, ff_dim=1024, max_len=64)
+    if ghost:
+        module = GradSampleModuleFastGradientClipping(model, max_grad_norm=CLIP, use_ghost_clipping=True,
+                                                      loss_reduction="sum")
+        opt = DPOptimizerFastGradientClipping(torch.optim.SGD(module.parameters(), lr=LR / batch),
+                                              noise_multiplier=SIGMA, max_grad_norm=CLIP,
+                                              expected_batch_size=batch, loss_reduction="sum")
+
+        def step():
+            opt.zero_grad()
+            DPTensorFastGradientClipping(module, opt, per_sample_loss(module(x), y), "sum").backward()
+            opt.step()
+        return step
+    module = GradSampleModule(model, loss_reduction="sum")
+    opt = DPOptimizer(torch.optim.SGD(module.parameters(), lr=LR / batch), noise_multiplier=SIGMA,
+                      max_grad_norm=CLIP, expected_batch_size=batch, loss_reduction="sum")
+
+    def step():
+        opt.zero_grad()
+        per_sample_loss(module(x), y).sum().backward()
+        opt.step()
+    return step
+
+
+def time_round_robin(steps: dict, iters: int, warmup: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {mode: [] for mode in steps}
+    for i in range(warmup + iters):
+        for mode, step in steps.items():
+            start = time.perf_counter()
+            step()
+            elapsed = time.perf_counter() - start
+            if i >= warmup:
+                times[mode].append(elapsed)
+    return times
+
+
+def peak_rss_mb(model: str, mode: str, threads: int) -> float | None:
+    """Peak RSS (MB) of a fresh process running 3 steps of ``mode`` only."""
+    proc = subprocess.run([sys.executable, __file__, "--model", model, "--only", mode, "--threads", str(threads)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"memory run of {mode!r} failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        return None
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(CONFIGS), required=True)
+    parser.add_argument("--steps", type=int, default=12, help="timed round-robin iterations")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--no-memory", action="store_true", help="skip the per-mode peak-RSS child processes")
+    parser.add_argument("--only", help=argparse.SUPPRESS)  # child: run one mode, print peak RSS MB
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    if args.only:
+        step = make_steps(args.model, only=args.only)[args.only]
+        for _ in range(3):
+            step()
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        return
+
+    steps = make_steps(args.model)
+    times = time_round_robin(steps, args.steps, args.warmup)
+    base = statistics.median(times["non-private"])
+    memory = {} if args.no_memory else {mode: peak_rss_mb(args.model, mode, args.threads) for mode in steps}
+    base_mem = memory.get("non-private")
+    rows = []
+    print(f"{args.model}: {args.steps} round-robin steps after {args.warmup} warm-up, {args.threads} threads, "
+          f"torch {torch.__version__}")
+    print(f"{'mode':24s} {'median s':>9s} {'ratio':>6s} {'peak RSS MB':>12s} {'mem ratio':>9s}")
+    for mode, ts in times.items():
+        med = statistics.median(ts)
+        mem = memory.get(mode)
+        row = {"mode": mode, "median_s": med, "ratio": med / base, "peak_rss_mb": mem,
+               "memory_ratio": (mem / base_mem) if mem and base_mem else None}
+        rows.append(row)
+        mem_text = f"{mem:12.0f} {row['memory_ratio']:9.2f}" if mem and base_mem else f"{'-':>12s} {'-':>9s}"
+        print(f"{mode:24s} {med:9.4f} {med / base:6.2f} {mem_text}")
+    if args.json:
+        args.json.write_text(json.dumps({"model": args.model, "steps": args.steps, "threads": args.threads,
+                                         "torch": torch.__version__, "machine": platform.machine(),
+                                         "config": CONFIGS[args.model], "results": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

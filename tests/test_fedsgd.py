@@ -1,0 +1,136 @@
+"""One-pass DP-FedSGD and central DP-SGD: the batched BK clipped sum equals the per-client loop."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedpriv.aggregation import clip_factor
+from fedpriv.cohort import CohortClipper, pack_chunks
+from fedpriv.models import build_model, get_flat_params
+from fedpriv.training import LocalConfig, local_update
+from tests.conftest import compose_cfg
+
+torch.set_num_threads(1)
+
+VOCAB, SEQ = 50, 8
+
+
+def _users(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    users = []
+    for n in sizes:
+        rows = rng.integers(1, VOCAB, size=(n, SEQ + 1))
+        for row in rows:  # ragged sentences: pad the tail of some rows
+            cut = int(rng.integers(2, SEQ + 2))
+            row[cut:] = 0
+        users.append(rows)
+    return users
+
+
+def _loop_sum(model, params, users, cohort, lr, clip):
+    """The reference: each client takes one full-batch SGD step; the server clips each delta."""
+    cfg = LocalConfig(epochs=1, batch_size=10**9, lr=lr, max_steps=1)
+    total = torch.zeros_like(params)
+    norms = []
+    for u in cohort:
+        delta, _ = local_update(model, params, users[u], cfg, torch.Generator().manual_seed(0))
+        factor, norm = clip_factor(delta, clip)
+        total += factor * delta
+        norms.append(norm)
+    return total, torch.tensor(norms)
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("lstm", dict(embed_dim=8, hidden_size=12, projection_dim=8)),
+    ("transformer", dict(d_model=16, num_layers=2, num_heads=2, ff_dim=32, max_len=SEQ)),
+    ("lstm", dict(embed_dim=8, hidden_size=12, projection_dim=8, tie_embeddings=True)),
+])
+@pytest.mark.parametrize("mode", ["mixopt", "ghost", "instantiate"])
+def test_one_pass_equals_per_client_loop(name, kwargs, mode):
+    torch.manual_seed(0)
+    model = build_model(name, VOCAB, **kwargs)
+    replica = build_model(name, VOCAB, **kwargs)
+    params = get_flat_params(model)
+    users = _users([1, 3, 7, 2, 12, 5])
+    cohort = np.array([0, 1, 2, 4, 5])
+    lr = 0.7
+    _, unclipped = _loop_sum(model, params, users, cohort, lr, 1e9)
+    clip = float(unclipped.median())  # some users clipped, some not
+    ref, ref_norms = _loop_sum(model, params, users, cohort, lr, clip)
+    # max_rows=6 forces several chunks and one user (12 rows) larger than a chunk
+    clipper = CohortClipper(replica, clip, lr, pad_id=0, mode=mode, max_rows=6)
+    out = clipper.clipped_sum(params, cohort, lambda u: users[u])
+    assert (ref_norms > clip).any() and (ref_norms < clip).any()
+    torch.testing.assert_close(out.norms, ref_norms, rtol=1e-4, atol=1e-7)
+    assert torch.linalg.vector_norm(out.total - ref) <= 1e-4 * torch.linalg.vector_norm(ref)
+    # every unit's contribution respects the bound: the sum of n units has norm <= n C
+    assert float(torch.linalg.vector_norm(out.total)) <= len(cohort) * clip * (1 + 1e-5)
+
+
+def test_pack_chunks_keeps_units_whole():
+    assert pack_chunks([3, 2, 4, 9, 1], max_rows=5) == [[0, 1], [2], [3], [4]]
+    assert pack_chunks([], max_rows=5) == []
+
+
+def _run(cfg):
+    from fedpriv.runner import one_pass_round_fn, prepare, train
+    from server.app import run_local
+
+    session = prepare(cfg)
+    if cfg["algorithm"]["name"] == "dp_fedsgd" and not cfg["algorithm"]["one_pass"]:
+        run_local(session)
+    else:
+        train(session, one_pass_round_fn(session))
+    return session
+
+
+def test_fedsgd_run_one_pass_equals_loop(tmp_path):
+    common = ("+experiment=smoke", "algorithm=dp_fedsgd", "progress=false", "privacy.clip_norm=0.1")
+    one = _run(compose_cfg(*common, run_dir=tmp_path / "one"))
+    loop = _run(compose_cfg(*common, "algorithm.one_pass=false", run_dir=tmp_path / "loop"))
+    assert not torch.equal(one.server.params, one.task.initial_params)
+    torch.testing.assert_close(one.server.params, loop.server.params, rtol=1e-4, atol=1e-6)
+    a = [r["median_update_norm"] for r in one.history]
+    b = [r["median_update_norm"] for r in loop.history]
+    np.testing.assert_allclose(a, b, rtol=1e-4)
+    assert [r["accepted"] for r in one.history] == [r["accepted"] for r in loop.history]
+
+
+def test_dpsgd_is_example_level(tmp_path):
+    from fedpriv.accounting import compute_epsilon
+    from fedpriv.runner import prepare
+    import dp_accounting
+
+    cfg = compose_cfg("+experiment=smoke", "algorithm=dpsgd", "cohort_size=16", "progress=false",
+                      run_dir=tmp_path / "run")
+    session = prepare(cfg)
+    units = session.task.units
+    total_rows = sum(len(u) for u in session.task.data.users)
+    assert len(units) == total_rows and units[3].shape == (1, session.task.data.seq_len + 1)
+    sampler = session.server.sampler
+    assert math.isclose(sampler.rate, 16 / total_rows)
+    sigma = session.server.mechanism.noise_multiplier
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(16 / total_rows, dp_accounting.GaussianDpEvent(sigma)), cfg["rounds"])
+    eps = compute_epsilon(event, cfg["privacy"]["delta"], "rdp")
+    assert eps <= cfg["privacy"]["target_epsilon"] + 1e-9 and eps > 0.9 * cfg["privacy"]["target_epsilon"]
+
+
+def test_dpsgd_cli_reports_example_unit(run_cli, tmp_path):
+    import json
+
+    proc = run_cli("+experiment=smoke", "algorithm=dpsgd", "cohort_size=16", "progress=false",
+                   f"run_dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["privacy_unit"] == "example" and summary["algorithm"] == "dpsgd"
+    assert summary["privacy"]["epsilon"] <= 50.0
+
+
+def test_dpsgd_refuses_flower_backend(run_cli, tmp_path):
+    proc = run_cli("+experiment=smoke", "algorithm=dpsgd", "backend=flower", f"run_dir={tmp_path / 'run'}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: algorithm=dpsgd is central")
+    assert not (tmp_path / "run").exists()
