@@ -29,7 +29,11 @@ test-slow: venv
 	$(PY) -m pytest -q -m slow
 
 bench: venv
+	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) scripts/bench_round.py
+	$(PY) scripts/bench_clipping.py --model transformer
+	$(PY) scripts/bench_clipping.py --model lstm
+	$(PY) scripts/bench_fedsgd.py
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -82,10 +82,14 @@ class CohortClipper:
         set_flat_params(self.model, params)
         self.model.train()
         total = torch.zeros_like(params)
-        norms: list[torch.Tensor] = []
+        all_norms = torch.zeros(len(users))
         losses: list[torch.Tensor] = []
         rows = [np.asarray(rows_of(int(u))) for u in users]
-        for chunk in pack_chunks([len(r) for r in rows], self.max_rows):
+        # similar units side by side: equal-size units form contiguous BK buckets, and chunks of
+        # short sentences drop their all-pad columns (the clipped sum does not depend on order)
+        order = sorted(range(len(rows)), key=lambda k: (len(rows[k]), int((rows[k] != self.pad_id).sum())))
+        for chunk in pack_chunks([len(rows[k]) for k in order], self.max_rows):
+            chunk = [order[k] for k in chunk]
             data = torch.as_tensor(np.concatenate([rows[k] for k in chunk]), dtype=torch.long)
             groups = torch.repeat_interleave(torch.arange(len(chunk)),
                                              torch.tensor([len(rows[k]) for k in chunk]))
@@ -98,11 +102,10 @@ class CohortClipper:
                 n = p.numel()
                 total[offset:offset + n].add_(p.grad.reshape(-1), alpha=-self.lr)
                 offset += n
-            norms.append(self.bk.last_norms * self.lr)
+            all_norms[torch.tensor(chunk)] = self.bk.last_norms * self.lr
             losses.append(torch.zeros(len(chunk)).index_add_(0, groups, per_row.detach()))
-        all_norms = torch.cat(norms) if norms else torch.zeros(0)
         if not torch.isfinite(all_norms).all() or not torch.isfinite(total).all():
-            bad = [int(users[k]) for k in torch.flatnonzero(~torch.isfinite(all_norms)).tolist()]
+            bad = [int(users[k]) for k in torch.nonzero(~torch.isfinite(all_norms)).flatten().tolist()]
             raise FloatingPointError(f"non-finite gradient for user(s) {bad[:5]} in the one-pass round: "
                                      "lower client.lr or check the data")
         return CohortSum(users=np.asarray(users), total=total, norms=all_norms,

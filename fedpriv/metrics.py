@@ -39,10 +39,13 @@ def token_loss(model: nn.Module, rows: torch.Tensor, pad_id: int) -> torch.Tenso
 def sequence_token_losses(model: nn.Module, rows: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the summed next-token cross-entropy over its non-pad targets, and their count ([B] each).
 
-    Batch-first all the way to the output layer (logits ``[B, T, V]``, pad positions included), so
-    per-sample clipping can attribute every position to its row.
+    Batch-first all the way to the output layer (logits ``[B, T, V]``), so per-sample clipping can
+    attribute every position to its row. Trailing columns whose targets are all pad are dropped
+    first (exact for causal models: no earlier position sees them).
     """
-    x, y = rows[:, :-1], rows[:, 1:]
+    targets = rows[:, 1:] != pad_id
+    width = int(torch.nonzero(targets.any(0)).max()) + 1 if targets.any() else 1
+    x, y = rows[:, :width], rows[:, 1:width + 1]
     logits = model(x)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=pad_id,
                          reduction="none").view_as(y)

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,6 +46,7 @@ CONFIGS = {
     "lstm": dict(seq=20, batch=32),
 }
 SIGMA, CLIP, LR = 1.0, 1.0, 0.1
+warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 
 class BatchedPositions(TransformerLanguageModel):
@@ -51,7 +54,7 @@ class BatchedPositions(TransformerLanguageModel):
     inputs for every layer; fedpriv's BK handles the shared [T] form too)."""
 
     def features(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
+        positions = torch.arange(tokens.shape[1]).repeat(tokens.shape[0], 1)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         for block in self.blocks:
             x = block(x)
@@ -81,7 +84,7 @@ def fedpriv_model(name: str) -> nn.Module:
 
 
 def copy_weights(src: nn.Module, dst: nn.Module) -> nn.Module:
-    """Load fedpriv LSTM LM weights into a RecurrentLM (nn.LSTM or DPLSTM gate layout)."""
+    """Load fedpriv LSTM LM weights into a RecurrentLM (same gate order i, f, g, o)."""
     s = src.state_dict()
     with torch.no_grad():
         dst.embedding.weight.copy_(s["embedding.weight"])
@@ -89,19 +92,11 @@ def copy_weights(src: nn.Module, dst: nn.Module) -> nn.Module:
         dst.projection.bias.copy_(s["projection.bias"])
         dst.output.weight.copy_(s["output.weight"])
         dst.output.bias.copy_(s["output.bias"])
-        rnn = dst.rnn
-        if isinstance(rnn, nn.LSTM):
-            rnn.weight_ih_l0.copy_(s["lstm.ih.weight"])
-            rnn.weight_hh_l0.copy_(s["lstm.hh.weight"])
-            rnn.bias_ih_l0.copy_(s["lstm.ih.bias"])
-            rnn.bias_hh_l0.zero_()
-        else:  # Opacus DPLSTM: RNNLinear ih (with bias) and hh (with bias) per layer
-            cell = rnn.layers[0].cells[0] if hasattr(rnn, "layers") else rnn.cell
-            cell.ih.weight.copy_(s["lstm.ih.weight"])
-            cell.ih.bias.copy_(s["lstm.ih.bias"])
-            cell.hh.weight.copy_(s["lstm.hh.weight"])
-            if cell.hh.bias is not None:
-                cell.hh.bias.zero_()
+        rnn = dst.rnn  # nn.LSTM and Opacus DPLSTM name their weights alike
+        rnn.weight_ih_l0.copy_(s["lstm.ih.weight"])
+        rnn.weight_hh_l0.copy_(s["lstm.hh.weight"])
+        rnn.bias_ih_l0.copy_(s["lstm.ih.bias"])
+        rnn.bias_hh_l0.zero_()
     return dst
 
 
@@ -124,7 +119,7 @@ def make_steps(name: str, only: str | None = None) -> dict:
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(1, VOCAB, (cfg["batch"], cfg["seq"] + 1), generator=gen)
     tokens[: cfg["batch"] // 4, cfg["seq"] // 2:] = 0  # some padded sequences
-    x, y = tokens[:, :-1], tokens[:, 1:]
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     batch = cfg["batch"]
     reference = fedpriv_model(name)
     steps: dict = {}
@@ -244,6 +239,14 @@ def time_round_robin(steps: dict, iters: int, warmup: int) -> dict[str, list[flo
     return times
 
 
+def peak_rss_self_mb() -> float:
+    """This process's peak RSS (VmHWM; unlike ru_maxrss it is not inherited across fork+exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def peak_rss_mb(model: str, mode: str, threads: int) -> float | None:
     """Peak RSS (MB) of a fresh process running 3 steps of ``mode`` only."""
     proc = subprocess.run([sys.executable, __file__, "--model", model, "--only", mode, "--threads", str(threads)],
@@ -270,7 +273,7 @@ def main() -> None:
         step = make_steps(args.model, only=args.only)[args.only]
         for _ in range(3):
             step()
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        print(peak_rss_self_mb())
         return
 
     steps = make_steps(args.model)

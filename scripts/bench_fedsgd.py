@@ -45,12 +45,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cohort", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--user-rows", type=int, default=None,
+                        help="keep only each user's first K sentences (small-data users, e.g. keyboards)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = compose(args.overrides)
     task = load_task(cfg)
+    if args.user_rows:
+        task.units = [rows[: args.user_rows] for rows in task.units]
     clip = float(cfg["privacy"]["clip_norm"])
     sampler = make_sampler("fixed", len(task.units), args.cohort, 0)
     clipper = CohortClipper(copy.deepcopy(task.client_model), clip, task.local.lr, task.data.vocab.pad_id,
@@ -77,6 +81,7 @@ def main() -> None:
             rows.append(sum(len(task.units[int(u)]) for u in cohort))
     med_one, med_loop = statistics.median(one_pass), statistics.median(loop)
     result = {"model": cfg["model"]["name"], "cohort": args.cohort, "rounds": args.rounds,
+              "user_rows": args.user_rows,
               "median_rows_per_cohort": statistics.median(rows), "one_pass_s": med_one, "loop_s": med_loop,
               "one_pass_users_per_s": args.cohort / med_one, "loop_users_per_s": args.cohort / med_loop,
               "speedup": med_loop / med_one, "mode": cfg["algorithm"]["clipping_mode"]}

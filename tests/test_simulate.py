@@ -65,7 +65,7 @@ def test_delta_warning_when_delta_at_least_one_over_n(tmp_path, caplog):
     cfg = compose_cfg("+experiment=smoke", "privacy.delta=0.1", run_dir=tmp_path / "r")
     with caplog.at_level("WARNING"):
         prepare(cfg)
-    assert any("1/num_users" in r.message for r in caplog.records)
+    assert any("1/N" in r.message and "40 users" in r.message for r in caplog.records)
 
 
 def test_budget_overrun_refused(tmp_path):

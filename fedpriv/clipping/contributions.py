@@ -85,15 +85,16 @@ def concat(parts: Sequence[Contribution]) -> Contribution:
 
 @dataclass(frozen=True)
 class Grouping:
-    """Maps samples to clipping units: sample ``i`` is member ``slot[i]`` of unit ``unit[i]``.
+    """Maps samples to clipping units (the distinct group ids in increasing order).
 
-    Units are the distinct group ids in increasing order; ``size`` is the largest unit.
+    ``unit[i]`` is sample i's unit. ``buckets`` gathers units of equal size so they can be
+    handled as one batch without padding: each is ``(units [k], members [k, size])``, row j of
+    ``members`` holding the sample indices of unit ``units[j]``.
     """
 
     unit: Tensor
-    slot: Tensor
     num_units: int
-    size: int
+    buckets: tuple[tuple[Tensor, Tensor], ...]
 
     @staticmethod
     def from_ids(ids: Tensor) -> "Grouping":
@@ -101,31 +102,31 @@ class Grouping:
         _, unit = torch.unique(ids, sorted=True, return_inverse=True)
         num_units = int(unit.max()) + 1 if unit.numel() else 0
         counts = torch.bincount(unit, minlength=num_units)
+        order = torch.argsort(unit, stable=True)  # samples of unit 0, then unit 1, ...
         starts = torch.cumsum(counts, 0) - counts
-        order = torch.argsort(unit, stable=True)
-        slot = torch.empty_like(unit)
-        slot[order] = torch.arange(unit.numel(), device=unit.device) - starts[unit[order]]
-        return Grouping(unit, slot, num_units, int(counts.max()) if counts.numel() else 0)
+        buckets = []
+        for size in torch.unique(counts).tolist():
+            units = torch.nonzero(counts == size).flatten()
+            members = order[starts[units].unsqueeze(1) + torch.arange(size)]
+            buckets.append((units, members))
+        return Grouping(unit, num_units, tuple(buckets))
 
 
-def _stack_units(x: Tensor, g: Grouping) -> Tensor:
-    """[B, T, ...] → [U, size·T, ...]: a unit's samples laid end to end, zero-padded."""
-    out = x.new_zeros((g.num_units, g.size) + tuple(x.shape[1:]))
-    out[g.unit, g.slot] = x
-    return out.reshape((g.num_units, g.size * x.shape[1]) + tuple(x.shape[2:]))
-
-
-def regroup(c: Contribution, g: Grouping) -> Contribution:
-    """The same contribution with units as clipping units: ``G_u = Σ_{i in u} G_i``.
-
-    Padding slots get zero factors (and row index 0 with zero values), so they add nothing.
-    """
+def bucket_view(c: Contribution, members: Tensor) -> Contribution:
+    """The contribution of k equal-size units (``members`` [k, size]) as a batch of k: each
+    unit's samples' positions laid end to end, so ``G_u = Σ_{i in u} G_i`` with no padding."""
+    k = members.shape[0]
+    flat = members.reshape(-1)
+    start = int(flat[0]) if flat.numel() else 0
+    if flat.numel() and torch.equal(flat, torch.arange(start, start + flat.numel())):
+        members = slice(start, start + flat.numel())  # consecutive samples: views, no gather copy
     if isinstance(c, Outer):
-        return Outer(_stack_units(c.left, g), _stack_units(c.right, g))
+        return Outer(c.left[members].reshape(k, -1, c.left.shape[2]),
+                     c.right[members].reshape(k, -1, c.right.shape[2]))
     if isinstance(c, Rows):
-        return Rows(_stack_units(c.index, g), _stack_units(c.values, g), c.num_rows)
-    out = c.per_sample.new_zeros((g.num_units,) + tuple(c.per_sample.shape[1:]))
-    return Dense(out.index_add_(0, g.unit, c.per_sample))
+        return Rows(c.index[members].reshape(k, -1), c.values[members].reshape(k, -1, c.values.shape[2]),
+                    c.num_rows)
+    return Dense(c.per_sample[members].reshape((k, -1) + tuple(c.per_sample.shape[1:])).sum(1))
 
 
 # ----------------------------------------------------------------------------- algebra

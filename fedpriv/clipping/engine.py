@@ -14,7 +14,9 @@ One step, given the per-sample losses ``ℓ_i`` of a batch-first forward:
    embedding and head) are summed per sample, with their cross terms.
 4. Per-sample squared norms, per parameter: the ghost norm ``Σ_{t,s} (a_t·a_s)(g_t·g_s)`` or the
    instantiated per-sample gradient, by ``mode``; ``mixopt`` takes ghost iff ``2T² < numel``
-   (T = positions per clipping unit over all calls of that parameter, numel = p·d).
+   (T = positions per clipping unit over all calls of that parameter, numel = p·d). With
+   ``groups``, units of equal size are handled as one batch (their samples' positions end to
+   end, no padding to the largest unit) and the rule is applied per such bucket.
 5. ``c_i = C / max(||g_i||, C)`` (exact: 1 when ``||g_i|| <= C``, no epsilon; ``||c_i g_i|| <= C``).
 6. ``p.grad = Σ_i c_i G_i + σ·C·N(0, I)`` formed from the kept factors (book-keeping), e.g.
    ``Σ_i c_i Σ_t g_{i,t} a_{i,t}ᵀ`` for a Linear weight. ``p.grad`` is *set*, never accumulated.
@@ -38,12 +40,13 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
-                                            cross, per_sample, regroup, weighted_sum)
+                                            bucket_view, cross, per_sample, weighted_sum)
 from fedpriv.clipping.rules import RULES, LayerRule
 from fedpriv.errors import ConfigError
 from fedpriv.models.lstm import LSTM as FedLSTM
 
 MODES = ("ghost", "instantiate", "mixopt")
+_INSTANTIATE_BUDGET = 1 << 24  # floats of per-unit gradients held at once on the grouped path
 
 
 class UnsupportedLayerError(ConfigError):
@@ -106,7 +109,8 @@ class BookKeeping:
     ``p.grad = Σ_i min(1, C/||g_i||) g_i + σ·C·N(0, I)`` (noise from ``generator``; ``None`` →
     torch's default RNG; σ = 0 → deterministic) and ``bk.last_norms`` to each unit's total
     gradient norm over all parameters, before clipping (``last_scales``: the factors c_i;
-    ``last_methods``: per parameter name, "ghost", "instantiate" or "unused"). ``groups`` makes
+    ``last_methods``: per parameter name, "ghost", "instantiate", "mixed" (groups of different
+    sizes took different methods) or "unused"). ``groups`` makes
     a group (all of one user's sequences) the clipping unit; units are the distinct ids in
     increasing order.
 
@@ -332,31 +336,28 @@ class BookKeeping:
         methods: dict[str, str] = {}
         for name, p in self._params:
             parts = _merge(contributions.pop(id(p), []))
-            if grouping is not None:
-                parts = [regroup(c, grouping) for c in parts]
             if not parts:
                 methods[name] = "unused"
+            elif grouping is not None:
+                methods[name] = self._add_group_norms(p, parts, grouping, sq_norms)
+            elif self._use_ghost(p, parts, _steps(parts)):
+                methods[name] = "ghost"
+                sq_norms += _ghost_sq_norms(parts)
             else:
-                methods[name] = "ghost" if self._use_ghost(p, parts) else "instantiate"
-            if methods[name] == "ghost":
-                for i, x in enumerate(parts):
-                    sq_norms += cross(x, x)
-                    for y in parts[i + 1:]:
-                        sq_norms += 2 * cross(x, y)
-            elif parts:
-                total = per_sample(parts[0], p.shape)
-                for c in parts[1:]:
-                    total = total + per_sample(c, p.shape)
+                methods[name] = "instantiate"
+                total = _instantiate(parts, p.shape)
                 sq_norms += total.reshape(units, -1).pow(2).sum(1)
                 parts = [Dense(total)]
             plans.append((p, parts))
         norms = sq_norms.clamp_min(0).sqrt()
         scales = self.clip_norm / norms.clamp_min(self.clip_norm)
+        # the sums run over samples: each sample's factor is its unit's
+        coef = scales if grouping is None else scales[grouping.unit]
         std = self.noise_multiplier * self.clip_norm
         for p, parts in plans:
             grad = None
             for c in parts:
-                term = weighted_sum(c, scales.to(p.dtype), p.shape)
+                term = weighted_sum(c, coef.to(p.dtype), p.shape)
                 grad = term if grad is None else grad.add_(term)
             if grad is None:
                 grad = torch.zeros_like(p)
@@ -369,13 +370,32 @@ class BookKeeping:
         self.last_scales = scales
         self.last_methods = methods
 
-    def _use_ghost(self, p: nn.Parameter, parts: list[Contribution]) -> bool:
-        """Ghost norm for ``p``? Never for Dense parts; for ``mixopt`` iff ``2·T² < numel``."""
+    def _add_group_norms(self, p: nn.Parameter, parts: list[Contribution], grouping: Grouping,
+                         sq_norms: Tensor) -> str:
+        """Add each unit's squared norm for ``p`` to ``sq_norms``, one batch per bucket of
+        equal-size units (no padding to the largest unit); ghost or instantiated per bucket by
+        its units' position count. Returns "ghost", "instantiate", or "mixed" across buckets."""
+        used = set()
+        for units, members in grouping.buckets:
+            view = [bucket_view(c, members) for c in parts]
+            if self._use_ghost(p, view, _steps(view)):
+                used.add("ghost")
+                sq_norms[units] += _ghost_sq_norms(view)
+                continue
+            used.add("instantiate")
+            step = max(1, _INSTANTIATE_BUDGET // p.numel())  # bound the [k, numel] buffer
+            for start in range(0, len(units), step):
+                part = [bucket_view(c, members[start:start + step]) for c in parts]
+                sq_norms[units[start:start + step]] += _instantiate(part, p.shape).flatten(1).pow(2).sum(1)
+        return used.pop() if len(used) == 1 else "mixed"
+
+    def _use_ghost(self, p: nn.Parameter, parts: list[Contribution], steps: int) -> bool:
+        """Ghost norm for ``p``? Never for Dense parts; for ``mixopt`` iff ``2·T² < numel``
+        (``steps`` = T, the positions of one clipping unit over all uses of ``p``)."""
         if self.mode == "instantiate" or any(isinstance(c, Dense) for c in parts):
             return False
         if self.mode == "ghost":
             return True
-        steps = sum(c.steps for c in parts)
         return 2 * steps * steps < p.numel()
 
     def _audit(self, loss: Tensor, calls: list[_Call]) -> None:
@@ -414,6 +434,30 @@ class BookKeeping:
                 "module (functional use such as F.linear(x, layer.weight), a fused kernel, or a "
                 "loss term on the weights), so BookKeeping would miss that part of their "
                 "gradient; call the module itself (weight decay belongs in the optimizer)")
+
+
+def _steps(parts: list[Contribution]) -> int:
+    """Positions per unit over all factored parts of one parameter (T of the mixopt rule)."""
+    return sum(c.steps for c in parts if not isinstance(c, Dense))
+
+
+def _ghost_sq_norms(parts: list[Contribution]) -> Tensor:
+    """``‖Σ_k G^k_i‖²`` per unit from factored parts, with their cross terms."""
+    total = cross(parts[0], parts[0])
+    for i, x in enumerate(parts):
+        if i:
+            total = total + cross(x, x)
+        for y in parts[i + 1:]:
+            total = total + 2 * cross(x, y)
+    return total
+
+
+def _instantiate(parts: list[Contribution], shape: torch.Size) -> Tensor:
+    """``Σ_k G^k_i`` per unit, [B, *shape]."""
+    total = per_sample(parts[0], shape)
+    for c in parts[1:]:
+        total = total + per_sample(c, shape)
+    return total
 
 
 def _merge(parts: list[Contribution]) -> list[Contribution]:
