@@ -236,6 +236,18 @@ def test_group_clipping_lstm_user_level() -> None:
     check_against_reference(model, loss_fn, data, "mixopt", groups=torch.tensor([1, 0, 1, 1, 3, 0]))
 
 
+@pytest.mark.parametrize("case", ["tied", "transformer"])
+def test_group_clipping_in_small_instantiate_batches(case: str, monkeypatch) -> None:
+    """Units of several sizes (buckets), instantiated a few units at a time, tied weights."""
+    import fedpriv.clipping.engine as engine
+
+    monkeypatch.setattr(engine, "_INSTANTIATE_BUDGET", 1)  # one unit per batch
+    model, loss_fn, data = make_case(case)
+    size = data[0].shape[0]
+    groups = torch.tensor([(i * 7) % 3 if i % 2 else 9 for i in range(size)])
+    check_against_reference(model, loss_fn, data, "instantiate", groups=groups)
+
+
 def test_tied_weights_are_one_parameter_with_cross_term() -> None:
     model, loss_fn, data = make_case("tied")
     assert model.head.weight is model.token_embedding.weight
