@@ -17,8 +17,8 @@ import torch
 from fedpriv.aggregation import RoundAggregate
 from fedpriv.cohort import CohortSum
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms import GaussianMechanism
-from fedpriv.optim.server import ServerAdam, ServerSGD
+from fedpriv.mechanisms import Mechanism
+from fedpriv.optim.server import ServerOptimizer
 from fedpriv.sampling import Sampler
 
 
@@ -34,8 +34,8 @@ class ClientUpdate:
 class DPFedAvg:
     """Server state of DP-FedAvg: global parameters, sampler, noise mechanism, optimizer."""
 
-    def __init__(self, params: torch.Tensor, sampler: Sampler, mechanism: GaussianMechanism,
-                 clip_norm: float, optimizer: ServerSGD | ServerAdam, ema_decay: float = 0.0) -> None:
+    def __init__(self, params: torch.Tensor, sampler: Sampler, mechanism: Mechanism,
+                 clip_norm: float, optimizer: ServerOptimizer, ema_decay: float = 0.0) -> None:
         if not 0.0 <= ema_decay < 1.0:
             raise ConfigError(f"ema_decay must be in [0, 1), got {ema_decay}")
         self.params = params.clone()

@@ -23,7 +23,7 @@ from fedpriv.cohort import CohortClipper, CohortSum
 from fedpriv.config import validate, validate_against_data
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms import GaussianMechanism
+from fedpriv.mechanisms import Mechanism, build_mechanism
 from fedpriv.metrics import evaluate
 from fedpriv.models import set_flat_params
 from fedpriv.optim import build_server_optimizer
@@ -40,7 +40,7 @@ RESUME_FREE_KEYS = ("resume", "backend", "progress", "run_dir")
 RoundFn = Callable[[int, np.ndarray], "list[ClientUpdate] | CohortSum"]
 
 
-def _noise_multiplier(cfg: dict, mechanism: GaussianMechanism, sampler) -> float:
+def _noise_multiplier(cfg: dict, mechanism: Mechanism, sampler) -> float:
     privacy = cfg["privacy"]
     if privacy.get("noise_multiplier") is not None:
         return float(privacy["noise_multiplier"])
@@ -74,7 +74,8 @@ def prepare(cfg: dict) -> RunSession:
     validate_against_data(cfg, len(task.units), privacy_unit(cfg))
     privacy = cfg["privacy"]
     sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), int(cfg["seed"]))
-    mechanism = GaussianMechanism(0.0, privacy["clip_norm"], seed=cfg["seed"], secure=bool(privacy.get("secure_rng")))
+    mechanism = build_mechanism(cfg["mechanism"], 0.0, privacy["clip_norm"], seed=cfg["seed"],
+                                secure=bool(privacy.get("secure_rng")))
     mechanism.noise_multiplier = _noise_multiplier(cfg, mechanism, sampler)
     target = privacy["target_epsilon"] if privacy.get("noise_multiplier") is None else None
     ledger = PrivacyLedger(mechanism, sampler, privacy["delta"], privacy["accountant"], target_epsilon=target,

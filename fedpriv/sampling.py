@@ -6,6 +6,7 @@ cohorts as an uninterrupted one without saving sampler state.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,7 @@ from fedpriv.errors import ConfigError
 
 POISSON = "poisson"
 FIXED_SIZE = "fixed"
+CYCLIC = "cyclic"
 
 
 def _round_rng(seed: int, round_idx: int, stream: int) -> np.random.Generator:
@@ -68,7 +70,68 @@ class FixedSizeSampler:
         return np.sort(rng.choice(self.population, size=self.cohort, replace=False)).astype(np.int64)
 
 
-Sampler = PoissonSampler | FixedSizeSampler
+@functools.lru_cache(maxsize=4)
+def _epoch_order(seed: int, population: int) -> np.ndarray:
+    return np.random.default_rng(np.random.SeedSequence([seed, 3])).permutation(population)
+
+
+@dataclass(frozen=True)
+class CyclicSampler:
+    """Epochs in a fixed order: the population is shuffled once (by ``seed``) and cut into
+    ``blocks = population // cohort`` disjoint cohorts; round t takes block ``t mod blocks``.
+
+    Participation (what tree/matrix-factorization accounting assumes): a user takes part at most
+    once per ``blocks`` consecutive rounds, so at most ``⌈T/blocks⌉`` times in T rounds, with at
+    least ``blocks − 1`` rounds strictly between two participations; T ≤ blocks is a single
+    epoch. The ``population mod cohort`` users left over never take part. No amplification.
+    """
+
+    population: int
+    cohort: int
+    seed: int
+    kind: str = CYCLIC
+
+    @property
+    def blocks(self) -> int:
+        return self.population // self.cohort
+
+    @property
+    def rate(self) -> float:
+        return self.cohort / self.population
+
+    @property
+    def expected_cohort(self) -> float:
+        return float(self.cohort)
+
+    @property
+    def min_separation(self) -> int:
+        """Rounds strictly between two participations of one user (at least)."""
+        return self.blocks - 1
+
+    def max_participations(self, rounds: int) -> int:
+        return -(-rounds // self.blocks)
+
+    def sample(self, round_idx: int) -> np.ndarray:
+        order = _epoch_order(self.seed, self.population)
+        block = round_idx % self.blocks
+        return np.sort(order[block * self.cohort:(block + 1) * self.cohort]).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class ParticipationBound:
+    """A participation pattern without a sampler, for calculators: every user takes part at most
+    ``participations`` times, with at least ``min_separation`` rounds strictly between two
+    participations (accounted like :class:`CyclicSampler`, with no amplification)."""
+
+    participations: int
+    min_separation: int
+    kind: str = CYCLIC
+
+    def max_participations(self, rounds: int) -> int:
+        return min(self.participations, -(-rounds // (self.min_separation + 1)))
+
+
+Sampler = PoissonSampler | FixedSizeSampler | CyclicSampler
 
 
 def make_sampler(kind: str, population: int, cohort_size: int, seed: int) -> Sampler:
@@ -81,4 +144,6 @@ def make_sampler(kind: str, population: int, cohort_size: int, seed: int) -> Sam
         return PoissonSampler(population=population, rate=cohort_size / population, seed=seed)
     if kind == FIXED_SIZE:
         return FixedSizeSampler(population=population, cohort=cohort_size, seed=seed)
-    raise ConfigError(f"unknown sampler {kind!r} (expected 'poisson' or 'fixed')")
+    if kind == CYCLIC:
+        return CyclicSampler(population=population, cohort=cohort_size, seed=seed)
+    raise ConfigError(f"unknown sampler {kind!r} (expected 'poisson', 'fixed' or 'cyclic')")

@@ -82,8 +82,10 @@ class Crash(RuntimeError):
     pass
 
 
-def test_resume_after_interruption_equals_uninterrupted(tmp_path):
-    overrides = ("+experiment=smoke", "rounds=4", "progress=false")
+@pytest.mark.parametrize("extra", [(), ("mechanism=tree", "sampling=cyclic", "optimizer=ftrl", "rounds=7")],
+                         ids=["gaussian", "tree"])
+def test_resume_after_interruption_equals_uninterrupted(tmp_path, extra):
+    overrides = ("+experiment=smoke", "rounds=4", "progress=false", *extra)
     full = prepare(compose_cfg(*overrides, run_dir=tmp_path / "full"))
     run_local(full)
 

@@ -27,7 +27,9 @@ from fedpriv.accounting.accountant import (ACCOUNTANTS, RDP, calibrate_noise_mul
 from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.gaussian import GaussianMechanism
-from fedpriv.sampling import FIXED_SIZE, POISSON, FixedSizeSampler, PoissonSampler, Sampler
+from fedpriv.mechanisms.tree import TreeMechanism
+from fedpriv.sampling import (CYCLIC, FIXED_SIZE, POISSON, CyclicSampler, FixedSizeSampler,
+                              ParticipationBound, PoissonSampler, Sampler)
 
 EXIT_BAD_INPUT = 2
 
@@ -37,9 +39,14 @@ def _gaussian(args: argparse.Namespace, noise_multiplier: float) -> GaussianMech
     return GaussianMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, seed=0)
 
 
+def _tree(args: argparse.Namespace, noise_multiplier: float) -> TreeMechanism:
+    """Tree aggregation (DP-FTRL); the estimator does not change privacy."""
+    return TreeMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, seed=0,
+                         restart_every=args.restart_every)
+
+
 # name -> builder(args, noise_multiplier) of a mechanism with ``dp_event`` / ``neighboring_relation``.
-# Tree / BandMF register here (and add their own options) when they exist.
-MECHANISMS: dict[str, Callable[[argparse.Namespace, float], Any]] = {"gaussian": _gaussian}
+MECHANISMS: dict[str, Callable[[argparse.Namespace, float], Any]] = {"gaussian": _gaussian, "tree": _tree}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,21 +71,40 @@ def build_parser() -> argparse.ArgumentParser:
     noise.add_argument("--target-epsilon", type=float, required=True)
     for p in (eps, noise):
         p.add_argument("--mechanism", choices=sorted(MECHANISMS), default="gaussian")
-        p.add_argument("--sampling-rate", type=float, required=True, help="q in (0, 1]")
+        p.add_argument("--sampling-rate", type=float, default=None,
+                       help="q in (0, 1] (poisson / fixed sampling)")
         p.add_argument("--rounds", type=int, required=True, help="number of rounds / steps T >= 1")
         p.add_argument("--delta", type=float, required=True, help="delta in (0, 1)")
         p.add_argument("--accountant", choices=ACCOUNTANTS, default=RDP)
-        p.add_argument("--sampling", choices=(POISSON, FIXED_SIZE), default=POISSON)
+        p.add_argument("--sampling", choices=(POISSON, FIXED_SIZE, CYCLIC), default=None,
+                       help="poisson (default for gaussian) | fixed | cyclic (default for tree)")
         p.add_argument("--population", type=int, default=None,
-                       help="population N (required for --sampling fixed; cohort = round(q*N))")
+                       help="population N (--sampling fixed: cohort = round(q*N); cyclic: with --cohort)")
+        p.add_argument("--cohort", type=int, default=None, help="cohort size per round (--sampling cyclic)")
+        p.add_argument("--participations", type=int, default=None,
+                       help="tree: each user takes part at most this often (default 1, single epoch)")
+        p.add_argument("--min-separation", type=int, default=None,
+                       help="tree: rounds strictly between two participations of a user")
+        p.add_argument("--restart-every", type=int, default=None, help="tree: a new tree every k rounds")
         p.add_argument("--json", action="store_true", help="print one JSON line")
     return parser
 
 
 def _validate(args: argparse.Namespace) -> None:
     check_delta(args.delta)
-    if not (math.isfinite(args.sampling_rate) and 0.0 < args.sampling_rate <= 1.0):
-        raise ConfigError(f"sampling rate must be in (0, 1], got {args.sampling_rate}")
+    if args.sampling is None:
+        args.sampling = CYCLIC if args.mechanism == "tree" else POISSON
+    if args.sampling in (POISSON, FIXED_SIZE):
+        if args.sampling_rate is None:
+            raise ConfigError(f"--sampling {args.sampling} needs --sampling-rate")
+        if not (math.isfinite(args.sampling_rate) and 0.0 < args.sampling_rate <= 1.0):
+            raise ConfigError(f"sampling rate must be in (0, 1], got {args.sampling_rate}")
+    for name in ("cohort", "participations", "restart_every"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.min_separation is not None and args.min_separation < 0:
+        raise ConfigError(f"--min-separation must be >= 0, got {args.min_separation}")
     if args.rounds < 1:
         raise ConfigError(f"rounds must be >= 1, got {args.rounds}")
     if args.population is not None and args.population < 1:
@@ -89,8 +115,19 @@ def _validate(args: argparse.Namespace) -> None:
         check_epsilon(args.target_epsilon)
 
 
-def make_cli_sampler(kind: str, rate: float, population: int | None) -> Sampler:
+def make_cli_sampler(kind: str, rate: float | None, population: int | None,
+                     args: argparse.Namespace | None = None) -> Sampler | ParticipationBound:
     """The sampler the accountant must assume. Seed 0: draws never enter accounting."""
+    if kind == CYCLIC:
+        if args is not None and args.population is not None and args.cohort is not None:
+            if args.cohort > args.population:
+                raise ConfigError(f"--cohort {args.cohort} exceeds --population {args.population}")
+            return CyclicSampler(population=args.population, cohort=args.cohort, seed=0)
+        k = args.participations if args is not None and args.participations else 1
+        sep = args.min_separation if args is not None and args.min_separation is not None else None
+        if k > 1 and sep is None:
+            raise ConfigError("--participations > 1 needs --min-separation (or --population and --cohort)")
+        return ParticipationBound(participations=k, min_separation=sep if sep is not None else 0)
     if kind == POISSON:
         # Poisson accounting depends only on q; the population is informational here.
         return PoissonSampler(population=population or 0, rate=rate, seed=0)
@@ -136,14 +173,23 @@ def _human(args: argparse.Namespace, out: dict[str, Any]) -> str:
     head = f"noise_multiplier = {out['noise_multiplier']:.6g}, " if "noise_multiplier" in out else ""
     return (f"{head}epsilon = {eps} at delta = {args.delta:g} ({args.accountant} accountant, "
             f"{out['neighboring_relation']} neighbouring, {args.mechanism} mechanism, "
-            f"{args.sampling} sampling q = {args.sampling_rate:g}, {args.rounds} rounds)")
+            f"{_sampling_text(args)}, {args.rounds} rounds)")
+
+
+def _sampling_text(args: argparse.Namespace) -> str:
+    if args.sampling != CYCLIC:
+        return f"{args.sampling} sampling q = {args.sampling_rate:g}"
+    if args.population is not None and args.cohort is not None:
+        return f"cyclic sampling of {args.cohort} from {args.population}"
+    return (f"at most {args.participations or 1} participation(s)"
+            + (f" >= {args.min_separation} rounds apart" if args.min_separation is not None else ""))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _validate(args)
-        sampler = make_cli_sampler(args.sampling, args.sampling_rate, args.population)
+        sampler = make_cli_sampler(args.sampling, args.sampling_rate, args.population, args)
     except ConfigError as err:
         _fail(str(err))
     try:

@@ -1,5 +1,33 @@
-"""Noise mechanisms for the stream of aggregated updates."""
+"""Noise mechanisms for the stream of aggregated updates.
 
+Every mechanism generates round t's noise online (``noise(t, shape)``, drawn in round order),
+checkpoints its state (``state_dict``/``load_state_dict``), states its own ``dp_accounting`` event
+for a sampler (``dp_event``, ``neighboring_relation``; an unaccountable sampler is a
+``ConfigError``) and can write its noise as an explicit matrix for small n (``matrix``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.gaussian import GaussianMechanism
+from fedpriv.mechanisms.tree import TreeMechanism
 
-__all__ = ["GaussianMechanism"]
+Mechanism = GaussianMechanism | TreeMechanism
+MECHANISM_NAMES = ("gaussian", "tree")
+
+
+def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: float, seed: int | None = 0,
+                    secure: bool = False) -> Mechanism:
+    """The mechanism named by ``cfg['name']`` with its options from ``cfg`` (the Hydra group)."""
+    name = cfg.get("name")
+    if name == "gaussian":
+        return GaussianMechanism(noise_multiplier, clip_norm, seed=seed, secure=secure)
+    if name == "tree":
+        return TreeMechanism(noise_multiplier, clip_norm, seed=seed, secure=secure,
+                             estimator=cfg.get("estimator", "efficient"), restart_every=cfg.get("restart_every"))
+    raise ConfigError(f"unknown mechanism {name!r} (choose one of: {', '.join(MECHANISM_NAMES)})")
+
+
+__all__ = ["GaussianMechanism", "MECHANISM_NAMES", "Mechanism", "TreeMechanism", "build_mechanism"]

@@ -61,6 +61,10 @@ class GaussianMechanism:
             return torch.zeros(shape)
         return torch.randn(shape, generator=self._generator) * self.std
 
+    def matrix(self, rounds: int) -> torch.Tensor:
+        """Round t's noise is the t-th unit draw (times σC): the identity, float64."""
+        return torch.eye(rounds, dtype=torch.float64)
+
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
         if sampler.kind == POISSON:
             return ADD_REMOVE

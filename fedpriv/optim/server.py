@@ -72,7 +72,40 @@ class ServerAdam:
         self.m, self.v, self.t = state["m"], state["v"], state["t"]
 
 
-def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> ServerSGD | ServerAdam:
+class ServerFTRL:
+    """FTRL on the privatized stream (DP-FTRL; with momentum DP-FTRLM, Kairouz et al. 2021).
+
+    ``S_t = Σ_{τ≤t} Δ̄_τ`` (the running sum of privatized average deltas: with tree noise its
+    noise is the tree's prefix noise), ``m_t = β m_{t−1} + S_t``, ``θ_t = θ_0 + η m_t``
+    (β = 0: ``θ_t = θ_0 + η S_t``). Post-processing of the released stream.
+    """
+
+    def __init__(self, lr: float = 1.0, momentum: float = 0.0) -> None:
+        if not 0.0 <= momentum < 1.0:
+            raise ConfigError(f"ftrl momentum must be in [0, 1), got {momentum}")
+        self.lr, self.momentum = lr, momentum
+        self.origin: torch.Tensor | None = None
+        self.total: torch.Tensor | None = None
+        self.buffer: torch.Tensor | None = None
+
+    def step(self, params: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+        if self.origin is None:
+            self.origin, self.total, self.buffer = params.clone(), torch.zeros_like(update), torch.zeros_like(update)
+        self.total = self.total + update
+        self.buffer = self.momentum * self.buffer + self.total
+        return self.origin + self.lr * self.buffer
+
+    def state_dict(self) -> dict:
+        return {"origin": self.origin, "total": self.total, "buffer": self.buffer}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.origin, self.total, self.buffer = state["origin"], state["total"], state["buffer"]
+
+
+ServerOptimizer = ServerSGD | ServerAdam | ServerFTRL
+
+
+def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> ServerOptimizer:
     """``sgd`` / ``momentum`` (SGD with momentum, default 0.9) / ``adam``.
 
     ``schedule: cosine`` (SGD variants) decays the rate to 0 over ``rounds``; ``constant`` keeps it.
@@ -87,4 +120,6 @@ def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> Se
         return ServerSGD(lr=kwargs.get("lr", 1.0), momentum=kwargs.get("momentum", 0.9), decay_steps=decay)
     if name == "adam":
         return ServerAdam(**{k: v for k, v in kwargs.items() if k in ("lr", "beta1", "beta2", "eps")})
-    raise ConfigError(f"unknown server optimizer {name!r} (choose one of: adam, momentum, sgd)")
+    if name == "ftrl":
+        return ServerFTRL(lr=kwargs.get("lr", 1.0), momentum=kwargs.get("momentum", 0.0))
+    raise ConfigError(f"unknown server optimizer {name!r} (choose one of: adam, ftrl, momentum, sgd)")

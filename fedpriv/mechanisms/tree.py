@@ -1,0 +1,191 @@
+"""Tree-aggregation noise (DP-FTRL): online binary-tree noise for prefix sums of the round sums.
+
+Rounds t = 1..n are the leaves of a binary tree; every completed dyadic interval (node) of
+rounds gets one fresh Gaussian ``z ~ N(0, σ²C² I)``. The noisy prefix sum after round t adds the
+noise of the ≤ ⌊log2 t⌋+1 nodes whose intervals tile [1, t] (the binary digits of t), so the
+prefix noise has variance popcount(t)·σ²C² instead of t·σ²C² for independent noise, while one
+user's contribution to a single round touches ⌊log2 n⌋+1 nodes (the privacy cost; accounted in
+:mod:`fedpriv.accounting.tree`).
+
+Estimators: ``plain`` uses each node's own noisy value; ``efficient`` (Honaker) replaces a node's
+value, when it completes, by the inverse-variance weighted mean of its own value and the sum of
+its two children's estimates (bottom-up, online): a node at height h has noise variance
+``v_h = 1/(1/σ² + 1/(2 v_{h-1}))``, v_0 = σ² (in units of C²). Release is post-processing of the
+same node values, so privacy is unchanged.
+
+Online state: the stack of the current tiling's node estimates (≤ log2 n + 1 vectors) and the
+previous prefix noise — O(log n · d) memory. ``noise(t)`` returns the *residual* per-round noise
+``P_t − P_{t−1}``: added to round t's sum it makes the running sum of privatized round sums carry
+exactly the prefix noise P_t, which is what FTRL integrates (``optimizer=ftrl``); any other server
+optimizer may consume the same residual stream. ``restart_every=k`` starts a new tree every k
+rounds (P restarts at 0; noise already released stays in the model).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable
+
+import dp_accounting
+import torch
+
+from fedpriv.errors import ConfigError
+from fedpriv.sampling import CYCLIC, Sampler
+
+ESTIMATORS = ("plain", "efficient")
+ZERO_OUT = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
+
+
+def node_variances(height: int, estimator: str) -> list[float]:
+    """Noise variance (units σ²C²) of a node estimate at heights 0..height."""
+    out = [1.0]
+    for _ in range(height):
+        out.append(1.0 if estimator == "plain" else 1.0 / (1.0 + 1.0 / (2.0 * out[-1])))
+    return out
+
+
+class TreeState:
+    """One tree's online state: stack of (height, node estimate) for the current tiling."""
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[int, torch.Tensor]] = []
+        self.leaves = 0
+
+    def add_leaf(self, draw: Callable[[], torch.Tensor], estimator: str) -> torch.Tensor:
+        """Complete leaf ``leaves+1`` (and every node it completes); return the new prefix noise."""
+        self.leaves += 1
+        self.stack.append((0, draw()))
+        while len(self.stack) >= 2 and self.stack[-1][0] == self.stack[-2][0]:
+            (height, right), (_, left) = self.stack.pop(), self.stack.pop()
+            own = draw()
+            if estimator == "efficient":
+                children_var = 2.0 * node_variances(height, estimator)[height]
+                w = (1.0 / 1.0) / (1.0 + 1.0 / children_var)  # weight of the node's own value
+                own = w * own + (1.0 - w) * (left + right)
+            self.stack.append((height + 1, own))
+        total = self.stack[0][1].clone()
+        for _, value in self.stack[1:]:
+            total += value
+        return total
+
+
+class TreeMechanism:
+    """Tree-aggregation noise with σ = ``noise_multiplier`` per node (std σ·C per coordinate)."""
+
+    name = "tree"
+
+    def __init__(self, noise_multiplier: float, clip_norm: float, seed: int | None = 0, secure: bool = False,
+                 estimator: str = "plain", restart_every: int | None = None) -> None:
+        if noise_multiplier < 0:
+            raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
+        if clip_norm <= 0:
+            raise ConfigError(f"clip norm must be > 0, got {clip_norm}")
+        if estimator not in ESTIMATORS:
+            raise ConfigError(f"unknown tree estimator {estimator!r} (choose one of: {', '.join(ESTIMATORS)})")
+        if restart_every is not None and (not isinstance(restart_every, int) or restart_every < 1):
+            raise ConfigError(f"mechanism.restart_every must be a positive integer or null, got {restart_every!r}")
+        self.noise_multiplier = float(noise_multiplier)
+        self.clip_norm = float(clip_norm)
+        self.estimator = estimator
+        self.restart_every = restart_every
+        self.secure = secure
+        self._generator = torch.Generator()
+        self._generator.manual_seed(secrets.randbits(63) if secure or seed is None else int(seed))
+        self._tree = TreeState()
+        self._previous: torch.Tensor | None = None
+        self.rounds_done = 0
+
+    @property
+    def std(self) -> float:
+        return self.noise_multiplier * self.clip_norm
+
+    def noise(self, round_idx: int, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+        """Residual noise of round ``round_idx`` (0-based, drawn in order): ``P_t − P_{t−1}``."""
+        if round_idx != self.rounds_done:
+            raise ValueError(f"tree noise must be drawn in round order: expected round {self.rounds_done}, "
+                             f"got {round_idx}")
+        shape = tuple(shape)
+        if self.noise_multiplier == 0.0:
+            self.rounds_done += 1
+            return torch.zeros(shape)
+        return self._next(lambda: torch.randn(shape, generator=self._generator) * self.std)
+
+    def _next(self, draw: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if self.restart_every and self._tree.leaves == self.restart_every:
+            self._tree, self._previous = TreeState(), None
+        prefix = self._tree.add_leaf(draw, self.estimator)
+        residual = prefix if self._previous is None else prefix - self._previous
+        self._previous = prefix
+        self.rounds_done += 1
+        return residual
+
+    def matrix(self, rounds: int) -> torch.Tensor:
+        """``M`` [rounds, draws] with residual noise of round t = Σ_j M[t, j] z_j, z_j the j-th
+        unit Gaussian draw (times σC); float64. Prefix noise = cumsum(M, 0)."""
+        probe = TreeMechanism(1.0, 1.0, seed=0, estimator=self.estimator, restart_every=self.restart_every)
+        size = 2 * rounds + 1  # a tree over n leaves has < 2n nodes, plus restarts' extra roots
+        draws = iter(torch.eye(size, dtype=torch.float64))
+        rows = [probe._next(lambda: next(draws).clone()) for _ in range(rounds)]
+        out = torch.stack(rows)
+        used = int(torch.nonzero(out.abs().sum(0)).max()) + 1 if out.abs().sum() > 0 else 0
+        return out[:, :used]
+
+    # ---------------------------------------------------------------- accounting
+
+    def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
+        self._check_sampler(sampler)
+        return ZERO_OUT
+
+    def _check_sampler(self, sampler: Sampler) -> None:
+        if sampler.kind != CYCLIC:
+            raise ConfigError(
+                f"the tree mechanism is accounted for users taking part at most once per epoch in a "
+                f"fixed order (sampling=cyclic), not sampling={sampler.kind}: tree noise gets no "
+                "amplification from random sampling")
+
+    def dp_event(self, sampler: Sampler, rounds: int, noise_multiplier: float | None = None
+                 ) -> dp_accounting.DpEvent:
+        """Single epoch (every user at most once): ``SingleEpochTreeAggregationDpEvent`` per tree.
+        Several participations: a Gaussian with multiplier σ/√(Σ sens²), the worst case over
+        placements at the sampler's separation (see :mod:`fedpriv.accounting.tree`)."""
+        from fedpriv.accounting.tree import tree_event
+
+        self._check_sampler(sampler)
+        sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        if sigma == 0.0:
+            return dp_accounting.NonPrivateDpEvent()
+        return tree_event(sigma, rounds, sampler.max_participations(rounds), sampler.min_separation,
+                          self.restart_every)
+
+    # ---------------------------------------------------------------- state
+
+    def state_dict(self) -> dict:
+        return {"name": self.name, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
+                "estimator": self.estimator, "restart_every": self.restart_every,
+                "generator": self._generator.get_state(), "stack": list(self._tree.stack),
+                "leaves": self._tree.leaves, "previous": self._previous, "rounds_done": self.rounds_done}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
+        for key in ("estimator", "restart_every"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"checkpoint's tree {key} {state[key]!r} differs from {getattr(self, key)!r}")
+        self.noise_multiplier = float(state["noise_multiplier"])
+        self.clip_norm = float(state["clip_norm"])
+        self._generator.set_state(state["generator"])
+        self._tree = TreeState()
+        self._tree.stack = [(int(h), v) for h, v in state["stack"]]
+        self._tree.leaves = int(state["leaves"])
+        self._previous = state["previous"]
+        self.rounds_done = int(state["rounds_done"])
+
+
+def prefix_rmse(matrix: torch.Tensor, sens_sq: float) -> float:
+    """``sqrt(sens² · mean_t Var(prefix noise_t))`` for unit noise (KNOWN_ANSWERS.md definition)."""
+    prefix = torch.cumsum(matrix, 0)
+    return math.sqrt(sens_sq * float(prefix.pow(2).sum(1).mean()))
+
+
+__all__ = ["ESTIMATORS", "TreeMechanism", "TreeState", "node_variances", "prefix_rmse"]
