@@ -11,8 +11,8 @@ from fedpriv.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MECHANISMS = ("gaussian", "tree")
-SAMPLERS = ("poisson", "fixed", "cyclic")
+MECHANISMS = ("gaussian", "tree", "bandmf")
+SAMPLERS = ("poisson", "fixed", "cyclic", "cyclic_poisson")
 ACCOUNTANTS = ("rdp", "pld")
 BACKENDS = ("local", "flower")
 ALGORITHMS = ("dp_fedavg", "dp_fedsgd", "dpsgd")

@@ -73,9 +73,10 @@ def prepare(cfg: dict) -> RunSession:
     task = load_task(cfg)
     validate_against_data(cfg, len(task.units), privacy_unit(cfg))
     privacy = cfg["privacy"]
-    sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), int(cfg["seed"]))
+    sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), int(cfg["seed"]),
+                           groups=(cfg.get("mechanism") or {}).get("bands"))
     mechanism = build_mechanism(cfg["mechanism"], 0.0, privacy["clip_norm"], seed=cfg["seed"],
-                                secure=bool(privacy.get("secure_rng")))
+                                secure=bool(privacy.get("secure_rng")), rounds=int(cfg["rounds"]))
     mechanism.noise_multiplier = _noise_multiplier(cfg, mechanism, sampler)
     target = privacy["target_epsilon"] if privacy.get("noise_multiplier") is None else None
     ledger = PrivacyLedger(mechanism, sampler, privacy["delta"], privacy["accountant"], target_epsilon=target,

@@ -16,6 +16,7 @@ from fedpriv.errors import ConfigError
 POISSON = "poisson"
 FIXED_SIZE = "fixed"
 CYCLIC = "cyclic"
+CYCLIC_POISSON = "cyclic_poisson"
 
 
 def _round_rng(seed: int, round_idx: int, stream: int) -> np.random.Generator:
@@ -118,6 +119,40 @@ class CyclicSampler:
 
 
 @dataclass(frozen=True)
+class CyclicPoissonSampler:
+    """b-min-separated Poisson sampling (amplified BandMF): users are split once (by ``seed``)
+    into ``groups`` groups; round t Poisson-samples group ``t mod groups`` with rate
+    ``group_rate = cohort · groups / population``, so the expected cohort is ``cohort``.
+
+    Accounting: a user is eligible in ⌈T/groups⌉ rounds, each a ``PoissonSampledDpEvent(group_rate,
+    ...)`` under add/remove-one; consecutive eligible rounds are ``groups`` apart.
+    """
+
+    population: int
+    cohort: int
+    groups: int
+    seed: int
+    kind: str = CYCLIC_POISSON
+
+    @property
+    def group_rate(self) -> float:
+        return min(1.0, self.cohort * self.groups / self.population)
+
+    @property
+    def rate(self) -> float:
+        return self.cohort / self.population
+
+    @property
+    def expected_cohort(self) -> float:
+        return float(self.cohort)
+
+    def sample(self, round_idx: int) -> np.ndarray:
+        members = np.flatnonzero(_epoch_order(self.seed, self.population) % self.groups == round_idx % self.groups)
+        rng = _round_rng(self.seed, round_idx, 4)
+        return np.sort(members[rng.random(len(members)) < self.group_rate]).astype(np.int64)
+
+
+@dataclass(frozen=True)
 class ParticipationBound:
     """A participation pattern without a sampler, for calculators: every user takes part at most
     ``participations`` times, with at least ``min_separation`` rounds strictly between two
@@ -131,11 +166,12 @@ class ParticipationBound:
         return min(self.participations, -(-rounds // (self.min_separation + 1)))
 
 
-Sampler = PoissonSampler | FixedSizeSampler | CyclicSampler
+Sampler = PoissonSampler | FixedSizeSampler | CyclicSampler | CyclicPoissonSampler
 
 
-def make_sampler(kind: str, population: int, cohort_size: int, seed: int) -> Sampler:
-    """Build the sampler named by ``kind`` with expected cohort ``cohort_size``."""
+def make_sampler(kind: str, population: int, cohort_size: int, seed: int, groups: int | None = None) -> Sampler:
+    """Build the sampler named by ``kind`` with expected cohort ``cohort_size`` (``groups``: the
+    number of groups of ``cyclic_poisson``, BandMF's bands)."""
     if population < 1:
         raise ConfigError(f"population must be >= 1, got {population}")
     if not 1 <= cohort_size <= population:
@@ -146,4 +182,9 @@ def make_sampler(kind: str, population: int, cohort_size: int, seed: int) -> Sam
         return FixedSizeSampler(population=population, cohort=cohort_size, seed=seed)
     if kind == CYCLIC:
         return CyclicSampler(population=population, cohort=cohort_size, seed=seed)
-    raise ConfigError(f"unknown sampler {kind!r} (expected 'poisson', 'fixed' or 'cyclic')")
+    if kind == CYCLIC_POISSON:
+        if not groups or groups < 1 or cohort_size * groups > population:
+            raise ConfigError(f"sampling=cyclic_poisson needs groups (mechanism.bands) >= 1 with cohort_size x groups "
+                              f"<= population; got groups={groups}, cohort {cohort_size}, population {population}")
+        return CyclicPoissonSampler(population=population, cohort=cohort_size, groups=groups, seed=seed)
+    raise ConfigError(f"unknown sampler {kind!r} (expected 'poisson', 'fixed', 'cyclic' or 'cyclic_poisson')")

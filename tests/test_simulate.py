@@ -82,8 +82,9 @@ class Crash(RuntimeError):
     pass
 
 
-@pytest.mark.parametrize("extra", [(), ("mechanism=tree", "sampling=cyclic", "optimizer=ftrl", "rounds=7")],
-                         ids=["gaussian", "tree"])
+@pytest.mark.parametrize("extra", [(), ("mechanism=tree", "sampling=cyclic", "optimizer=ftrl", "rounds=7"),
+                                   ("mechanism=bandmf", "mechanism.bands=2", "sampling=cyclic", "rounds=7")],
+                         ids=["gaussian", "tree", "bandmf"])
 def test_resume_after_interruption_equals_uninterrupted(tmp_path, extra):
     overrides = ("+experiment=smoke", "rounds=4", "progress=false", *extra)
     full = prepare(compose_cfg(*overrides, run_dir=tmp_path / "full"))

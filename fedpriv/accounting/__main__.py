@@ -26,10 +26,11 @@ from fedpriv.accounting.accountant import (ACCOUNTANTS, RDP, calibrate_noise_mul
                                            relation_name)
 from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.errors import ConfigError
+from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.tree import TreeMechanism
-from fedpriv.sampling import (CYCLIC, FIXED_SIZE, POISSON, CyclicSampler, FixedSizeSampler,
-                              ParticipationBound, PoissonSampler, Sampler)
+from fedpriv.sampling import (CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, CyclicPoissonSampler, CyclicSampler,
+                              FixedSizeSampler, ParticipationBound, PoissonSampler, Sampler)
 
 EXIT_BAD_INPUT = 2
 
@@ -45,8 +46,16 @@ def _tree(args: argparse.Namespace, noise_multiplier: float) -> TreeMechanism:
                          restart_every=args.restart_every)
 
 
+def _bandmf(args: argparse.Namespace, noise_multiplier: float) -> BandMFMechanism:
+    """BandMF; accounting depends only on the band count (the strategy is not optimized here)."""
+    if args.bands is None:
+        raise ConfigError("--mechanism bandmf needs --bands")
+    return BandMFMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, rounds=args.rounds, bands=args.bands)
+
+
 # name -> builder(args, noise_multiplier) of a mechanism with ``dp_event`` / ``neighboring_relation``.
-MECHANISMS: dict[str, Callable[[argparse.Namespace, float], Any]] = {"gaussian": _gaussian, "tree": _tree}
+MECHANISMS: dict[str, Callable[[argparse.Namespace, float], Any]] = {
+    "gaussian": _gaussian, "tree": _tree, "bandmf": _bandmf}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,8 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--rounds", type=int, required=True, help="number of rounds / steps T >= 1")
         p.add_argument("--delta", type=float, required=True, help="delta in (0, 1)")
         p.add_argument("--accountant", choices=ACCOUNTANTS, default=RDP)
-        p.add_argument("--sampling", choices=(POISSON, FIXED_SIZE, CYCLIC), default=None,
-                       help="poisson (default for gaussian) | fixed | cyclic (default for tree)")
+        p.add_argument("--sampling", choices=(POISSON, FIXED_SIZE, CYCLIC, CYCLIC_POISSON), default=None,
+                       help="poisson (default for gaussian) | fixed | cyclic (default for tree, bandmf) | "
+                            "cyclic_poisson (bandmf, amplified; needs --population, --cohort)")
+        p.add_argument("--bands", type=int, default=None, help="bandmf: number of bands b")
         p.add_argument("--population", type=int, default=None,
                        help="population N (--sampling fixed: cohort = round(q*N); cyclic: with --cohort)")
         p.add_argument("--cohort", type=int, default=None, help="cohort size per round (--sampling cyclic)")
@@ -93,13 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _validate(args: argparse.Namespace) -> None:
     check_delta(args.delta)
     if args.sampling is None:
-        args.sampling = CYCLIC if args.mechanism == "tree" else POISSON
+        args.sampling = CYCLIC if args.mechanism in ("tree", "bandmf") else POISSON
     if args.sampling in (POISSON, FIXED_SIZE):
         if args.sampling_rate is None:
             raise ConfigError(f"--sampling {args.sampling} needs --sampling-rate")
         if not (math.isfinite(args.sampling_rate) and 0.0 < args.sampling_rate <= 1.0):
             raise ConfigError(f"sampling rate must be in (0, 1], got {args.sampling_rate}")
-    for name in ("cohort", "participations", "restart_every"):
+    for name in ("cohort", "participations", "restart_every", "bands"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -118,6 +129,12 @@ def _validate(args: argparse.Namespace) -> None:
 def make_cli_sampler(kind: str, rate: float | None, population: int | None,
                      args: argparse.Namespace | None = None) -> Sampler | ParticipationBound:
     """The sampler the accountant must assume. Seed 0: draws never enter accounting."""
+    if kind == CYCLIC_POISSON:
+        if args is None or args.population is None or args.cohort is None or args.bands is None:
+            raise ConfigError("--sampling cyclic_poisson needs --population, --cohort and --bands")
+        if args.cohort * args.bands > args.population:
+            raise ConfigError(f"--cohort x --bands = {args.cohort * args.bands} exceeds --population {args.population}")
+        return CyclicPoissonSampler(population=args.population, cohort=args.cohort, groups=args.bands, seed=0)
     if kind == CYCLIC:
         if args is not None and args.population is not None and args.cohort is not None:
             if args.cohort > args.population:
@@ -177,6 +194,8 @@ def _human(args: argparse.Namespace, out: dict[str, Any]) -> str:
 
 
 def _sampling_text(args: argparse.Namespace) -> str:
+    if args.sampling == CYCLIC_POISSON:
+        return f"cyclic Poisson sampling of {args.cohort} from {args.population} in {args.bands} groups"
     if args.sampling != CYCLIC:
         return f"{args.sampling} sampling q = {args.sampling_rate:g}"
     if args.population is not None and args.cohort is not None:

@@ -18,6 +18,7 @@ different trees are coupled by the separation).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -70,6 +71,7 @@ def _combine(left: np.ndarray, right: np.ndarray, half: int, sep: int, inside: b
     return out
 
 
+@functools.lru_cache(maxsize=256)
 def max_sensitivity_sq(participations: int, separation: int, rounds: int) -> int:
     """Worst-case ``Σ_I c_I²`` over placements of ``participations`` leaves among ``rounds`` with
     at least ``separation`` rounds strictly between consecutive ones (completed nodes only).

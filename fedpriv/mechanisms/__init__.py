@@ -11,23 +11,31 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from fedpriv.errors import ConfigError
+from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.tree import TreeMechanism
 
-Mechanism = GaussianMechanism | TreeMechanism
-MECHANISM_NAMES = ("gaussian", "tree")
+Mechanism = GaussianMechanism | TreeMechanism | BandMFMechanism
+MECHANISM_NAMES = ("bandmf", "gaussian", "tree")
 
 
 def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: float, seed: int | None = 0,
-                    secure: bool = False) -> Mechanism:
-    """The mechanism named by ``cfg['name']`` with its options from ``cfg`` (the Hydra group)."""
+                    secure: bool = False, rounds: int | None = None) -> Mechanism:
+    """The mechanism named by ``cfg['name']`` with its options from ``cfg`` (the Hydra group);
+    ``rounds`` sizes BandMF's strategy."""
     name = cfg.get("name")
     if name == "gaussian":
         return GaussianMechanism(noise_multiplier, clip_norm, seed=seed, secure=secure)
     if name == "tree":
         return TreeMechanism(noise_multiplier, clip_norm, seed=seed, secure=secure,
                              estimator=cfg.get("estimator", "efficient"), restart_every=cfg.get("restart_every"))
+    if name == "bandmf":
+        if not rounds:
+            raise ConfigError("the BandMF mechanism needs the number of rounds")
+        return BandMFMechanism(noise_multiplier, clip_norm, rounds=int(rounds), bands=cfg.get("bands"), seed=seed,
+                               secure=secure, kind=cfg.get("strategy", "auto"),
+                               iterations=int(cfg.get("iterations", 500)))
     raise ConfigError(f"unknown mechanism {name!r} (choose one of: {', '.join(MECHANISM_NAMES)})")
 
 
-__all__ = ["GaussianMechanism", "MECHANISM_NAMES", "Mechanism", "TreeMechanism", "build_mechanism"]
+__all__ = ["BandMFMechanism", "GaussianMechanism", "MECHANISM_NAMES", "Mechanism", "TreeMechanism", "build_mechanism"]

@@ -155,6 +155,8 @@ class TreeMechanism:
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         if sigma == 0.0:
             return dp_accounting.NonPrivateDpEvent()
+        if rounds == 0:
+            return dp_accounting.NoOpDpEvent()
         return tree_event(sigma, rounds, sampler.max_participations(rounds), sampler.min_separation,
                           self.restart_every)
 

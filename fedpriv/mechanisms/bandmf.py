@@ -1,0 +1,293 @@
+"""Banded matrix-factorization noise (DP-BandMF, Choquette-Choo et al. 2023).
+
+Workload: prefix sums, ``A`` = lower-triangular ones (n×n). Factor ``A = B C`` with ``C``
+lower-triangular, b-banded (``C[i, j] = 0`` unless ``0 <= i − j < b``) and column-normalized
+(every column has L2 norm ≤ 1). The mechanism releases ``C x + Z``; equivalently round t's sum
+gets the residual noise ``w_t = (C⁻¹ Z)_t`` (``Z_t ~ N(0, σ²C_clip² I)``), so the running sum
+of privatized updates carries ``B Z = A C⁻¹ Z``. ``w`` is produced online by forward
+substitution, ``w_t = (Z_t − Σ_{1≤j<b} C[t, t−j] w_{t−j}) / C[t, t]``: O(b·d) memory.
+
+Strategy optimization minimizes the mean squared prefix-sum error per unit noise,
+``‖A C⁻¹‖_F² / n`` (sensitivity is 1 by normalization), over the band entries (``general``, any
+n up to ~1000) or over b Toeplitz coefficients (``toeplitz``, large n: C⁻¹'s first column by one
+triangular solve). Results are cached on disk (``$FEDPRIV_CACHE`` or ``~/.cache/fedpriv``),
+keyed by (kind, n, b, iterations).
+
+Sensitivity: a user taking part k times with at least b rounds between participations (b-min-
+separated) touches k columns with disjoint supports, so sens² = k (checked against brute force
+over participation patterns in the tests). Accounting without amplification: a Gaussian with
+multiplier σ/√k; with cyclic Poisson sampling (b groups, round t Poisson-samples group t mod b):
+⌈n/b⌉ × ``PoissonSampledDpEvent(p, GaussianDpEvent(σ))`` under add/remove-one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import os
+import secrets
+from pathlib import Path
+
+import dp_accounting
+import torch
+
+from fedpriv.errors import ConfigError
+from fedpriv.sampling import CYCLIC, CYCLIC_POISSON, Sampler
+
+KINDS = ("auto", "general", "toeplitz")
+AUTO_TOEPLITZ_ABOVE = 512
+CACHE_VERSION = 1
+
+
+def prefix_workload(n: int) -> torch.Tensor:
+    return torch.tril(torch.ones(n, n, dtype=torch.float64))
+
+
+def sqrt_toeplitz_coefficients(n: int) -> torch.Tensor:
+    """Coefficients of A^{1/2} (1, 1/2, 3/8, 5/16, ...): c_k = c_{k−1}·(2k−1)/(2k)."""
+    out = torch.ones(n, dtype=torch.float64)
+    for k in range(1, n):
+        out[k] = out[k - 1] * (2 * k - 1) / (2 * k)
+    return out
+
+
+def toeplitz_matrix(coefs: torch.Tensor, n: int) -> torch.Tensor:
+    """Lower-triangular Toeplitz n×n with first column ``coefs`` (zero beyond its length)."""
+    b = len(coefs)
+    idx = torch.arange(n)
+    lag = idx[:, None] - idx[None, :]
+    padded = torch.cat([coefs, coefs.new_zeros(max(n - b, 0) + 1)])
+    return torch.where((lag >= 0) & (lag < b), padded[lag.clamp(0, len(padded) - 1)], coefs.new_zeros(()))
+
+
+def band_mask(n: int, bands: int) -> torch.Tensor:
+    idx = torch.arange(n)
+    lag = idx[:, None] - idx[None, :]
+    return (lag >= 0) & (lag < bands)
+
+
+def normalize_columns(c: torch.Tensor) -> torch.Tensor:
+    return c / torch.linalg.vector_norm(c, dim=0, keepdim=True)
+
+
+def mean_squared_error(c: torch.Tensor) -> torch.Tensor:
+    """``max_j ‖C_j‖² · ‖A C⁻¹‖_F² / n`` (prefix-sum error per unit noise times sensitivity²)."""
+    n = c.shape[0]
+    c_inv = torch.linalg.solve_triangular(c, torch.eye(n, dtype=c.dtype), upper=False)
+    b = torch.cumsum(c_inv, dim=0)  # A C⁻¹
+    return torch.linalg.vector_norm(c, dim=0).max() ** 2 * b.pow(2).sum() / n
+
+
+def _toeplitz_error(coefs: torch.Tensor, n: int) -> torch.Tensor:
+    """Same objective for Toeplitz C (sensitivity ‖coefs‖): B = A C⁻¹ is Toeplitz too."""
+    c = toeplitz_matrix(coefs, n)
+    e0 = torch.zeros(n, 1, dtype=coefs.dtype)
+    e0[0] = 1.0
+    first = torch.linalg.solve_triangular(c, e0, upper=False)[:, 0]  # first column of C⁻¹
+    beta = torch.cumsum(first, 0)
+    weights = torch.arange(n, 0, -1, dtype=coefs.dtype)  # (n − k) copies of β_k
+    return coefs.pow(2).sum() * (weights * beta.pow(2)).sum() / n
+
+
+def _lbfgs(params: torch.Tensor, loss_fn, iterations: int) -> torch.Tensor:
+    params = params.clone().requires_grad_(True)
+    opt = torch.optim.LBFGS([params], lr=1.0, max_iter=iterations, history_size=50,
+                            tolerance_grad=1e-12, tolerance_change=1e-15, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_fn(params)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return params.detach()
+
+
+def optimize_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 500) -> torch.Tensor:
+    """A column-normalized, lower-triangular, ``bands``-banded C for n rounds (float64)."""
+    if n < 1 or not 1 <= bands <= n:
+        raise ConfigError(f"need 1 <= bands <= rounds, got bands={bands}, rounds={n}")
+    if kind not in KINDS:
+        raise ConfigError(f"unknown BandMF strategy kind {kind!r} (choose one of: {', '.join(KINDS)})")
+    if kind == "auto":
+        kind = "toeplitz" if n > AUTO_TOEPLITZ_ABOVE else "general"
+    start = sqrt_toeplitz_coefficients(bands)
+    if kind == "toeplitz":
+        coefs = _lbfgs(start, lambda x: _toeplitz_error(x, n), iterations)
+        return toeplitz_matrix(coefs / torch.linalg.vector_norm(coefs), n)  # max column norm 1
+    mask = band_mask(n, bands)
+    init = toeplitz_matrix(start, n)[mask]
+
+    def loss(values: torch.Tensor) -> torch.Tensor:
+        c = torch.zeros(n, n, dtype=torch.float64)
+        c = c.masked_scatter(mask, values)
+        return mean_squared_error(normalize_columns(c))
+
+    values = _lbfgs(init, loss, iterations)
+    c = torch.zeros(n, n, dtype=torch.float64).masked_scatter(mask, values)
+    return normalize_columns(c)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FEDPRIV_CACHE") or Path.home() / ".cache" / "fedpriv") / "bandmf"
+
+
+def cached_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 500) -> torch.Tensor:
+    """:func:`optimize_strategy`, computed once per (kind, n, b, iterations) and kept on disk."""
+    key = f"v{CACHE_VERSION}-{kind}-n{n}-b{bands}-it{iterations}"
+    path = cache_dir() / f"{key}.pt"
+    if path.exists():
+        stored = torch.load(path, weights_only=True)
+        digest = hashlib.sha256(stored["c"].numpy().tobytes()).hexdigest()
+        if stored.get("key") == key and stored.get("sha256") == digest:
+            return stored["c"]
+    c = optimize_strategy(n, bands, kind, iterations)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save({"key": key, "c": c, "sha256": hashlib.sha256(c.numpy().tobytes()).hexdigest()}, tmp)
+    os.replace(tmp, path)  # atomic: a concurrent reader sees the old or the new file, never half
+    return c
+
+
+def sensitivity_sq_brute_force(c: torch.Tensor, participations: int, min_gap: int) -> float:
+    """``max_π Σ_{i,j∈π} |(CᵀC)_{ij}|`` over participation sets π of size k whose indices differ
+    by at least ``min_gap`` (worst case over the users' unit-norm contributions)."""
+    gram = (c.T @ c).abs()
+    n = c.shape[0]
+    best = 0.0
+    for pattern in itertools.combinations(range(n), participations):
+        if any(b - a < min_gap for a, b in zip(pattern, pattern[1:])):
+            continue
+        idx = torch.tensor(pattern)
+        best = max(best, float(gram[idx][:, idx].sum()))
+    return best
+
+
+class BandMFMechanism:
+    """BandMF residual noise ``(C⁻¹Z)_t`` with σ = ``noise_multiplier`` (std σ·C_clip per coordinate)."""
+
+    name = "bandmf"
+
+    def __init__(self, noise_multiplier: float, clip_norm: float, rounds: int, bands: int, seed: int | None = 0,
+                 secure: bool = False, kind: str = "auto", iterations: int = 500,
+                 strategy: torch.Tensor | None = None) -> None:
+        if noise_multiplier < 0:
+            raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
+        if clip_norm <= 0:
+            raise ConfigError(f"clip norm must be > 0, got {clip_norm}")
+        if not isinstance(bands, int) or not 1 <= bands <= rounds:
+            raise ConfigError(f"mechanism.bands must be an integer in [1, rounds={rounds}], got {bands!r}")
+        self.noise_multiplier = float(noise_multiplier)
+        self.clip_norm = float(clip_norm)
+        self.rounds, self.bands, self.kind, self.iterations = int(rounds), int(bands), kind, int(iterations)
+        self.secure = secure
+        self._strategy = strategy
+        self._generator = torch.Generator()
+        self._generator.manual_seed(secrets.randbits(63) if secure or seed is None else int(seed))
+        self._history: list[torch.Tensor] = []  # last b−1 residuals, newest last
+        self.rounds_done = 0
+
+    @property
+    def std(self) -> float:
+        return self.noise_multiplier * self.clip_norm
+
+    @property
+    def strategy(self) -> torch.Tensor:
+        """The optimized C (from the disk cache, or optimized on first use; accounting needs only
+        its band structure, so calculators never pay for it)."""
+        if self._strategy is None:
+            self._strategy = cached_strategy(self.rounds, self.bands, self.kind, self.iterations)
+        return self._strategy
+
+    def noise(self, round_idx: int, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+        if round_idx != self.rounds_done:
+            raise ValueError(f"BandMF noise must be drawn in round order: expected round {self.rounds_done}, "
+                             f"got {round_idx}")
+        if round_idx >= self.rounds:
+            raise ValueError(f"the BandMF strategy was optimized for {self.rounds} rounds")
+        shape = tuple(shape)
+        if self.noise_multiplier == 0.0:
+            self.rounds_done += 1
+            return torch.zeros(shape)
+        return self._next(torch.randn(shape, generator=self._generator) * self.std)
+
+    def _next(self, z: torch.Tensor) -> torch.Tensor:
+        t = self.rounds_done
+        acc = z.double() if z.dtype != torch.float64 else z.clone()
+        for lag, previous in enumerate(reversed(self._history), start=1):
+            coef = float(self.strategy[t, t - lag])
+            if coef:
+                acc -= coef * previous.double()
+        w = (acc / float(self.strategy[t, t])).to(z.dtype)
+        self._history.append(w)
+        if len(self._history) > self.bands - 1:
+            self._history.pop(0)
+        self.rounds_done += 1
+        return w
+
+    def matrix(self, rounds: int) -> torch.Tensor:
+        """``C⁻¹`` restricted to the first ``rounds`` rounds: residual noise = C⁻¹ Z (float64)."""
+        c = self.strategy[:rounds, :rounds]
+        return torch.linalg.solve_triangular(c, torch.eye(rounds, dtype=torch.float64), upper=False)
+
+    # ---------------------------------------------------------------- accounting
+
+    def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
+        self._check_sampler(sampler)
+        if sampler.kind == CYCLIC_POISSON:
+            return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+        return dp_accounting.NeighboringRelation.REPLACE_SPECIAL
+
+    def _check_sampler(self, sampler: Sampler) -> None:
+        if sampler.kind == CYCLIC:
+            if sampler.min_separation + 1 < self.bands:
+                raise ConfigError(
+                    f"BandMF with {self.bands} bands needs participations at least {self.bands} rounds apart; "
+                    f"sampling=cyclic gives {sampler.min_separation + 1} (population // cohort_size): "
+                    "lower mechanism.bands or the cohort size")
+            return
+        if sampler.kind == CYCLIC_POISSON:
+            if sampler.groups != self.bands:
+                raise ConfigError(f"cyclic Poisson sampling has {sampler.groups} groups but BandMF has "
+                                  f"{self.bands} bands; they must be equal")
+            return
+        raise ConfigError(f"the BandMF mechanism is accounted with sampling=cyclic (b-min-separated, no "
+                          f"amplification) or sampling=cyclic_poisson, not sampling={sampler.kind}")
+
+    def dp_event(self, sampler: Sampler, rounds: int, noise_multiplier: float | None = None
+                 ) -> dp_accounting.DpEvent:
+        self._check_sampler(sampler)
+        sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        if sigma == 0.0:
+            return dp_accounting.NonPrivateDpEvent()
+        if rounds == 0:
+            return dp_accounting.NoOpDpEvent()
+        if sampler.kind == CYCLIC_POISSON:
+            per_user = -(-rounds // self.bands)
+            return dp_accounting.SelfComposedDpEvent(
+                dp_accounting.PoissonSampledDpEvent(sampler.group_rate, dp_accounting.GaussianDpEvent(sigma)),
+                per_user)
+        k = sampler.max_participations(rounds)
+        return dp_accounting.GaussianDpEvent(sigma / math.sqrt(k))
+
+    # ---------------------------------------------------------------- state
+
+    def state_dict(self) -> dict:
+        return {"name": self.name, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
+                "rounds": self.rounds, "bands": self.bands, "generator": self._generator.get_state(),
+                "history": list(self._history), "rounds_done": self.rounds_done,
+                "strategy_sha256": hashlib.sha256(self.strategy.numpy().tobytes()).hexdigest()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
+        digest = hashlib.sha256(self.strategy.numpy().tobytes()).hexdigest()
+        if (state["rounds"], state["bands"], state["strategy_sha256"]) != (self.rounds, self.bands, digest):
+            raise ValueError("checkpoint's BandMF strategy differs from this run's (rounds, bands or matrix)")
+        self.noise_multiplier = float(state["noise_multiplier"])
+        self.clip_norm = float(state["clip_norm"])
+        self._generator.set_state(state["generator"])
+        self._history = list(state["history"])
+        self.rounds_done = int(state["rounds_done"])
