@@ -216,6 +216,7 @@ def _example_privacy(session: RunSession) -> dict:
     eps = dp.epsilon(session.ledger.rounds_done, session.cfg["privacy"]["accountant"])
     return {"example_privacy": {
         "epsilon": None if math.isinf(eps) else eps, "delta": dp.delta, "noise_multiplier": dp.noise_multiplier,
+        "accountant": session.cfg["privacy"]["accountant"], "neighboring_relation": "add_or_remove_one",
         "sampling_rate": dp.sampling_rate, "steps_per_round": dp.steps, "clip_norm": dp.clip_norm,
         "assumes": "every client takes part in every round (no amplification by user sampling)"}}
 
@@ -239,4 +240,5 @@ def _example_line(summary: dict) -> str:
         return ""
     eps = "inf" if ex["epsilon"] is None else f"{ex['epsilon']:.4g}"
     return (f"\nexample-level epsilon on clients {eps} at delta {ex['delta']:g} "
-            f"(noise multiplier {ex['noise_multiplier']:.4g}, every client assumed in every round)")
+            f"({ex['accountant']}, add_or_remove_one example), noise multiplier {ex['noise_multiplier']:.4g}, "
+            "every client assumed in every round")

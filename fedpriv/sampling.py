@@ -45,8 +45,23 @@ class PoissonSampler:
         return np.flatnonzero(rng.random(self.population) < self.rate).astype(np.int64)
 
 
+class _CohortSized:
+    """Samplers whose cohort size is fixed (``cohort``): rate m/N, expected cohort m."""
+
+    cohort: int
+    population: int
+
+    @property
+    def rate(self) -> float:
+        return self.cohort / self.population
+
+    @property
+    def expected_cohort(self) -> float:
+        return float(self.cohort)
+
+
 @dataclass(frozen=True)
-class FixedSizeSampler:
+class FixedSizeSampler(_CohortSized):
     """Exactly ``cohort`` users drawn uniformly without replacement each round.
 
     Accounting: ``SampledWithoutReplacementDpEvent(population, cohort, ...)`` under the
@@ -57,14 +72,6 @@ class FixedSizeSampler:
     cohort: int
     seed: int
     kind: str = FIXED_SIZE
-
-    @property
-    def rate(self) -> float:
-        return self.cohort / self.population
-
-    @property
-    def expected_cohort(self) -> float:
-        return float(self.cohort)
 
     def sample(self, round_idx: int) -> np.ndarray:
         rng = _round_rng(self.seed, round_idx, 2)
@@ -77,7 +84,7 @@ def _epoch_order(seed: int, population: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class CyclicSampler:
+class CyclicSampler(_CohortSized):
     """Epochs in a fixed order: the population is shuffled once (by ``seed``) and cut into
     ``blocks = population // cohort`` disjoint cohorts; round t takes block ``t mod blocks``.
 
@@ -97,14 +104,6 @@ class CyclicSampler:
         return self.population // self.cohort
 
     @property
-    def rate(self) -> float:
-        return self.cohort / self.population
-
-    @property
-    def expected_cohort(self) -> float:
-        return float(self.cohort)
-
-    @property
     def min_separation(self) -> int:
         """Rounds strictly between two participations of one user (at least)."""
         return self.blocks - 1
@@ -119,7 +118,7 @@ class CyclicSampler:
 
 
 @dataclass(frozen=True)
-class CyclicPoissonSampler:
+class CyclicPoissonSampler(_CohortSized):
     """b-min-separated Poisson sampling (amplified BandMF): users are split once (by ``seed``)
     into ``groups`` groups; round t Poisson-samples group ``t mod groups`` with rate
     ``group_rate = cohort · groups / population``, so the expected cohort is ``cohort``.
@@ -137,14 +136,6 @@ class CyclicPoissonSampler:
     @property
     def group_rate(self) -> float:
         return min(1.0, self.cohort * self.groups / self.population)
-
-    @property
-    def rate(self) -> float:
-        return self.cohort / self.population
-
-    @property
-    def expected_cohort(self) -> float:
-        return float(self.cohort)
 
     def sample(self, round_idx: int) -> np.ndarray:
         members = np.flatnonzero(_epoch_order(self.seed, self.population) % self.groups == round_idx % self.groups)

@@ -33,6 +33,7 @@ import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
+from fedpriv.mechanisms.gaussian import trivial_event
 from fedpriv.sampling import CYCLIC, CYCLIC_POISSON, Sampler
 
 KINDS = ("auto", "general", "toeplitz")
@@ -260,10 +261,8 @@ class BandMFMechanism:
                  ) -> dp_accounting.DpEvent:
         self._check_sampler(sampler)
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
-        if sigma == 0.0:
-            return dp_accounting.NonPrivateDpEvent()
-        if rounds == 0:
-            return dp_accounting.NoOpDpEvent()
+        if (trivial := trivial_event(sigma, rounds)) is not None:
+            return trivial
         if sampler.kind == CYCLIC_POISSON:
             per_user = -(-rounds // self.bands)
             return dp_accounting.SelfComposedDpEvent(

@@ -26,6 +26,15 @@ RELATION_NAMES = {
 }
 
 
+def trivial_event(noise_multiplier: float, rounds: int) -> dp_accounting.DpEvent | None:
+    """The event when no accounting is needed: non-private (σ = 0) or nothing released yet."""
+    if noise_multiplier == 0.0:
+        return dp_accounting.NonPrivateDpEvent()
+    if rounds == 0:
+        return dp_accounting.NoOpDpEvent()
+    return None
+
+
 class GaussianMechanism:
     """Adds ``N(0, (noise_multiplier * clip_norm)^2)`` to every coordinate of a round's sum.
 

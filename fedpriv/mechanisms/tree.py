@@ -31,6 +31,7 @@ import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
+from fedpriv.mechanisms.gaussian import trivial_event
 from fedpriv.sampling import CYCLIC, Sampler
 
 ESTIMATORS = ("plain", "efficient")
@@ -153,10 +154,8 @@ class TreeMechanism:
 
         self._check_sampler(sampler)
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
-        if sigma == 0.0:
-            return dp_accounting.NonPrivateDpEvent()
-        if rounds == 0:
-            return dp_accounting.NoOpDpEvent()
+        if (trivial := trivial_event(sigma, rounds)) is not None:
+            return trivial
         return tree_event(sigma, rounds, sampler.max_participations(rounds), sampler.min_separation,
                           self.restart_every)
 
