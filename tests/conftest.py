@@ -31,3 +31,11 @@ def compose_cfg(*overrides: str, run_dir) -> dict:
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain["run_dir"] = str(run_dir)
     return plain
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Strategy caches (BandMF) go to a temporary directory, never the user's ~/.cache."""
+    if "FEDPRIV_CACHE" not in os.environ:
+        os.environ["FEDPRIV_CACHE"] = str(tmp_path_factory.mktemp("fedpriv-cache"))
+    yield
