@@ -51,6 +51,13 @@ def validate(cfg: dict) -> None:
     _choice((cfg.get("backend") or {}).get("name"), "backend", BACKENDS)
     if cfg["algorithm"]["name"] == "dpsgd" and cfg["backend"]["name"] != "local":
         raise ConfigError("algorithm=dpsgd is central (pooled data, no clients): use backend=local")
+    public = cfg.get("public") or {}
+    steps = public.get("pretrain_steps") or 0
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ConfigError(f"public.pretrain_steps must be an integer >= 0, got {steps!r}")
+    if steps:
+        _positive(public.get("pretrain_batch_size"), "public.pretrain_batch_size", integer=True)
+        _positive(public.get("pretrain_lr"), "public.pretrain_lr")
     client = cfg.get("client") or {}
     _positive(client.get("epochs"), "client.epochs", integer=True)
     _positive(client.get("batch_size"), "client.batch_size", integer=True)

@@ -205,6 +205,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
         "optimizer": cfg["optimizer"]["name"], "backend": cfg["backend"]["name"],
         "clip_norm": cfg["privacy"]["clip_norm"], "cohort_size": cfg["cohort_size"],
         **_example_privacy(session),
+        **({"public": session.task.public_stats} if session.task.public_stats else {}),
     }
 
 

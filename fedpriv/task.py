@@ -55,6 +55,7 @@ class Task:
     local: LocalConfig
     seed: int
     bk: BookKeeping | None = None  # hooks client_model when clients run example-level DP-SGD
+    public_stats: dict = dataclasses.field(default_factory=dict)  # public pre-training, if any
 
 
 def load_dataset(data_cfg: Mapping[str, Any]) -> FederatedDataset:
@@ -91,7 +92,7 @@ def _model(model_cfg: Mapping[str, Any], data: FederatedDataset, seed: int) -> n
 def task_key(cfg: Mapping[str, Any]) -> str:
     """The config parts that define the task, as a canonical JSON string."""
     privacy = cfg.get("privacy") or {}
-    key = {k: cfg.get(k) for k in ("data", "model", "client", "algorithm", "seed", "rounds")}
+    key = {k: cfg.get(k) for k in ("data", "model", "client", "algorithm", "seed", "rounds", "public")}
     key["privacy"] = {k: privacy.get(k) for k in ("accountant", "secure_rng")}
     return json.dumps(key, sort_keys=True, default=str)
 
@@ -110,6 +111,17 @@ def _load_task(key: str) -> Task:
     else:
         local = LocalConfig(epochs=int(client.get("epochs", 1)), batch_size=int(client.get("batch_size", 16)),
                             lr=float(client.get("lr", 0.5)), max_steps=client.get("max_steps"))
+    # round-0 public pre-training, before any hook is attached to the client model
+    public_cfg = cfg.get("public") or {}
+    initial, public_stats = get_flat_params(client_model), {}
+    if int(public_cfg.get("pretrain_steps") or 0) > 0:
+        if data.public is None:
+            raise ConfigError(f"public.pretrain_steps needs a public corpus; dataset {data.name!r} has none")
+        from fedpriv.public.pretrain import pretrain
+
+        initial, public_stats = pretrain(client_model, data.public.sentences, int(public_cfg["pretrain_steps"]),
+                                         int(public_cfg.get("pretrain_batch_size", 64)),
+                                         float(public_cfg.get("pretrain_lr", 0.5)), seed, data.vocab.pad_id)
     example_dp = resolve_example_dp(client, int(cfg.get("rounds") or 1), cfg["privacy"].get("accountant") or "rdp",
                                     bool(cfg["privacy"].get("secure_rng")))
     bk = None
@@ -121,7 +133,7 @@ def _load_task(key: str) -> Task:
                          noise_multiplier=example_dp.noise_multiplier, mode=example_dp.mode)
     units = PooledExamples(data.users) if algorithm in EXAMPLE_LEVEL_ALGORITHMS else data.users
     return Task(data=data, units=units, bk=bk, client_model=client_model, eval_model=eval_model,
-                initial_params=get_flat_params(client_model), local=local, seed=seed)
+                initial_params=initial, local=local, seed=seed, public_stats=public_stats)
 
 
 def load_task(cfg: Mapping[str, Any]) -> Task:

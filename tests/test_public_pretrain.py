@@ -1,0 +1,49 @@
+"""Round-0 public pre-training: it helps the public loss and costs no privacy."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedpriv.models import build_model
+from fedpriv.public.pretrain import pretrain
+from fedpriv.runner import prepare
+from server.app import run_local
+from tests.conftest import compose_cfg
+
+torch.set_num_threads(1)
+
+
+def test_pretrain_lowers_public_loss_and_is_deterministic():
+    rows = np.random.default_rng(0).integers(1, 30, size=(64, 9))
+    rows[:, 5:] = 0
+    out = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = build_model("lstm", 32, embed_dim=8, hidden_size=16, projection_dim=8)
+        params, stats = pretrain(model, rows, steps=40, batch_size=16, lr=0.5, seed=3)
+        out.append(params)
+    assert stats["public_loss_last"] < stats["public_loss_first"]
+    assert stats["public_sentences_used"] == 64
+    torch.testing.assert_close(out[0], out[1], rtol=0, atol=0)
+
+
+def test_pretraining_costs_no_privacy(tmp_path):
+    common = ("+experiment=smoke", "progress=false")
+    plain = prepare(compose_cfg(*common, run_dir=tmp_path / "plain"))
+    run_local(plain)
+    pre = prepare(compose_cfg(*common, "public.pretrain_steps=20", run_dir=tmp_path / "pre"))
+    assert not torch.equal(pre.task.initial_params, plain.task.initial_params)
+    run_local(pre)
+    a = json.loads((tmp_path / "plain" / "privacy.json").read_text())
+    b = json.loads((tmp_path / "pre" / "privacy.json").read_text())
+    assert a == b  # same events, same noise multiplier, same epsilon
+    summary = json.loads((tmp_path / "pre" / "summary.json").read_text())
+    assert summary["public"]["public_sentences_used"] > 0
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5"])
+def test_bad_pretrain_steps_exit_2(run_cli, tmp_path, value):
+    proc = run_cli("+experiment=smoke", f"public.pretrain_steps={value}", f"run_dir={tmp_path / 'r'}")
+    assert proc.returncode == 2 and "public.pretrain_steps" in proc.stderr
