@@ -119,9 +119,14 @@ def _load_task(key: str) -> Task:
             raise ConfigError(f"public.pretrain_steps needs a public corpus; dataset {data.name!r} has none")
         from fedpriv.public.pretrain import pretrain
 
+        topk = _distillation_corpus(public_cfg, data, seed)
         initial, public_stats = pretrain(client_model, data.public.sentences, int(public_cfg["pretrain_steps"]),
                                          int(public_cfg.get("pretrain_batch_size", 64)),
-                                         float(public_cfg.get("pretrain_lr", 0.5)), seed, data.vocab.pad_id)
+                                         float(public_cfg.get("pretrain_lr", 0.5)), seed, data.vocab.pad_id,
+                                         topk=topk, beta=float(public_cfg.get("distill_beta", 1.0)),
+                                         temperature=float(public_cfg.get("distill_temperature", 1.0)))
+        if topk is not None:
+            public_stats["distill_k"] = float(topk.k)
     example_dp = resolve_example_dp(client, int(cfg.get("rounds") or 1), cfg["privacy"].get("accountant") or "rdp",
                                     bool(cfg["privacy"].get("secure_rng")))
     bk = None
@@ -134,6 +139,25 @@ def _load_task(key: str) -> Task:
     units = PooledExamples(data.users) if algorithm in EXAMPLE_LEVEL_ALGORITHMS else data.users
     return Task(data=data, units=units, bk=bk, client_model=client_model, eval_model=eval_model,
                 initial_params=initial, local=local, seed=seed, public_stats=public_stats)
+
+
+def _distillation_corpus(public_cfg: Mapping[str, Any], data: FederatedDataset, seed: int):
+    """The embedded teacher's top-k logits for the public corpus (``public.teacher=embedded``), or None."""
+    kind = public_cfg.get("teacher") or "none"
+    if kind == "none":
+        return None
+    if kind != "embedded":
+        raise ConfigError(f"unknown public.teacher {kind!r} (choose one of: embedded, none)")
+    from fedpriv.public.distill import TopKCorpus, teacher_fingerprint, write_topk
+    from fedpriv.public.teacher import cache_root, embedded_teacher
+
+    teacher = embedded_teacher(data.public.sentences, data.vocab.size, data.seq_len,
+                               public_cfg.get("teacher_model") or {}, int(public_cfg.get("teacher_steps", 500)),
+                               int(public_cfg.get("teacher_batch_size", 64)), float(public_cfg.get("teacher_lr", 1e-3)),
+                               seed, data.vocab.pad_id)
+    k = int(public_cfg.get("distill_k", 10))
+    out = cache_root() / "distill" / f"{teacher_fingerprint(teacher)[:24]}-k{k}"
+    return TopKCorpus(write_topk(teacher, data.public.sentences, k, out))
 
 
 def load_task(cfg: Mapping[str, Any]) -> Task:

@@ -1,6 +1,8 @@
 """Round-0 public pre-training: it helps the public loss and costs no privacy."""
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,3 +49,17 @@ def test_pretraining_costs_no_privacy(tmp_path):
 def test_bad_pretrain_steps_exit_2(run_cli, tmp_path, value):
     proc = run_cli("+experiment=smoke", f"public.pretrain_steps={value}", f"run_dir={tmp_path / 'r'}")
     assert proc.returncode == 2 and "public.pretrain_steps" in proc.stderr
+
+
+def test_pretraining_with_embedded_teacher_distillation(tmp_path):
+    cfg = compose_cfg("+experiment=smoke", "progress=false", "public.pretrain_steps=10", "public.teacher=embedded",
+                      "public.teacher_steps=20", "public.distill_k=4", "public.teacher_model.d_model=16",
+                      "public.teacher_model.num_heads=2", "public.teacher_model.ff_dim=32",
+                      run_dir=tmp_path / "run")
+    session = prepare(cfg)
+    assert session.task.public_stats["distill_k"] == 4
+    corpora = list(Path(os.environ["FEDPRIV_CACHE"]).glob("distill/*-k4/index.json"))
+    assert corpora, "the top-k corpus was written to the cache"
+    plain = prepare(compose_cfg("+experiment=smoke", "progress=false", "public.pretrain_steps=10",
+                                run_dir=tmp_path / "plain"))
+    assert not torch.equal(session.task.initial_params, plain.task.initial_params)
