@@ -149,7 +149,8 @@ def _distillation_corpus(public_cfg: Mapping[str, Any], data: FederatedDataset, 
     if kind != "embedded":
         raise ConfigError(f"unknown public.teacher {kind!r} (choose one of: embedded, none)")
     from fedpriv.public.distill import TopKCorpus, teacher_fingerprint, write_topk
-    from fedpriv.public.teacher import cache_root, embedded_teacher
+    from fedpriv.cache import cache_root
+    from fedpriv.public.teacher import embedded_teacher
 
     teacher = embedded_teacher(data.public.sentences, data.vocab.size, data.seq_len,
                                public_cfg.get("teacher_model") or {}, int(public_cfg.get("teacher_steps", 500)),

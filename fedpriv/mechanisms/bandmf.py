@@ -32,6 +32,7 @@ from pathlib import Path
 import dp_accounting
 import torch
 
+from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.gaussian import trivial_event
 from fedpriv.sampling import CYCLIC, CYCLIC_POISSON, Sampler
@@ -132,7 +133,7 @@ def optimize_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("FEDPRIV_CACHE") or Path.home() / ".cache" / "fedpriv") / "bandmf"
+    return cache_root() / "bandmf"
 
 
 def cached_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 500) -> torch.Tensor:

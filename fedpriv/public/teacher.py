@@ -7,21 +7,17 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from fedpriv.cache import cache_root
 from fedpriv.metrics import token_loss
 from fedpriv.models import TransformerLanguageModel
 
 TEACHER_DEFAULTS = {"d_model": 128, "num_layers": 2, "num_heads": 4, "ff_dim": 512}
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("FEDPRIV_CACHE") or Path.home() / ".cache" / "fedpriv")
 
 
 def train_teacher(rows: np.ndarray, vocab_size: int, seq_len: int, model_cfg: Mapping[str, Any], steps: int,
