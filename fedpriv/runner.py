@@ -27,6 +27,7 @@ from fedpriv.mechanisms import Mechanism, build_mechanism
 from fedpriv.metrics import evaluate
 from fedpriv.models import set_flat_params
 from fedpriv.optim import build_server_optimizer
+from fedpriv.public.midtrain import check_mid_training, mid_train
 from fedpriv.rundir import RunDirectory
 from fedpriv.sampling import make_sampler
 from fedpriv.task import EXAMPLE_LEVEL_ALGORITHMS, Task, load_task
@@ -82,6 +83,7 @@ def prepare(cfg: dict) -> RunSession:
     ledger = PrivacyLedger(mechanism, sampler, privacy["delta"], privacy["accountant"], target_epsilon=target,
                            planned_rounds=int(cfg["rounds"]))
     ledger.check_can_run(int(cfg["rounds"]))
+    check_mid_training(cfg.get("public") or {}, int(cfg["rounds"]))
     opt_cfg = dict(cfg["optimizer"])
     optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
     server = DPFedAvg(task.initial_params, sampler, mechanism, privacy["clip_norm"], optimizer,
@@ -155,6 +157,7 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
     cfg, run, server, ledger = session.cfg, session.run, session.server, session.ledger
     rounds = int(cfg["rounds"])
     eval_every = int(cfg.get("eval_every") or rounds)
+    mid_round = check_mid_training(cfg.get("public") or {}, rounds)
     run.create()
     run.write_config(cfg)
     run.write_metrics(session.history)
@@ -169,6 +172,10 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
         stats = server.apply_round(r, cohort, round_fn(r, cohort))
         epsilon = ledger.record_round(r)
         row = {"round": r + 1, "epsilon": epsilon, **stats}
+        if mid_round == r + 1:  # post-processing of the DP model with public data: no ledger entry
+            server.params, row["distribution_matching"] = mid_train(session.task, server.model_params,
+                                                                    cfg["public"], int(cfg["seed"]))
+            server.ema = server.params.clone()
         if (r + 1) % eval_every == 0 or r + 1 == rounds:
             last_eval = evaluate_params(session.task, server.model_params)
             row.update({f"test_{k}": v for k, v in last_eval.items()})
@@ -206,6 +213,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
         "clip_norm": cfg["privacy"]["clip_norm"], "cohort_size": cfg["cohort_size"],
         **_example_privacy(session),
         **({"public": session.task.public_stats} if session.task.public_stats else {}),
+        **{k: v for row in session.history for k, v in row.items() if k == "distribution_matching"},
     }
 
 

@@ -1,0 +1,78 @@
+"""Distribution-matching mid-training: after round T' of private training, select the public
+samples that look private and train on them, then resume private training on the same ledger.
+
+``score(x) = log p_priv(x) + log p_pub(x)`` with p_priv the released DP model at T' and p_pub the
+public teacher (``score=private`` is the p_priv-only ablation); keep the top ``fraction`` of the
+public pool; run :func:`~fedpriv.public.pretrain.pretrain` on them (with distillation when a
+teacher's top-k corpus exists). Inputs are a DP release and public data only, so this is
+post-processing: the ledger is exactly that of the private rounds (tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedpriv.errors import ConfigError
+from fedpriv.models import set_flat_params
+from fedpriv.public.matching import matching_stats, select_top, sequence_logprob
+from fedpriv.public.pretrain import pretrain
+
+SCORES = ("both", "private")
+
+
+class TopKSubset:
+    """The rows ``selected`` of a top-k corpus, re-indexed 0..len(selected)−1."""
+
+    def __init__(self, corpus, selected: np.ndarray) -> None:
+        self.corpus, self.selected, self.k = corpus, np.asarray(selected), corpus.k
+
+    def get(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.corpus.get(self.selected[np.asarray(rows)])
+
+
+def check_mid_training(public_cfg: Mapping[str, Any], rounds: int) -> int | None:
+    """The mid-training round T' (after T' rounds), validated; None when off."""
+    at = public_cfg.get("mid_training_round")
+    if at is None:
+        return None
+    if isinstance(at, bool) or not isinstance(at, int) or not 1 <= at < rounds:
+        raise ConfigError(f"public.mid_training_round must be an integer in [1, rounds-1={rounds - 1}], got {at!r}")
+    fraction = public_cfg.get("mid_training_fraction")
+    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ConfigError(f"public.mid_training_fraction must be in (0, 1], got {fraction!r}")
+    if public_cfg.get("mid_training_score") not in SCORES:
+        raise ConfigError(f"public.mid_training_score must be one of {', '.join(SCORES)}, "
+                          f"got {public_cfg.get('mid_training_score')!r}")
+    if public_cfg.get("mid_training_score") == "both" and (public_cfg.get("teacher") or "none") == "none":
+        raise ConfigError("public.mid_training_score=both needs a public teacher (public.teacher=embedded); "
+                          "use mid_training_score=private for the p_priv-only ablation")
+    return at
+
+
+def mid_train(task, params: torch.Tensor, public_cfg: Mapping[str, Any], seed: int) -> tuple[torch.Tensor, dict]:
+    """Select public samples by score and train ``params`` on them; returns (params, stats)."""
+    public = task.data.public
+    if public is None:
+        raise ConfigError(f"mid-training needs a public corpus; dataset {task.data.name!r} has none")
+    pad = task.data.vocab.pad_id
+    model = task.eval_model
+    set_flat_params(model, params)
+    score = sequence_logprob(model, public.sentences, pad)
+    if public_cfg.get("mid_training_score", "both") == "both":
+        score = score + sequence_logprob(task.teacher, public.sentences, pad)
+    selected = select_top(score, float(public_cfg["mid_training_fraction"]))
+    stats: dict[str, Any] = {"selected": float(len(selected)), "score": public_cfg.get("mid_training_score")}
+    if public.topics is not None:
+        stats.update(matching_stats(selected, public.topics, public.private_topics))
+    topk = TopKSubset(task.topk, selected) if task.topk is not None else None
+    new_params, train_stats = pretrain(model, public.sentences[selected], int(public_cfg.get("mid_training_steps", 200)),
+                                       int(public_cfg.get("pretrain_batch_size", 64)),
+                                       float(public_cfg.get("mid_training_lr", 0.1)), seed + 1, pad, topk=topk,
+                                       beta=float(public_cfg.get("distill_beta", 1.0)),
+                                       temperature=float(public_cfg.get("distill_temperature", 1.0)))
+    stats.update({"public_sentences_used": train_stats["public_sentences_used"]})
+    return new_params, stats

@@ -1,0 +1,74 @@
+"""Distribution-matching mid-training: selection stats, no privacy cost, resume, bad input."""
+
+import json
+
+import pytest
+import torch
+
+from client.app import make_client_app
+from fedpriv.runner import prepare, train
+from server.app import grid_round_fn, run_local
+from server.grid import LocalGrid
+from tests.conftest import compose_cfg
+
+SMOKE = ("+experiment=smoke", "progress=false", "rounds=4")
+MID = ("public.mid_training_round=2", "public.mid_training_score=private", "public.mid_training_fraction=0.2",
+       "public.mid_training_steps=5")
+
+
+class Crash(Exception):
+    pass
+
+
+def test_mid_training_costs_no_privacy_and_reports_matching(tmp_path):
+    plain = prepare(compose_cfg(*SMOKE, run_dir=tmp_path / "plain"))
+    run_local(plain)
+    mid = prepare(compose_cfg(*SMOKE, *MID, run_dir=tmp_path / "mid"))
+    run_local(mid)
+    a = json.loads((tmp_path / "plain" / "privacy.json").read_text())
+    b = json.loads((tmp_path / "mid" / "privacy.json").read_text())
+    assert a == b
+    assert not torch.equal(plain.server.params, mid.server.params)
+    summary = json.loads((tmp_path / "mid" / "summary.json").read_text())
+    dm = summary["distribution_matching"]
+    assert dm["selected"] == 40 and 0 <= dm["precision"] <= 1 and 0 < dm["base_rate"] < 1  # 20% of 200
+
+
+def test_mid_training_with_teacher_scores_both(tmp_path):
+    cfg = compose_cfg(*SMOKE, *MID[:1], "public.mid_training_score=both", "public.mid_training_steps=3",
+                      "public.teacher=embedded", "public.teacher_steps=10", "public.teacher_model.d_model=16",
+                      "public.teacher_model.num_heads=2", "public.teacher_model.ff_dim=32", "public.distill_k=3",
+                      run_dir=tmp_path / "run")
+    summary = run_local(prepare(cfg))
+    assert summary["distribution_matching"]["score"] == "both"
+
+
+def test_resume_after_mid_training_equals_uninterrupted(tmp_path):
+    full = prepare(compose_cfg(*SMOKE, *MID, run_dir=tmp_path / "full"))
+    run_local(full)
+    cfg = compose_cfg(*SMOKE, *MID, run_dir=tmp_path / "cut")
+    first = prepare(cfg)
+    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
+
+    def crashing(round_idx, cohort):
+        if round_idx == 3:
+            raise Crash
+        return inner(round_idx, cohort)
+
+    with pytest.raises(Crash):
+        train(first, crashing)
+    resumed = prepare({**cfg, "resume": True})
+    summary = run_local(resumed)
+    torch.testing.assert_close(resumed.server.params, full.server.params, rtol=0, atol=0)
+    assert summary["distribution_matching"]["selected"] == 40
+
+
+@pytest.mark.parametrize("override,message", [
+    ("public.mid_training_round=4", "mid_training_round"),
+    ("public.mid_training_round=0", "mid_training_round"),
+])
+def test_bad_mid_training_exit_2(run_cli, tmp_path, override, message):
+    proc = run_cli(*SMOKE, override, f"run_dir={tmp_path / 'r'}")
+    assert proc.returncode == 2 and message in proc.stderr
+    both = run_cli(*SMOKE, "public.mid_training_round=2", f"run_dir={tmp_path / 'b'}")
+    assert both.returncode == 2 and "needs a public teacher" in both.stderr
