@@ -34,13 +34,14 @@ def test_mid_training_costs_no_privacy_and_reports_matching(tmp_path):
     assert dm["selected"] == 40 and 0 <= dm["precision"] <= 1 and 0 < dm["base_rate"] < 1  # 20% of 200
 
 
-def test_mid_training_with_teacher_scores_both(tmp_path):
-    cfg = compose_cfg(*SMOKE, *MID[:1], "public.mid_training_score=both", "public.mid_training_steps=3",
+@pytest.mark.parametrize("score", ["ratio", "sum"])
+def test_mid_training_with_teacher_scores(tmp_path, score):
+    cfg = compose_cfg(*SMOKE, *MID[:1], f"public.mid_training_score={score}", "public.mid_training_steps=3",
                       "public.teacher=embedded", "public.teacher_steps=10", "public.teacher_model.d_model=16",
                       "public.teacher_model.num_heads=2", "public.teacher_model.ff_dim=32", "public.distill_k=3",
                       run_dir=tmp_path / "run")
     summary = run_local(prepare(cfg))
-    assert summary["distribution_matching"]["score"] == "both"
+    assert summary["distribution_matching"]["score"] == score
 
 
 def test_resume_after_mid_training_equals_uninterrupted(tmp_path):

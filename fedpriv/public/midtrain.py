@@ -1,9 +1,16 @@
 """Distribution-matching mid-training: after round T' of private training, select the public
 samples that look private and train on them, then resume private training on the same ledger.
 
-``score(x) = log p_priv(x) + log p_pub(x)`` with p_priv the released DP model at T' and p_pub the
-public teacher (``score=private`` is the p_priv-only ablation); keep the top ``fraction`` of the
-public pool; run :func:`~fedpriv.public.pretrain.pretrain` on them (with distillation when a
+Scores (``public.mid_training_score``), p_priv the released DP model at T', p_pub the public
+teacher, log p(x) summed over x's tokens:
+
+* ``ratio`` (default): ``log p_priv(x) − log p_pub(x)``, the density ratio: samples the private
+  model likes *more than* the public distribution does;
+* ``sum``: ``log p_priv(x) + log p_pub(x)`` (the issue's formula; measured worse than random
+  selection on the synthetic default: it rewards short, generic public sentences);
+* ``private``: ``log p_priv(x)`` only (ablation; no teacher needed).
+
+Keep the top ``fraction`` of the public pool; run :func:`~fedpriv.public.pretrain.pretrain` on them (with distillation when a
 teacher's top-k corpus exists). Inputs are a DP release and public data only, so this is
 post-processing: the ledger is exactly that of the private rounds (tested).
 """
@@ -21,7 +28,7 @@ from fedpriv.models import set_flat_params
 from fedpriv.public.matching import matching_stats, select_top, sequence_logprob
 from fedpriv.public.pretrain import pretrain
 
-SCORES = ("both", "private")
+SCORES = ("ratio", "sum", "private")
 
 
 class TopKSubset:
@@ -47,9 +54,9 @@ def check_mid_training(public_cfg: Mapping[str, Any], rounds: int) -> int | None
     if public_cfg.get("mid_training_score") not in SCORES:
         raise ConfigError(f"public.mid_training_score must be one of {', '.join(SCORES)}, "
                           f"got {public_cfg.get('mid_training_score')!r}")
-    if public_cfg.get("mid_training_score") == "both" and (public_cfg.get("teacher") or "none") == "none":
-        raise ConfigError("public.mid_training_score=both needs a public teacher (public.teacher=embedded); "
-                          "use mid_training_score=private for the p_priv-only ablation")
+    if public_cfg.get("mid_training_score") != "private" and (public_cfg.get("teacher") or "none") == "none":
+        raise ConfigError(f"public.mid_training_score={public_cfg.get('mid_training_score')} needs a public teacher "
+                          "(public.teacher=embedded); use mid_training_score=private for the p_priv-only ablation")
     return at
 
 
@@ -62,8 +69,10 @@ def mid_train(task, params: torch.Tensor, public_cfg: Mapping[str, Any], seed: i
     model = task.eval_model
     set_flat_params(model, params)
     score = sequence_logprob(model, public.sentences, pad)
-    if public_cfg.get("mid_training_score", "both") == "both":
-        score = score + sequence_logprob(task.teacher, public.sentences, pad)
+    kind = public_cfg.get("mid_training_score", "ratio")
+    if kind != "private":
+        sign = -1.0 if kind == "ratio" else 1.0
+        score = score + sign * sequence_logprob(task.teacher, public.sentences, pad)
     selected = select_top(score, float(public_cfg["mid_training_fraction"]))
     stats: dict[str, Any] = {"selected": float(len(selected)), "score": public_cfg.get("mid_training_score")}
     if public.topics is not None:
