@@ -50,9 +50,17 @@ def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray
         if bk is None:
             raise ValueError("client.dp=example needs a BookKeeping engine on the client model")
         losses, steps = dp_sgd_steps(model, bk, rows, cfg.lr, cfg.dp, generator, pad_id)
-        delta = get_flat_params(model) - global_params
-        return delta, {"train_loss": float(np.mean(losses)) if losses else 0.0,
-                       "num_sentences": float(len(rows)), "num_steps": float(steps)}
+    else:
+        losses, steps = _sgd_steps(model, rows, cfg, generator, pad_id)
+    delta = get_flat_params(model) - global_params
+    return delta, {"train_loss": float(np.mean(losses)) if losses else 0.0,
+                   "num_sentences": float(len(rows)), "num_steps": float(steps)}
+
+
+def _sgd_steps(model: nn.Module, rows: np.ndarray, cfg: LocalConfig, generator: torch.Generator,
+               pad_id: int) -> tuple[list[float], int]:
+    """Plain minibatch SGD on ``model`` in place: ``cfg.epochs`` shuffled passes, at most
+    ``cfg.max_steps`` steps; returns (batch losses, steps)."""
     data = torch.as_tensor(rows, dtype=torch.long)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     losses: list[float] = []
@@ -69,6 +77,5 @@ def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray
             opt.step()
             losses.append(loss.item())
             steps += 1
-    delta = get_flat_params(model) - global_params
-    return delta, {"train_loss": float(np.mean(losses)) if losses else 0.0,
-                   "num_sentences": float(len(data)), "num_steps": float(steps)}
+    return losses, steps
+

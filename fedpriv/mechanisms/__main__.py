@@ -23,7 +23,8 @@ import torch
 from fedpriv.accounting.tree import max_sensitivity_sq
 from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
-from fedpriv.mechanisms.tree import TreeMechanism, prefix_rmse
+from fedpriv.mechanisms.analysis import prefix_rmse
+from fedpriv.mechanisms.tree import TreeMechanism
 
 CHOICES = ("gaussian", "tree", "tree-efficient", "bandmf")
 MAX_ROUNDS = 4096

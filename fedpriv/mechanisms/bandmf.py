@@ -34,6 +34,7 @@ import torch
 
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
+from fedpriv.mechanisms.analysis import prefix_mse
 from fedpriv.mechanisms.gaussian import trivial_event
 from fedpriv.sampling import CYCLIC, CYCLIC_POISSON, Sampler
 
@@ -75,10 +76,8 @@ def normalize_columns(c: torch.Tensor) -> torch.Tensor:
 
 def mean_squared_error(c: torch.Tensor) -> torch.Tensor:
     """``max_j ‖C_j‖² · ‖A C⁻¹‖_F² / n`` (prefix-sum error per unit noise times sensitivity²)."""
-    n = c.shape[0]
-    c_inv = torch.linalg.solve_triangular(c, torch.eye(n, dtype=c.dtype), upper=False)
-    b = torch.cumsum(c_inv, dim=0)  # A C⁻¹
-    return torch.linalg.vector_norm(c, dim=0).max() ** 2 * b.pow(2).sum() / n
+    c_inv = torch.linalg.solve_triangular(c, torch.eye(c.shape[0], dtype=c.dtype), upper=False)
+    return torch.linalg.vector_norm(c, dim=0).max() ** 2 * prefix_mse(c_inv)
 
 
 def _toeplitz_error(coefs: torch.Tensor, n: int) -> torch.Tensor:

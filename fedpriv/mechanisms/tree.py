@@ -23,7 +23,6 @@ rounds (P restarts at 0; noise already released stays in the model).
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections.abc import Callable
 
@@ -183,10 +182,4 @@ class TreeMechanism:
         self.rounds_done = int(state["rounds_done"])
 
 
-def prefix_rmse(matrix: torch.Tensor, sens_sq: float) -> float:
-    """``sqrt(sens² · mean_t Var(prefix noise_t))`` for unit noise (KNOWN_ANSWERS.md definition)."""
-    prefix = torch.cumsum(matrix, 0)
-    return math.sqrt(sens_sq * float(prefix.pow(2).sum(1).mean()))
-
-
-__all__ = ["ESTIMATORS", "TreeMechanism", "TreeState", "node_variances", "prefix_rmse"]
+__all__ = ["ESTIMATORS", "TreeMechanism", "TreeState", "node_variances"]

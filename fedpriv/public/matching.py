@@ -16,26 +16,20 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.errors import ConfigError
+from fedpriv.metrics import sequence_token_losses
 
 
 @torch.no_grad()
 def sequence_logprob(model: nn.Module, rows: np.ndarray, pad_id: int = 0, batch_size: int = 512) -> np.ndarray:
-    """``log p(x)`` per row [N]: summed log-probability of every non-pad target."""
+    """``log p(x)`` per row [N]: minus the summed cross-entropy of every non-pad target."""
     was_training = model.training
     model.eval()
-    out = []
     data = torch.as_tensor(rows, dtype=torch.long)
-    for start in range(0, len(data), batch_size):
-        part = data[start:start + batch_size]
-        logits = model(part[:, :-1])
-        y = part[:, 1:]
-        logp = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=pad_id,
-                                reduction="none").view_as(y)
-        out.append(logp.sum(1).numpy())
+    out = [-sequence_token_losses(model, data[start:start + batch_size], pad_id)[0].numpy()
+           for start in range(0, len(data), batch_size)]
     model.train(was_training)
     return np.concatenate(out) if out else np.zeros(0)
 
