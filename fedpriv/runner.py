@@ -28,6 +28,7 @@ from fedpriv.metrics import evaluate
 from fedpriv.models import set_flat_params
 from fedpriv.optim import build_server_optimizer
 from fedpriv.public.midtrain import check_mid_training, mid_train
+from fedpriv.public.setup import PublicArtifacts, prepare_public
 from fedpriv.rundir import RunDirectory
 from fedpriv.sampling import make_sampler
 from fedpriv.task import EXAMPLE_LEVEL_ALGORITHMS, Task, load_task
@@ -60,6 +61,7 @@ class RunSession:
     task: Task
     server: DPFedAvg
     ledger: PrivacyLedger
+    public: PublicArtifacts
     start_round: int = 0
     wall_s: float = 0.0
     history: list[dict] = field(default_factory=list)
@@ -86,9 +88,11 @@ def prepare(cfg: dict) -> RunSession:
     check_mid_training(cfg.get("public") or {}, int(cfg["rounds"]))
     opt_cfg = dict(cfg["optimizer"])
     optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
-    server = DPFedAvg(task.initial_params, sampler, mechanism, privacy["clip_norm"], optimizer,
+    public = prepare_public(cfg.get("public") or {}, task, int(cfg["seed"]))
+    server = DPFedAvg(public.initial_params, sampler, mechanism, privacy["clip_norm"], optimizer,
                       ema_decay=float(cfg.get("ema_decay") or 0.0))
-    session = RunSession(cfg=cfg, run=RunDirectory(cfg["run_dir"]), task=task, server=server, ledger=ledger)
+    session = RunSession(cfg=cfg, run=RunDirectory(cfg["run_dir"]), task=task, server=server, ledger=ledger,
+                         public=public)
     _restore(session)
     return session
 
@@ -173,8 +177,9 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
         epsilon = ledger.record_round(r)
         row = {"round": r + 1, "epsilon": epsilon, **stats}
         if mid_round == r + 1:  # post-processing of the DP model with public data: no ledger entry
-            server.params, row["distribution_matching"] = mid_train(session.task, server.model_params,
-                                                                    cfg["public"], int(cfg["seed"]))
+            server.params, row["distribution_matching"] = mid_train(session.task, session.public,
+                                                                    server.model_params, cfg["public"],
+                                                                    int(cfg["seed"]))
             server.ema = server.params.clone()
         if (r + 1) % eval_every == 0 or r + 1 == rounds:
             last_eval = evaluate_params(session.task, server.model_params)
@@ -212,7 +217,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
         "optimizer": cfg["optimizer"]["name"], "backend": cfg["backend"]["name"],
         "clip_norm": cfg["privacy"]["clip_norm"], "cohort_size": cfg["cohort_size"],
         **_example_privacy(session),
-        **({"public": session.task.public_stats} if session.task.public_stats else {}),
+        **({"public": session.public.stats} if session.public.stats else {}),
         **{k: v for row in session.history for k, v in row.items() if k == "distribution_matching"},
     }
 

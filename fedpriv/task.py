@@ -55,9 +55,6 @@ class Task:
     local: LocalConfig
     seed: int
     bk: BookKeeping | None = None  # hooks client_model when clients run example-level DP-SGD
-    public_stats: dict = dataclasses.field(default_factory=dict)  # public pre-training, if any
-    teacher: nn.Module | None = None  # public teacher (public.teacher=embedded)
-    topk: Any = None  # the teacher's top-k logits for the public corpus (TopKCorpus)
 
 
 def load_dataset(data_cfg: Mapping[str, Any]) -> FederatedDataset:
@@ -94,7 +91,7 @@ def _model(model_cfg: Mapping[str, Any], data: FederatedDataset, seed: int) -> n
 def task_key(cfg: Mapping[str, Any]) -> str:
     """The config parts that define the task, as a canonical JSON string."""
     privacy = cfg.get("privacy") or {}
-    key = {k: cfg.get(k) for k in ("data", "model", "client", "algorithm", "seed", "rounds", "public")}
+    key = {k: cfg.get(k) for k in ("data", "model", "client", "algorithm", "seed", "rounds")}
     key["privacy"] = {k: privacy.get(k) for k in ("accountant", "secure_rng")}
     return json.dumps(key, sort_keys=True, default=str)
 
@@ -113,23 +110,6 @@ def _load_task(key: str) -> Task:
     else:
         local = LocalConfig(epochs=int(client.get("epochs", 1)), batch_size=int(client.get("batch_size", 16)),
                             lr=float(client.get("lr", 0.5)), max_steps=client.get("max_steps"))
-    # round-0 public pre-training, before any hook is attached to the client model
-    public_cfg = cfg.get("public") or {}
-    teacher = _public_teacher(public_cfg, data, seed)
-    topk = _topk_corpus(teacher, public_cfg, data) if teacher is not None else None
-    initial, public_stats = get_flat_params(client_model), {}
-    if int(public_cfg.get("pretrain_steps") or 0) > 0:
-        if data.public is None:
-            raise ConfigError(f"public.pretrain_steps needs a public corpus; dataset {data.name!r} has none")
-        from fedpriv.public.pretrain import pretrain
-
-        initial, public_stats = pretrain(client_model, data.public.sentences, int(public_cfg["pretrain_steps"]),
-                                         int(public_cfg.get("pretrain_batch_size", 64)),
-                                         float(public_cfg.get("pretrain_lr", 0.5)), seed, data.vocab.pad_id,
-                                         topk=topk, beta=float(public_cfg.get("distill_beta", 1.0)),
-                                         temperature=float(public_cfg.get("distill_temperature", 1.0)))
-        if topk is not None:
-            public_stats["distill_k"] = float(topk.k)
     example_dp = resolve_example_dp(client, int(cfg.get("rounds") or 1), cfg["privacy"].get("accountant") or "rdp",
                                     bool(cfg["privacy"].get("secure_rng")))
     bk = None
@@ -141,35 +121,7 @@ def _load_task(key: str) -> Task:
                          noise_multiplier=example_dp.noise_multiplier, mode=example_dp.mode)
     units = PooledExamples(data.users) if algorithm in EXAMPLE_LEVEL_ALGORITHMS else data.users
     return Task(data=data, units=units, bk=bk, client_model=client_model, eval_model=eval_model,
-                initial_params=initial, local=local, seed=seed, public_stats=public_stats, teacher=teacher,
-                topk=topk)
-
-
-def _public_teacher(public_cfg: Mapping[str, Any], data: FederatedDataset, seed: int) -> nn.Module | None:
-    """The embedded teacher (``public.teacher=embedded``: trained on the public corpus, cached), or None."""
-    kind = public_cfg.get("teacher") or "none"
-    if kind == "none":
-        return None
-    if kind != "embedded":
-        raise ConfigError(f"unknown public.teacher {kind!r} (choose one of: embedded, none)")
-    if data.public is None:
-        raise ConfigError(f"public.teacher needs a public corpus; dataset {data.name!r} has none")
-    from fedpriv.public.teacher import embedded_teacher
-
-    return embedded_teacher(data.public.sentences, data.vocab.size, data.seq_len,
-                            public_cfg.get("teacher_model") or {}, int(public_cfg.get("teacher_steps", 500)),
-                            int(public_cfg.get("teacher_batch_size", 64)), float(public_cfg.get("teacher_lr", 1e-3)),
-                            seed, data.vocab.pad_id)
-
-
-def _topk_corpus(teacher: nn.Module, public_cfg: Mapping[str, Any], data: FederatedDataset):
-    """The teacher's top-k logits for the whole public corpus, written once to the cache."""
-    from fedpriv.cache import cache_root
-    from fedpriv.public.distill import TopKCorpus, teacher_fingerprint, write_topk
-
-    k = int(public_cfg.get("distill_k", 10))
-    out = cache_root() / "distill" / f"{teacher_fingerprint(teacher)[:24]}-k{k}"
-    return TopKCorpus(write_topk(teacher, data.public.sentences, k, out))
+                initial_params=get_flat_params(client_model), local=local, seed=seed)
 
 
 def load_task(cfg: Mapping[str, Any]) -> Task:

@@ -36,7 +36,7 @@ def test_pretraining_costs_no_privacy(tmp_path):
     plain = prepare(compose_cfg(*common, run_dir=tmp_path / "plain"))
     run_local(plain)
     pre = prepare(compose_cfg(*common, "public.pretrain_steps=20", run_dir=tmp_path / "pre"))
-    assert not torch.equal(pre.task.initial_params, plain.task.initial_params)
+    assert not torch.equal(pre.public.initial_params, plain.public.initial_params)
     run_local(pre)
     a = json.loads((tmp_path / "plain" / "privacy.json").read_text())
     b = json.loads((tmp_path / "pre" / "privacy.json").read_text())
@@ -57,9 +57,9 @@ def test_pretraining_with_embedded_teacher_distillation(tmp_path):
                       "public.teacher_model.num_heads=2", "public.teacher_model.ff_dim=32",
                       run_dir=tmp_path / "run")
     session = prepare(cfg)
-    assert session.task.public_stats["distill_k"] == 4
+    assert session.public.stats["distill_k"] == 4
     corpora = list(Path(os.environ["FEDPRIV_CACHE"]).glob("distill/*-k4/index.json"))
     assert corpora, "the top-k corpus was written to the cache"
     plain = prepare(compose_cfg("+experiment=smoke", "progress=false", "public.pretrain_steps=10",
                                 run_dir=tmp_path / "plain"))
-    assert not torch.equal(session.task.initial_params, plain.task.initial_params)
+    assert not torch.equal(session.public.initial_params, plain.public.initial_params)

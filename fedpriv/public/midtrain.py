@@ -60,25 +60,27 @@ def check_mid_training(public_cfg: Mapping[str, Any], rounds: int) -> int | None
     return at
 
 
-def mid_train(task, params: torch.Tensor, public_cfg: Mapping[str, Any], seed: int) -> tuple[torch.Tensor, dict]:
-    """Select public samples by score and train ``params`` on them; returns (params, stats)."""
-    public = task.data.public
-    if public is None:
+def mid_train(task, public, params: torch.Tensor, public_cfg: Mapping[str, Any],
+              seed: int) -> tuple[torch.Tensor, dict]:
+    """Select public samples by score and train ``params`` on them; returns (params, stats).
+    ``public`` holds the run's teacher and its top-k corpus (:class:`~fedpriv.public.setup.PublicArtifacts`)."""
+    pool = task.data.public
+    if pool is None:
         raise ConfigError(f"mid-training needs a public corpus; dataset {task.data.name!r} has none")
     pad = task.data.vocab.pad_id
     model = task.eval_model
     set_flat_params(model, params)
-    score = sequence_logprob(model, public.sentences, pad)
+    score = sequence_logprob(model, pool.sentences, pad)
     kind = public_cfg.get("mid_training_score", "ratio")
     if kind != "private":
         sign = -1.0 if kind == "ratio" else 1.0
-        score = score + sign * sequence_logprob(task.teacher, public.sentences, pad)
+        score = score + sign * sequence_logprob(public.teacher, pool.sentences, pad)
     selected = select_top(score, float(public_cfg["mid_training_fraction"]))
     stats: dict[str, Any] = {"selected": float(len(selected)), "score": public_cfg.get("mid_training_score")}
-    if public.topics is not None:
-        stats.update(matching_stats(selected, public.topics, public.private_topics))
-    topk = TopKSubset(task.topk, selected) if task.topk is not None else None
-    new_params, train_stats = pretrain(model, public.sentences[selected], int(public_cfg.get("mid_training_steps", 200)),
+    if pool.topics is not None:
+        stats.update(matching_stats(selected, pool.topics, pool.private_topics))
+    topk = TopKSubset(public.topk, selected) if public.topk is not None else None
+    new_params, train_stats = pretrain(model, pool.sentences[selected], int(public_cfg.get("mid_training_steps", 200)),
                                        int(public_cfg.get("pretrain_batch_size", 64)),
                                        float(public_cfg.get("mid_training_lr", 0.1)), seed + 1, pad, topk=topk,
                                        beta=float(public_cfg.get("distill_beta", 1.0)),

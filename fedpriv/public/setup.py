@@ -1,0 +1,75 @@
+"""What a run needs from public data, built once on the server side (never in client processes):
+the embedded teacher and its top-k corpus (only when pre-training or mid-training uses them) and
+the round-0 pre-trained initial model. Public data only: no privacy cost."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedpriv.cache import cache_root
+from fedpriv.errors import ConfigError
+from fedpriv.models import set_flat_params
+from fedpriv.public.distill import TopKCorpus, teacher_fingerprint, write_topk
+
+
+@dataclass
+class PublicArtifacts:
+    initial_params: torch.Tensor  # the model round 1 starts from (pre-trained when asked)
+    stats: dict = field(default_factory=dict)  # public pre-training statistics, if any
+    teacher: nn.Module | None = None  # public.teacher=embedded
+    topk: TopKCorpus | None = None  # the teacher's top-k logits for the public corpus
+
+
+def _teacher(public_cfg: Mapping[str, Any], data, seed: int) -> nn.Module | None:
+    """The embedded teacher (trained on the public corpus, cached), or None for ``teacher=none``."""
+    kind = public_cfg.get("teacher") or "none"
+    if kind == "none":
+        return None
+    if kind != "embedded":
+        raise ConfigError(f"unknown public.teacher {kind!r} (choose one of: embedded, none)")
+    if data.public is None:
+        raise ConfigError(f"public.teacher needs a public corpus; dataset {data.name!r} has none")
+    from fedpriv.public.teacher import embedded_teacher
+
+    return embedded_teacher(data.public.sentences, data.vocab.size, data.seq_len,
+                            public_cfg.get("teacher_model") or {}, int(public_cfg.get("teacher_steps", 500)),
+                            int(public_cfg.get("teacher_batch_size", 64)), float(public_cfg.get("teacher_lr", 1e-3)),
+                            seed, data.vocab.pad_id)
+
+
+def _topk_corpus(teacher: nn.Module, public_cfg: Mapping[str, Any], data) -> TopKCorpus:
+    """The teacher's top-k logits for the whole public corpus, written once to the cache."""
+    k = int(public_cfg.get("distill_k", 10))
+    out = cache_root() / "distill" / f"{teacher_fingerprint(teacher)[:24]}-k{k}"
+    return TopKCorpus(write_topk(teacher, data.public.sentences, k, out))
+
+
+def prepare_public(public_cfg: Mapping[str, Any], task, seed: int) -> PublicArtifacts:
+    """Teacher, top-k corpus and initial model for ``task``; the teacher is built only when
+    pre-training or mid-training will use it."""
+    data = task.data
+    pretrain_steps = int(public_cfg.get("pretrain_steps") or 0)
+    used = pretrain_steps > 0 or public_cfg.get("mid_training_round") is not None
+    teacher = _teacher(public_cfg, data, seed) if used else None
+    topk = _topk_corpus(teacher, public_cfg, data) if teacher is not None else None
+    out = PublicArtifacts(initial_params=task.initial_params, teacher=teacher, topk=topk)
+    if pretrain_steps > 0:
+        if data.public is None:
+            raise ConfigError(f"public.pretrain_steps needs a public corpus; dataset {data.name!r} has none")
+        from fedpriv.public.pretrain import pretrain
+
+        model = task.eval_model  # the server's replica; reset to the task's initial model first
+        set_flat_params(model, task.initial_params)
+        out.initial_params, out.stats = pretrain(
+            model, data.public.sentences, pretrain_steps, int(public_cfg.get("pretrain_batch_size", 64)),
+            float(public_cfg.get("pretrain_lr", 0.5)), seed, data.vocab.pad_id, topk=topk,
+            beta=float(public_cfg.get("distill_beta", 1.0)),
+            temperature=float(public_cfg.get("distill_temperature", 1.0)))
+        if topk is not None:
+            out.stats["distill_k"] = float(topk.k)
+    return out
