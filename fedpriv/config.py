@@ -58,6 +58,9 @@ def validate(cfg: dict) -> None:
     if steps:
         _positive(public.get("pretrain_batch_size"), "public.pretrain_batch_size", integer=True)
         _positive(public.get("pretrain_lr"), "public.pretrain_lr")
+        fraction = public.get("pretrain_fraction", 1.0)
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise ConfigError(f"public.pretrain_fraction must be in (0, 1], got {fraction!r}")
     client = cfg.get("client") or {}
     _positive(client.get("epochs"), "client.epochs", integer=True)
     _positive(client.get("batch_size"), "client.batch_size", integer=True)

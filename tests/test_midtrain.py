@@ -73,3 +73,15 @@ def test_bad_mid_training_exit_2(run_cli, tmp_path, override, message):
     assert proc.returncode == 2 and message in proc.stderr
     both = run_cli(*SMOKE, "public.mid_training_round=2", f"run_dir={tmp_path / 'b'}")
     assert both.returncode == 2 and "needs a public teacher" in both.stderr
+
+
+def test_mid_training_round_half_and_experiment_config(tmp_path):
+    from fedpriv.public.midtrain import check_mid_training
+
+    cfg = compose_cfg("+experiment=mid_training", run_dir=tmp_path / "r")
+    public = cfg["public"]
+    assert public["mid_training_round"] == "half" and public["teacher"] == "embedded"
+    assert check_mid_training(public, 220) == 110
+    assert check_mid_training(public, 5) == 2
+    with pytest.raises(Exception, match="mid_training_round"):
+        check_mid_training({**public, "mid_training_round": "third"}, 220)

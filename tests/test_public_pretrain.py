@@ -63,3 +63,44 @@ def test_pretraining_with_embedded_teacher_distillation(tmp_path):
     plain = prepare(compose_cfg("+experiment=smoke", "progress=false", "public.pretrain_steps=10",
                                 run_dir=tmp_path / "plain"))
     assert not torch.equal(session.public.initial_params, plain.public.initial_params)
+
+
+def test_pretrain_subset_is_seeded_sorted_and_sized():
+    from fedpriv.public.setup import pretrain_subset
+
+    np.testing.assert_array_equal(pretrain_subset(50, 1.0, 0), np.arange(50))
+    a = pretrain_subset(20000, 0.01, 3)
+    assert len(a) == 200 and len(set(a.tolist())) == 200 and np.all(np.diff(a) > 0)
+    np.testing.assert_array_equal(a, pretrain_subset(20000, 0.01, 3))
+    assert not np.array_equal(a, pretrain_subset(20000, 0.01, 4))
+    assert len(pretrain_subset(10, 0.001, 0)) == 1  # never empty
+
+
+def test_one_percent_with_distillation_uses_only_the_subset(tmp_path):
+    """+experiment=distill: pre-training reads only its random subset (and the subset's top-k rows)."""
+    from fedpriv.public.setup import pretrain_subset
+
+    cfg = compose_cfg("+experiment=[smoke,distill]", "progress=false", "public.pretrain_steps=6",
+                      "public.pretrain_fraction=0.05", "public.teacher_steps=10", "public.distill_k=3",
+                      "public.teacher_model.d_model=16", "public.teacher_model.num_heads=2",
+                      "public.teacher_model.ff_dim=32", run_dir=tmp_path / "run")
+    assert cfg["public"]["teacher"] == "embedded"
+    session = prepare(cfg)
+    stats = session.public.stats
+    assert stats["public_pool"] == 10 and stats["public_sentences_used"] == 10  # ceil(0.05 * 200)
+    # the same subset of rows, from the same teacher top-k corpus, by hand
+    rows = pretrain_subset(200, 0.05, int(cfg["seed"]))
+    from fedpriv.public.distill import TopKSubset
+
+    sub = TopKSubset(session.public.topk, rows)
+    ids, values = sub.get(np.arange(10))
+    full_ids, full_values = session.public.topk.get(rows)
+    assert torch.equal(ids, full_ids) and torch.equal(values, full_values)
+
+
+@pytest.mark.parametrize("value", ["0", "1.5"])
+def test_bad_pretrain_fraction_exit_2(run_cli, tmp_path, value):
+    proc = run_cli("+experiment=smoke", "public.pretrain_steps=2", f"public.pretrain_fraction={value}",
+                   f"run_dir={tmp_path / 'r'}")
+    assert proc.returncode == 2 and "public.pretrain_fraction" in proc.stderr
+    assert not (tmp_path / "r").exists()

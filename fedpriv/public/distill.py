@@ -125,3 +125,13 @@ def distillation_loss(student_logits: torch.Tensor, targets: torch.Tensor, topk_
     student = torch.log_softmax(z / temperature, dim=-1).gather(1, topk_ids[keep])  # [N, k]
     soft = -(teacher * student).sum(-1).mean()
     return hard + beta * soft
+
+
+class TopKSubset:
+    """The rows ``selected`` of a top-k corpus, re-indexed 0..len(selected)−1."""
+
+    def __init__(self, corpus: TopKCorpus, selected: np.ndarray) -> None:
+        self.corpus, self.selected, self.k = corpus, np.asarray(selected), corpus.k
+
+    def get(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.corpus.get(self.selected[np.asarray(rows)])

@@ -25,29 +25,22 @@ import torch
 
 from fedpriv.errors import ConfigError
 from fedpriv.models import set_flat_params
+from fedpriv.public.distill import TopKSubset
 from fedpriv.public.matching import matching_stats, select_top, sequence_logprob
 from fedpriv.public.pretrain import pretrain
 
 SCORES = ("ratio", "sum", "private")
 
 
-class TopKSubset:
-    """The rows ``selected`` of a top-k corpus, re-indexed 0..len(selected)−1."""
-
-    def __init__(self, corpus, selected: np.ndarray) -> None:
-        self.corpus, self.selected, self.k = corpus, np.asarray(selected), corpus.k
-
-    def get(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.corpus.get(self.selected[np.asarray(rows)])
-
-
 def check_mid_training(public_cfg: Mapping[str, Any], rounds: int) -> int | None:
-    """The mid-training round T' (after T' rounds), validated; None when off."""
+    """The mid-training round T' (after T' rounds), validated; None when off; ``"half"``: T // 2."""
     at = public_cfg.get("mid_training_round")
     if at is None:
         return None
+    if at == "half":
+        at = rounds // 2
     if isinstance(at, bool) or not isinstance(at, int) or not 1 <= at < rounds:
-        raise ConfigError(f"public.mid_training_round must be an integer in [1, rounds-1={rounds - 1}], got {at!r}")
+        raise ConfigError(f"public.mid_training_round must be 'half' or an integer in [1, rounds-1={rounds - 1}], got {at!r}")
     fraction = public_cfg.get("mid_training_fraction")
     if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise ConfigError(f"public.mid_training_fraction must be in (0, 1], got {fraction!r}")

@@ -8,13 +8,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
 from fedpriv.models import set_flat_params
-from fedpriv.public.distill import TopKCorpus, teacher_fingerprint, write_topk
+from fedpriv.public.distill import TopKCorpus, TopKSubset, teacher_fingerprint, write_topk
 
 
 @dataclass
@@ -26,12 +27,19 @@ class PublicArtifacts:
 
 
 def _teacher(public_cfg: Mapping[str, Any], data, seed: int) -> nn.Module | None:
-    """The embedded teacher (trained on the public corpus, cached), or None for ``teacher=none``."""
+    """The embedded teacher (trained on the public corpus, cached), a local Hugging Face LM
+    (``hf``), or None for ``teacher=none``."""
     kind = public_cfg.get("teacher") or "none"
     if kind == "none":
         return None
+    if kind == "hf":
+        from fedpriv.public.hf import HFTeacher, HFTokenizer
+
+        if not isinstance(data.tokenizer, HFTokenizer):
+            raise ConfigError("public.teacher=hf needs data.tokenizer=hf: the student must use the teacher's tokenizer")
+        return HFTeacher.load(public_cfg.get("teacher_path"), data.tokenizer)
     if kind != "embedded":
-        raise ConfigError(f"unknown public.teacher {kind!r} (choose one of: embedded, none)")
+        raise ConfigError(f"unknown public.teacher {kind!r} (choose one of: embedded, hf, none)")
     if data.public is None:
         raise ConfigError(f"public.teacher needs a public corpus; dataset {data.name!r} has none")
     from fedpriv.public.teacher import embedded_teacher
@@ -49,6 +57,16 @@ def _topk_corpus(teacher: nn.Module, public_cfg: Mapping[str, Any], data) -> Top
     return TopKCorpus(write_topk(teacher, data.public.sentences, k, out))
 
 
+def pretrain_subset(pool: int, fraction: float, seed: int) -> np.ndarray:
+    """The sorted rows of a public pool of ``pool`` sentences that pre-training may use: all of
+    them, or a uniformly random ``ceil(fraction · pool)`` of them (seeded by the run seed)."""
+    if fraction >= 1.0:
+        return np.arange(pool)
+    n = max(1, int(np.ceil(fraction * pool)))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 23]))
+    return np.sort(rng.choice(pool, size=n, replace=False))
+
+
 def prepare_public(public_cfg: Mapping[str, Any], task, seed: int) -> PublicArtifacts:
     """Teacher, top-k corpus and initial model for ``task``; the teacher is built only when
     pre-training or mid-training will use it."""
@@ -63,13 +81,15 @@ def prepare_public(public_cfg: Mapping[str, Any], task, seed: int) -> PublicArti
             raise ConfigError(f"public.pretrain_steps needs a public corpus; dataset {data.name!r} has none")
         from fedpriv.public.pretrain import pretrain
 
+        rows = pretrain_subset(len(data.public.sentences), float(public_cfg.get("pretrain_fraction", 1.0)), seed)
         model = task.eval_model  # the server's replica; reset to the task's initial model first
         set_flat_params(model, task.initial_params)
         out.initial_params, out.stats = pretrain(
-            model, data.public.sentences, pretrain_steps, int(public_cfg.get("pretrain_batch_size", 64)),
-            float(public_cfg.get("pretrain_lr", 0.5)), seed, data.vocab.pad_id, topk=topk,
-            beta=float(public_cfg.get("distill_beta", 1.0)),
+            model, data.public.sentences[rows], pretrain_steps, int(public_cfg.get("pretrain_batch_size", 64)),
+            float(public_cfg.get("pretrain_lr", 0.5)), seed, data.vocab.pad_id,
+            topk=TopKSubset(topk, rows) if topk is not None else None, beta=float(public_cfg.get("distill_beta", 1.0)),
             temperature=float(public_cfg.get("distill_temperature", 1.0)))
+        out.stats["public_pool"] = float(len(rows))
         if topk is not None:
             out.stats["distill_k"] = float(topk.k)
     return out

@@ -1,0 +1,82 @@
+"""Issue 5's results table: private accuracy with and without public data at a tight and a loose
+budget, on the synthetic default (each run is a full default run, ≈ 6 min on 2 CPU cores).
+
+    python scripts/public_results.py [--out outputs/public_results] [--only NAME ...] [--table]
+
+Runs ``python -m fedpriv.simulate`` once per (budget, variant), sequentially, into
+``OUT/<budget>-<variant>/``; a run whose ``summary.json`` exists is not repeated. Then prints the
+Markdown table (``--table``: only print it) from the summaries — every number comes from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BUDGETS = {"tight": 1.0, "loose": 8.0}
+VARIANTS = {  # name -> (label, overrides)
+    "none": ("no public data", []),
+    "pretrain": ("pre-training on all public data", ["+experiment=public_pretrain"]),
+    "distill1": ("1% + distillation", ["+experiment=distill"]),
+    "distill": ("all public data + distillation", ["+experiment=distill", "public.pretrain_fraction=1.0"]),
+    "mid": ("mid-training, distribution matching (ratio, top 5%)", ["+experiment=mid_training"]),
+    "mid_private": ("mid-training, p_priv-only ablation (top 5%)",
+                    ["+experiment=mid_training", "public.mid_training_score=private"]),
+}
+
+
+def run(out: Path, budget: str, variant: str) -> Path:
+    path = out / f"{budget}-{variant}"
+    if not (path / "summary.json").exists():
+        args = [*VARIANTS[variant][1], f"privacy.target_epsilon={BUDGETS[budget]}", "progress=false",
+                f"run_dir={path}"]
+        print("python -m fedpriv.simulate", " ".join(args), flush=True)
+        subprocess.run([sys.executable, "-m", "fedpriv.simulate", *args], check=True)
+    return path
+
+
+def public_used(summary: dict) -> str:
+    """Distinct public sentences the student trained on (pre-training and/or mid-training)."""
+    parts = []
+    if "public" in summary:
+        parts.append(f"{int(summary['public']['public_sentences_used']):,}")
+    if "distribution_matching" in summary:
+        parts.append(f"{int(summary['distribution_matching']['public_sentences_used']):,}")
+    return " + ".join(parts) or "0"
+
+
+def table(out: Path) -> str:
+    lines = ["| budget | variant | public sentences used | DM precision (base rate) | final accuracy | test loss | ε |",
+             "|---|---|---|---|---|---|---|"]
+    for budget in BUDGETS:
+        for variant, (label, _) in VARIANTS.items():
+            f = out / f"{budget}-{variant}" / "summary.json"
+            if not f.exists():
+                continue
+            s = json.loads(f.read_text())
+            dm = s.get("distribution_matching")
+            prec = f"{dm['precision']:.3f} ({dm['base_rate']:.3f})" if dm and "precision" in dm else "—"
+            lines.append(f"| {budget} | {label} | {public_used(s)} | {prec} | {s['final']['accuracy']:.4f} | "
+                         f"{s['final']['loss']:.3f} | {s['privacy']['epsilon']:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("outputs/public_results"))
+    ap.add_argument("--only", nargs="*", default=None, help="budget-variant names, e.g. tight-none")
+    ap.add_argument("--table", action="store_true", help="only print the table of finished runs")
+    args = ap.parse_args()
+    if not args.table:
+        for budget in BUDGETS:
+            for variant in VARIANTS:
+                if args.only is None or f"{budget}-{variant}" in args.only:
+                    run(args.out, budget, variant)
+    print(table(args.out))
+
+
+if __name__ == "__main__":
+    main()
