@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.data.federated import Vocabulary
+from fedpriv.public.tokenizers import next_word_accuracy
 
 
 def target_logits(model: nn.Module, rows: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,16 +54,22 @@ def sequence_token_losses(model: nn.Module, rows: torch.Tensor, pad_id: int) -> 
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: int = 256) -> dict[str, float]:
-    """Accuracy (both variants), loss and perplexity of ``model`` on ``rows`` [N, seq_len+1]."""
+def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: int = 256,
+             word_of: np.ndarray | None = None) -> dict[str, float]:
+    """Accuracy (both variants), loss and perplexity of ``model`` on ``rows`` [N, seq_len+1]; with
+    ``word_of`` (the word index of each target, subword tokenizers) also ``word_accuracy``: the
+    share of words all of whose tokens are predicted right (:func:`~fedpriv.public.tokenizers.next_word_accuracy`)."""
     was_training = model.training
     model.eval()
     excluded = torch.tensor(vocab.excluded_from_accuracy())
     loss_sum = correct = counted = correct_all = counted_all = 0.0
     data = torch.as_tensor(rows, dtype=torch.long)
+    predicted = torch.full((len(data), data.shape[1] - 1), -1, dtype=torch.long)
     for start in range(0, len(data), batch_size):
-        logits, y = target_logits(model, data[start:start + batch_size], vocab.pad_id)
+        batch = data[start:start + batch_size]
+        logits, y = target_logits(model, batch, vocab.pad_id)
         loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+        predicted[start:start + batch_size][batch[:, 1:] != vocab.pad_id] = logits.argmax(-1)
         hit = logits.argmax(-1) == y
         words = ~torch.isin(y, excluded)
         correct += (hit & words).sum().item()
@@ -71,5 +78,9 @@ def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: 
         counted_all += len(y)
     model.train(was_training)
     loss = loss_sum / max(counted_all, 1)
-    return {"accuracy": correct / max(counted, 1), "accuracy_with_specials": correct_all / max(counted_all, 1),
-            "loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+    out = {"accuracy": correct / max(counted, 1), "accuracy_with_specials": correct_all / max(counted_all, 1),
+           "loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+    if word_of is not None:
+        out["word_accuracy"] = next_word_accuracy(predicted.numpy(), np.asarray(rows), word_of,
+                                                  vocab.excluded_from_accuracy())
+    return out

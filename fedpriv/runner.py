@@ -153,7 +153,7 @@ def one_pass_round_fn(session: RunSession) -> RoundFn:
 
 def evaluate_params(task: Task, params: torch.Tensor) -> dict[str, float]:
     set_flat_params(task.eval_model, params)
-    return evaluate(task.eval_model, task.data.test, task.data.vocab)
+    return evaluate(task.eval_model, task.data.test, task.data.vocab, word_of=task.data.test_word_of)
 
 
 def train(session: RunSession, round_fn: RoundFn) -> dict:
@@ -241,7 +241,11 @@ def format_result(summary: dict) -> str:
     eps_text = "inf (non-private)" if eps is None or (isinstance(eps, float) and math.isinf(eps)) else f"{eps:.4g}"
     ceiling = summary.get("ceiling_accuracy")
     ceiling_text = f" (Bayes ceiling {ceiling:.4f})" if ceiling else ""
-    return (f"final accuracy {summary['final']['accuracy']:.4f}{ceiling_text}, loss {summary['final']['loss']:.4f}\n"
+    final = summary["final"]
+    accuracy = (f"final next-word accuracy {final['word_accuracy']:.4f}{ceiling_text}, "
+                f"next-token accuracy {final['accuracy']:.4f}" if "word_accuracy" in final
+                else f"final accuracy {final['accuracy']:.4f}{ceiling_text}")
+    return (f"{accuracy}, loss {final['loss']:.4f}\n"
             f"{summary.get('privacy_unit', 'user')}-level epsilon {eps_text} at delta {summary['privacy']['delta']:g} "
             f"({summary['privacy']['accountant']}, {summary['privacy']['neighboring_relation']}), "
             f"noise multiplier {summary['privacy']['noise_multiplier']:.4g}, {summary['rounds']} rounds"

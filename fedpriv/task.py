@@ -58,7 +58,14 @@ class Task:
 
 
 def load_dataset(data_cfg: Mapping[str, Any]) -> FederatedDataset:
-    """Build the dataset named by ``data_cfg['name']`` (``synthetic`` or ``stackoverflow``)."""
+    """Build the dataset named by ``data_cfg['name']`` (``synthetic`` or ``stackoverflow``), then
+    its public corpus and tokenizer (:func:`~fedpriv.data.text_pipeline.apply_text_pipeline`)."""
+    from fedpriv.data.text_pipeline import apply_text_pipeline
+
+    return apply_text_pipeline(_load_words(data_cfg), data_cfg)
+
+
+def _load_words(data_cfg: Mapping[str, Any]) -> FederatedDataset:
     name = data_cfg.get("name")
     if name == "synthetic":
         from fedpriv.data.synthetic import SyntheticConfig, generate

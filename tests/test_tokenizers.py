@@ -8,13 +8,13 @@ import pytest
 from fedpriv.data.synthetic import SyntheticConfig, generate
 from fedpriv.errors import ConfigError
 from fedpriv.public.tokenizers import (NO_WORD, SentencePieceTokenizer, WordTokenizer, encode_rows,
-                                       next_word_accuracy, synthetic_texts)
+                                       next_word_accuracy, rows_to_texts)
 
 
 @pytest.fixture(scope="module")
 def public_texts():
     data = generate(SyntheticConfig(num_users=40, vocab_size=300, num_test=100, num_public=500))
-    return synthetic_texts(data.public.sentences, data.vocab.bos_id, data.vocab.eos_id)
+    return rows_to_texts(data.public.sentences, data.vocab)
 
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])

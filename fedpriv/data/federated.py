@@ -53,6 +53,8 @@ class FederatedDataset:
     ceiling_accuracy: float | None = None  # Bayes-optimal next-token accuracy, where known
     unigram_accuracy: float | None = None  # accuracy of predicting the most frequent word
     public: PublicCorpus | None = None
+    test_word_of: np.ndarray | None = None  # [M, seq_len]: word index of each test target (subword tokenizers)
+    tokenizer: object | None = None  # the subword tokenizer every split was re-encoded with (None: word ids)
     info: dict = field(default_factory=dict)
 
     @property

@@ -37,6 +37,7 @@ class WordTokenizer:
     """Word ids 1..V for ``words``; OOV V+1, BOS V+2, EOS V+3; ``size`` = V + 4."""
 
     words: tuple[str, ...]
+    pad_id = PAD_ID
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], vocab_size: int, allow_private: bool = False,
@@ -74,7 +75,7 @@ class WordTokenizer:
         return len(self.words) + 4
 
     def encode_word(self, word: str) -> list[int]:
-        return [self._index.get(word, self.oov_id)]
+        return [self._index.get(word, self.oov_id)]  # "<unk>" is in no vocabulary: OOV
 
 
 class SentencePieceTokenizer:
@@ -87,6 +88,7 @@ class SentencePieceTokenizer:
 
         self.model = model
         self._sp = spm.SentencePieceProcessor(model_proto=model)
+        self._pieces: dict[str, list[int]] = {UNKNOWN_WORD: [self.oov_id]}
 
     @classmethod
     def train(cls, public_texts: Iterable[str], vocab_size: int, model_type: str = "unigram",
@@ -113,21 +115,24 @@ class SentencePieceTokenizer:
         return self._sp.get_piece_size()
 
     def encode_word(self, word: str) -> list[int]:
-        # a word is encoded as at the start of a sentence piece sequence: "▁word"
-        return list(self._sp.encode(word))
+        # a word is encoded as at the start of a sentence piece sequence: "▁word" (memoized)
+        pieces = self._pieces.get(word)
+        if pieces is None:
+            pieces = self._pieces[word] = list(self._sp.encode(word))
+        return pieces
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._sp.decode([int(i) for i in ids])
 
 
-Tokenizer = WordTokenizer | SentencePieceTokenizer
+Tokenizer = WordTokenizer | SentencePieceTokenizer  # or fedpriv.public.hf.HFTokenizer (same interface)
 
 
 def encode_rows(tokenizer: Tokenizer, texts: Sequence[str], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows [N, seq_len+1] (``BOS tokens EOS PAD…``, tokens truncated to ``seq_len − 1`` so EOS
     fits) and the word index [N, seq_len] of every *target* position (``NO_WORD`` for EOS/PAD).
     A word cut by truncation is dropped whole, so every counted word has all its tokens."""
-    rows = np.zeros((len(texts), seq_len + 1), dtype=np.int64)
+    rows = np.full((len(texts), seq_len + 1), tokenizer.pad_id, dtype=np.int64)
     word_of = np.full((len(texts), seq_len), NO_WORD, dtype=np.int64)
     for n, text in enumerate(texts):
         tokens: list[int] = []
@@ -163,10 +168,16 @@ def next_word_accuracy(predicted: np.ndarray, rows: np.ndarray, word_of: np.ndar
     return correct / max(total, 1)
 
 
-def synthetic_texts(rows: np.ndarray, bos_id: int, eos_id: int, pad_id: int = PAD_ID) -> list[str]:
-    """Word-id rows of the synthetic corpus as text (``w<id>`` per word), for tokenizer training."""
-    out = []
-    for row in rows:
-        words = [f"w{int(t)}" for t in row if t not in (bos_id, eos_id, pad_id)]
-        out.append(" ".join(words))
-    return out
+UNKNOWN_WORD = "<unk>"  # how a row's OOV token is written as text; every tokenizer maps it to its unk id
+
+
+def rows_to_texts(rows: np.ndarray, vocab) -> list[str]:
+    """Word-id rows as text, one sentence per row (specials dropped, OOV → ``<unk>``); needs a
+    :class:`~fedpriv.data.federated.Vocabulary` with ``words`` (the synthetic words are ``w<id>``)."""
+    if vocab.words is None:
+        raise ConfigError("this dataset's vocabulary has no words: it cannot be written as text")
+    table = np.array(["", *vocab.words, *[""] * (vocab.size - len(vocab.words) - 1)], dtype=object)
+    if vocab.oov_id is not None:
+        table[vocab.oov_id] = UNKNOWN_WORD
+    drop = {vocab.pad_id, vocab.bos_id, vocab.eos_id}
+    return [" ".join(table[t] for t in row if t not in drop) for row in np.asarray(rows)]

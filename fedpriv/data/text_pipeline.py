@@ -1,0 +1,100 @@
+"""The text side of a dataset, applied after it is loaded (``data.*`` config keys):
+
+* ``public_source`` — the public corpus: ``embedded`` (the synthetic generator's, with hidden
+  topics), ``c4`` / ``text`` (:mod:`fedpriv.public.corpora`, encoded with the dataset's word
+  vocabulary), or ``none``;
+* ``tokenizer`` — ``word`` (the dataset's word ids) or ``sentencepiece``: a SentencePiece model
+  trained on the *public* sentences only; every private, test and public sentence is re-encoded
+  with it into rows of ``sp_seq_len + 1`` subword ids. The test set keeps, per target position,
+  the word it belongs to, so ``word_accuracy`` (a word counts only if all its tokens are right)
+  compares tokenizers on the same words; ``hf``: a local Hugging Face tokenizer
+  (``tokenizer_path``, by default the ``public.teacher_path`` of ``public.teacher=hf``), so the
+  student and the teacher share token ids (:mod:`fedpriv.public.hf`).
+
+Private text never reaches a tokenizer's training: the word vocabulary is the dataset's (public
+for synthetic; TFF's word counts for StackOverflow), SentencePiece sees only the public corpus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from fedpriv.data.federated import FederatedDataset, PublicCorpus, Vocabulary
+from fedpriv.errors import ConfigError
+from fedpriv.public.corpora import SOURCES, public_texts
+from fedpriv.public.tokenizers import SentencePieceTokenizer, Tokenizer, WordTokenizer, encode_rows, rows_to_texts
+
+TOKENIZERS = ("word", "sentencepiece", "hf")
+
+
+class RetokenizedUsers(Sequence):
+    """``users[u]`` re-encoded on access (the underlying users may themselves be lazy)."""
+
+    def __init__(self, users: Sequence[np.ndarray], vocab: Vocabulary, tokenizer: Tokenizer, seq_len: int) -> None:
+        self.users, self.vocab, self.tokenizer, self.seq_len = users, vocab, tokenizer, seq_len
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def __getitem__(self, u: int) -> np.ndarray:  # type: ignore[override]
+        return encode_rows(self.tokenizer, rows_to_texts(self.users[u], self.vocab), self.seq_len)[0]
+
+
+def _public_corpus(data: FederatedDataset, cfg: Mapping[str, Any]) -> PublicCorpus | None:
+    source = cfg.get("public_source") or "embedded"
+    if source not in SOURCES:
+        raise ConfigError(f"unknown data.public_source {source!r} (choose one of: {', '.join(SOURCES)})")
+    if source == "none":
+        return None
+    if source == "embedded":
+        return data.public
+    if data.vocab.words is None:
+        raise ConfigError(f"data.public_source={source} needs a dataset with a word vocabulary")
+    texts = public_texts(source, cfg.get("public_path"), int(cfg.get("public_max_sentences") or 20000),
+                         str(cfg.get("public_text_field") or "text"))
+    rows, _ = encode_rows(WordTokenizer(data.vocab.words), texts, data.seq_len)
+    return PublicCorpus(sentences=rows)
+
+
+def _subword_tokenizer(data: FederatedDataset, cfg: Mapping[str, Any]) -> Tokenizer:
+    """``sentencepiece``: trained here on the public sentences; ``hf``: loaded from a local directory."""
+    if cfg.get("tokenizer") == "hf":
+        from fedpriv.public.hf import HFTokenizer
+
+        return HFTokenizer.load(cfg.get("tokenizer_path"))
+    if data.public is None:
+        raise ConfigError("data.tokenizer=sentencepiece trains on the public corpus, and this run has none "
+                          "(set data.public_source)")
+    return SentencePieceTokenizer.train(rows_to_texts(data.public.sentences, data.vocab),
+                                        int(cfg.get("sp_vocab_size") or 2000), str(cfg.get("sp_model_type") or "unigram"))
+
+
+def _retokenize(data: FederatedDataset, cfg: Mapping[str, Any]) -> FederatedDataset:
+    """Every split re-encoded with a subword tokenizer into rows of ``sp_seq_len + 1`` ids."""
+    tok = _subword_tokenizer(data, cfg)
+    seq_len = int(cfg.get("sp_seq_len") or 2 * data.seq_len)
+    vocab = Vocabulary(size=tok.size, bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id, oov_id=tok.oov_id)
+    test, test_word_of = encode_rows(tok, rows_to_texts(data.test, data.vocab), seq_len)
+    public = None
+    if data.public is not None:
+        public = replace(data.public, sentences=encode_rows(tok, rows_to_texts(data.public.sentences, data.vocab),
+                                                            seq_len)[0])
+    return replace(data, vocab=vocab, seq_len=seq_len, users=RetokenizedUsers(data.users, data.vocab, tok, seq_len),
+                   test=test, test_word_of=test_word_of, public=public, tokenizer=tok,
+                   info={**data.info, "tokenizer": cfg.get("tokenizer"), "token_vocab_size": tok.size,
+                         "token_seq_len": seq_len})
+
+
+def apply_text_pipeline(data: FederatedDataset, cfg: Mapping[str, Any]) -> FederatedDataset:
+    """``data`` with its public corpus chosen and, for ``tokenizer=sentencepiece``, re-tokenized."""
+    data = replace(data, public=_public_corpus(data, cfg))
+    tokenizer = cfg.get("tokenizer") or "word"
+    if tokenizer not in TOKENIZERS:
+        raise ConfigError(f"unknown data.tokenizer {tokenizer!r} (choose one of: {', '.join(TOKENIZERS)})")
+    if tokenizer == "word":
+        return data
+    return _retokenize(data, cfg)

@@ -1,0 +1,113 @@
+"""Public text corpora (no privacy cost): C4 ``realnewslike`` through ``datasets`` and local
+text/JSON files, split into sentences and normalized the way TFF's StackOverflow tokens are
+(lower case, punctuation as separate tokens, words separated by single spaces).
+
+* ``c4``: ``datasets.load_dataset("json", data_files=..., streaming=True)`` over local
+  ``c4-train.*.json.gz`` shards (the layout of ``allenai/c4`` ``realnewslike``: one JSON object
+  per line with a ``text`` field); with no path, the hub's ``allenai/c4`` ``realnewslike`` split
+  is streamed (needs network; never used by the tests).
+* ``text``: local ``.txt`` files (one document per line) or ``.jsonl``/``.json`` files (one
+  object per line, text under ``text_field``), optionally gzipped; a directory means every such
+  file in it, sorted.
+
+Documents are read in order until ``max_sentences`` sentences are collected, so the corpus is
+deterministic for fixed files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from fedpriv.errors import ConfigError
+
+SOURCES = ("embedded", "c4", "text", "none")
+TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\sa-z0-9]")
+
+
+def normalize(sentence: str) -> str:
+    """Lower case; words (with an English clitic such as ``'s``) and single punctuation marks
+    become space-separated tokens: ``"It's 5 p.m."`` → ``"it's 5 p . m ."``."""
+    return " ".join(_TOKEN.findall(sentence.lower()))
+
+
+def sentences(document: str) -> list[str]:
+    """The normalized, non-empty sentences of ``document`` (split after . ! ? and at newlines)."""
+    return [s for s in (normalize(part) for part in _SENTENCE_END.split(document)) if s]
+
+
+def _files(path: str | Path) -> list[Path]:
+    root = Path(path)
+    if root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.is_file() and _suffix(p) in TEXT_SUFFIXES)
+    elif root.is_file():
+        files = [root]
+    else:
+        files = sorted(Path(p) for p in root.parent.glob(root.name)) if any(c in root.name for c in "*?[") else []
+    if not files:
+        raise ConfigError(f"no public text files at {str(path)!r} (expected .txt, .jsonl or .json, optionally .gz)")
+    return files
+
+
+def _suffix(path: Path) -> str:
+    suffixes = [s for s in path.suffixes if s != ".gz"]
+    return suffixes[-1] if suffixes else ""
+
+
+def _open(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+
+
+def _documents_from_files(path: str | Path, text_field: str) -> Iterator[str]:
+    for file in _files(path):
+        kind = _suffix(file)
+        with _open(file) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                if kind == ".txt":
+                    yield line
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ConfigError(f"{file}:{n}: not a JSON object per line ({err.msg})") from None
+                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                    raise ConfigError(f"{file}:{n}: no string field {text_field!r}")
+                yield record[text_field]
+
+
+def _documents_from_c4(path: str | Path | None) -> Iterator[str]:
+    import datasets
+
+    if path is None:  # the real corpus, streamed from the hub (needs network)
+        stream = datasets.load_dataset("allenai/c4", "realnewslike", split="train", streaming=True)
+    else:
+        files = [str(f) for f in _files(path)]
+        stream = datasets.load_dataset("json", data_files=files, split="train", streaming=True)
+    for record in stream:
+        yield record["text"]
+
+
+def public_texts(source: str, path: str | Path | None, max_sentences: int, text_field: str = "text") -> list[str]:
+    """The first ``max_sentences`` normalized sentences of a public ``source`` (``c4`` or ``text``)."""
+    if source not in ("c4", "text"):
+        raise ConfigError(f"unknown public text source {source!r} (choose one of: c4, text)")
+    if max_sentences < 1:
+        raise ConfigError(f"the public corpus needs max_sentences >= 1, got {max_sentences}")
+    if source == "text" and not path:
+        raise ConfigError("data.public_source=text needs data.public_path (a file, directory or glob)")
+    docs = _documents_from_c4(path) if source == "c4" else _documents_from_files(path, text_field)
+    out: list[str] = []
+    for doc in docs:
+        out += sentences(doc)
+        if len(out) >= max_sentences:
+            break
+    if not out:
+        raise ConfigError(f"the public corpus at {str(path)!r} has no sentences")
+    return out[:max_sentences]
