@@ -17,7 +17,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.metrics import evaluate
 from fedpriv.models import build_model
 from fedpriv.public.corpora import normalize, public_texts, sentences
-from fedpriv.public.tokenizers import WordTokenizer, encode_rows, rows_to_texts
+from fedpriv.public.tokenizers import SentencePieceTokenizer, WordTokenizer, encode_rows, rows_to_texts
 from fedpriv.task import load_dataset
 from tests.conftest import compose_cfg
 from tests.test_stackoverflow import WORD_COUNTS, make_db
@@ -109,9 +109,10 @@ def test_sentencepiece_pipeline_reencodes_every_split_from_public_training(small
         assert rows.shape == (len(small_words.users[u]), 31) and rows.max() < 60
         assert np.all(rows[:, 0] == data.vocab.bos_id)
     # the subword rows spell the same words (untruncated sentences)
-    from fedpriv.public.tokenizers import SentencePieceTokenizer
-
-    sp = SentencePieceTokenizer.train(rows_to_texts(small_words.public.sentences, small_words.vocab), 60)
+    sp = data.tokenizer  # trained on the public sentences (bpe by default)
+    assert isinstance(sp, SentencePieceTokenizer)
+    again = SentencePieceTokenizer.train(rows_to_texts(small_words.public.sentences, small_words.vocab), 60, "bpe")
+    assert again.model == sp.model  # deterministic: every Flower client process trains the same tokenizer
     words = rows_to_texts(small_words.test[:20], small_words.vocab)
     for row, word_of, text in zip(data.test[:20], data.test_word_of[:20], words):
         body = [t for t in row[1:] if t not in (0, data.vocab.eos_id)]

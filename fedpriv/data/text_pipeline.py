@@ -70,7 +70,7 @@ def _subword_tokenizer(data: FederatedDataset, cfg: Mapping[str, Any]) -> Tokeni
         raise ConfigError("data.tokenizer=sentencepiece trains on the public corpus, and this run has none "
                           "(set data.public_source)")
     return SentencePieceTokenizer.train(rows_to_texts(data.public.sentences, data.vocab),
-                                        int(cfg.get("sp_vocab_size") or 2000), str(cfg.get("sp_model_type") or "unigram"))
+                                        int(cfg.get("sp_vocab_size") or 2000), str(cfg.get("sp_model_type") or "bpe"))
 
 
 def _retokenize(data: FederatedDataset, cfg: Mapping[str, Any]) -> FederatedDataset:
