@@ -1,0 +1,212 @@
+"""Reports from run directories: ``python -m fedpriv.report PATH``.
+
+* ``PATH`` is a run (it holds ``summary.json``): writes ``PATH/curves.png`` — test accuracy and
+  loss (and the clients' training loss) against the round, and the epsilon spent so far.
+* ``PATH`` holds runs (a Hydra multirun directory: ``PATH/0``, ``PATH/1``, …, at any depth):
+  writes ``PATH/sweep.csv`` — one row per run: the config values that differ between the runs
+  (the swept ones), final accuracy, loss, epsilon, delta, rounds, wall time — and
+  ``PATH/sweep.png``: final accuracy against epsilon, one line per combination of the swept
+  values other than the privacy budget (e.g. one per mechanism).
+
+Everything is read from the files the runs wrote (``config.yaml``, ``metrics.jsonl``,
+``summary.json``); nothing is recomputed. Bad input: one line on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedpriv.errors import ConfigError
+from fedpriv.rundir import write_atomic
+
+BUDGET_KEYS = ("privacy.target_epsilon", "privacy.noise_multiplier")  # the x axis, not a line
+IGNORED_KEYS = ("run_dir",)
+
+
+def _flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(cfg, dict):
+        out: dict[str, Any] = {}
+        for k, v in cfg.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: cfg}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read {path}: {err}") from None
+
+
+def read_metrics(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        raise ConfigError(f"{run} has no metrics.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _as_float(value: Any) -> float:
+    """JSON numbers, and the strings the run directory writes for non-finite floats."""
+    return float(value) if value is not None else math.nan
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Run directories (holding ``summary.json``) under ``root``, in a stable order (numeric job
+    numbers sort numerically)."""
+    runs = [p.parent for p in root.rglob("summary.json")]
+
+    def key(p: Path) -> tuple:
+        return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in p.relative_to(root).parts)
+
+    return sorted(runs, key=key)
+
+
+def sweep_rows(runs: Iterable[Path]) -> tuple[list[str], list[dict[str, Any]]]:
+    """(swept keys, one row per run) — the swept keys are the config values that differ."""
+    runs = list(runs)
+    configs = []
+    for run in runs:
+        path = run / "config.yaml"
+        if not path.exists():
+            raise ConfigError(f"{run} has no config.yaml")
+        configs.append({k: v for k, v in _flatten(yaml.safe_load(path.read_text()) or {}).items()
+                        if k not in IGNORED_KEYS})
+    keys = sorted(set.intersection(*(set(c) for c in configs)))  # keys every run has
+    swept = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
+    rows = []
+    for run, cfg in zip(runs, configs):
+        summary = _read_json(run / "summary.json")
+        privacy = summary.get("privacy") or {}
+        rows.append({"run": str(run), **{k: cfg.get(k) for k in swept},
+                     "final_accuracy": _as_float(summary["final"]["accuracy"]),
+                     "final_loss": _as_float(summary["final"]["loss"]),
+                     "epsilon": _as_float(privacy.get("epsilon")), "delta": privacy.get("delta"),
+                     "rounds": summary.get("rounds"), "wall_s": _as_float(summary.get("wall_s"))})
+    return swept, rows
+
+
+def _csv(swept: list[str], rows: list[dict]) -> bytes:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=["run", *swept, "final_accuracy", "final_loss", "epsilon", "delta",
+                                             "rounds", "wall_s"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue().encode()
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _short(key: str) -> str:
+    """``mechanism.name`` → ``mechanism``; other keys stay whole (``privacy.clip_norm``)."""
+    return key[:-len(".name")] if key.endswith(".name") else key
+
+
+def sweep_plot(swept: list[str], rows: list[dict]) -> bytes:
+    """Final accuracy vs epsilon; one line per combination of the non-budget swept values."""
+    plt = _pyplot()
+    series = [k for k in swept if k not in BUDGET_KEYS]
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        label = ", ".join(f"{_short(k)}={row[k]}" for k in series) or "runs"
+        lines.setdefault(label, []).append((row["epsilon"], row["final_accuracy"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, points in sorted(lines.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("epsilon (as reported by each run's accountant)")
+    ax.set_ylabel("final test accuracy")
+    ax.set_title("accuracy vs privacy budget")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def curves_plot(run: Path) -> bytes:
+    """Test accuracy, test/train loss and epsilon spent against the round."""
+    plt = _pyplot()
+    rows = read_metrics(run)
+    if not rows:
+        raise ConfigError(f"{run}/metrics.jsonl has no rounds")
+    evals = [r for r in rows if "test_accuracy" in r]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    ax = axes[0]
+    ax.plot([r["round"] for r in evals], [_as_float(r["test_accuracy"]) for r in evals], marker="o")
+    ax.set(xlabel="round", ylabel="test accuracy", title="accuracy")
+    ax = axes[1]
+    train = [r for r in rows if "train_loss" in r]
+    ax.plot([r["round"] for r in train], [_as_float(r["train_loss"]) for r in train], alpha=0.6,
+            label="clients' training loss")
+    ax.plot([r["round"] for r in evals], [_as_float(r["test_loss"]) for r in evals], marker="o", label="test loss")
+    ax.set(xlabel="round", ylabel="cross-entropy", title="loss")
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    ax.plot([r["round"] for r in rows], [_as_float(r.get("epsilon")) for r in rows])
+    ax.set(xlabel="round", ylabel="epsilon spent", title="privacy")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def report(path: Path) -> list[Path]:
+    """Write the report for a run or a sweep directory; returns the files written."""
+    if not path.is_dir():
+        raise ConfigError(f"{path} is not a directory")
+    if (path / "summary.json").exists():
+        out = path / "curves.png"
+        write_atomic(out, curves_plot(path))
+        return [out]
+    runs = find_runs(path)
+    if not runs:
+        raise ConfigError(f"{path} holds no finished run (no summary.json below it)")
+    swept, rows = sweep_rows(runs)
+    csv_bytes, png_bytes = _csv(swept, rows), sweep_plot(swept, rows)
+    write_atomic(path / "sweep.csv", csv_bytes)
+    write_atomic(path / "sweep.png", png_bytes)
+    return [path / "sweep.csv", path / "sweep.png"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m fedpriv.report", description=__doc__.splitlines()[0])
+    parser.add_argument("path", type=Path, help="a run directory or a sweep (multirun) directory")
+    args = parser.parse_args(argv)
+    try:
+        written = report(args.path)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    for path in written:
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""fedpriv.report: curves of one run, sweep.csv / sweep.png of a Hydra multirun."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def _report(*args):
+    return subprocess.run([sys.executable, "-m", "fedpriv.report", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    """A real 2 x 2 Hydra multirun of the smoke experiment."""
+    out = tmp_path_factory.mktemp("sweep") / "multirun"
+    proc = subprocess.run([sys.executable, "-m", "fedpriv.simulate", "-m", "+experiment=smoke", "progress=false",
+                           "rounds=2", "eval_every=1", "privacy.target_epsilon=5,50", "optimizer=sgd,momentum",
+                           f"hydra.sweep.dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "FLWR_TELEMETRY_ENABLED": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def test_sweep_csv_has_one_row_per_run_with_the_swept_values(sweep_dir):
+    proc = _report(sweep_dir)
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader((sweep_dir / "sweep.csv").open()))
+    assert len(rows) == 4
+    # the swept keys, plus any key the chosen optimizer configs differ in
+    assert {"run", "optimizer.name", "privacy.target_epsilon", "final_accuracy", "final_loss", "epsilon", "delta",
+            "rounds", "wall_s"} <= set(rows[0])
+    assert not any(k.startswith(("data.", "model.", "client.")) for k in rows[0])  # equal in all runs
+    combos = {(r["optimizer.name"], float(r["privacy.target_epsilon"])) for r in rows}
+    assert combos == {("sgd", 5.0), ("sgd", 50.0), ("momentum", 5.0), ("momentum", 50.0)}
+    for r in rows:
+        assert float(r["epsilon"]) <= float(r["privacy.target_epsilon"]) + 1e-6 and r["rounds"] == "2"
+    png = (sweep_dir / "sweep.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_curves_of_one_run(sweep_dir):
+    run = sweep_dir / "0"
+    proc = _report(run)
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_paths_exit_2(tmp_path):
+    proc = _report(tmp_path / "missing")
+    assert proc.returncode == 2 and proc.stderr.startswith("error:") and len(proc.stderr.splitlines()) == 1
+    proc = _report(tmp_path)
+    assert proc.returncode == 2 and "no finished run" in proc.stderr
+    assert not (tmp_path / "sweep.csv").exists()
