@@ -30,7 +30,7 @@ from fedpriv.optim import build_server_optimizer
 from fedpriv.public.midtrain import check_mid_training, mid_train
 from fedpriv.public.setup import PublicArtifacts, prepare_public
 from fedpriv.rundir import RunDirectory
-from fedpriv.sampling import make_sampler
+from fedpriv.sampling import make_sampler, resolve_sampling
 from fedpriv.task import EXAMPLE_LEVEL_ALGORITHMS, Task, load_task
 from fedpriv.training import client_generator, local_update
 
@@ -70,8 +70,10 @@ class RunSession:
 def prepare(cfg: dict) -> RunSession:
     """Validate ``cfg`` (plain dict), build the task and server, and restore a checkpoint when resuming.
 
-    Raises ``ConfigError`` for bad input before creating or writing any file.
+    Raises ``ConfigError`` for bad input before creating or writing any file. ``sampling=auto`` is
+    resolved here, so the run's config.yaml names the sampler actually used.
     """
+    cfg["sampling"] = resolve_sampling(cfg.get("sampling"), (cfg.get("mechanism") or {}).get("name"))
     validate(cfg)
     task = load_task(cfg)
     validate_against_data(cfg, len(task.units), privacy_unit(cfg))

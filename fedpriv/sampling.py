@@ -160,6 +160,16 @@ class ParticipationBound:
 Sampler = PoissonSampler | FixedSizeSampler | CyclicSampler | CyclicPoissonSampler
 
 
+# sampling=auto: the sampler each mechanism is accounted with by default (amplified where possible).
+DEFAULT_SAMPLING = {"gaussian": POISSON, "tree": CYCLIC, "bandmf": CYCLIC_POISSON}
+
+
+def resolve_sampling(kind: str, mechanism: str) -> str:
+    """``auto`` → the mechanism's default sampler (Poisson for independent noise, cyclic for the
+    tree, cyclic-Poisson for BandMF); any other value is returned unchanged (and validated later)."""
+    return DEFAULT_SAMPLING.get(mechanism, kind) if kind == "auto" else kind
+
+
 def make_sampler(kind: str, population: int, cohort_size: int, seed: int, groups: int | None = None) -> Sampler:
     """Build the sampler named by ``kind`` with expected cohort ``cohort_size`` (``groups``: the
     number of groups of ``cyclic_poisson``, BandMF's bands)."""

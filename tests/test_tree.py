@@ -158,5 +158,19 @@ def test_cli_simulate_tree_smoke(run_cli, tmp_path):
     assert "zero_out" in proc.stdout
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert privacy["mechanism"] == "tree" and privacy["neighboring_relation"] == "zero_out"
-    bad = run_cli("+experiment=smoke", "mechanism=tree", f"run_dir={tmp_path / 'bad'}")
+    bad = run_cli("+experiment=smoke", "mechanism=tree", "sampling=poisson", f"run_dir={tmp_path / 'bad'}")
     assert bad.returncode == 2 and "sampling=cyclic" in bad.stderr
+
+
+@pytest.mark.parametrize("mechanism,expected", [("gaussian", "poisson"), ("tree", "cyclic"),
+                                                ("bandmf", "cyclic_poisson")])
+def test_sampling_auto_picks_the_mechanisms_accountable_sampler(tmp_path, mechanism, expected):
+    from fedpriv.runner import prepare
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg("+experiment=smoke", f"mechanism={mechanism}", "mechanism.bands=2", "cohort_size=4",
+                      run_dir=tmp_path / "r") if mechanism == "bandmf" else \
+        compose_cfg("+experiment=smoke", f"mechanism={mechanism}", run_dir=tmp_path / "r")
+    assert cfg["sampling"] == "auto"
+    session = prepare(cfg)
+    assert session.cfg["sampling"] == expected and session.server.sampler.kind == expected
