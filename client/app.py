@@ -1,14 +1,29 @@
 """Flower ClientApp: a thin adapter that unpacks the round's message, runs fedpriv's local
-update for the requested user, and packs the delta and metrics."""
+update for each user the message names, and packs the deltas and metrics (wire protocol in
+``server/strategy.py``).
+
+Users are virtual clients: any node can compute any sampled user's update (the node is the
+compute that simulates the devices), and an update depends only on (seed, round, user), so the
+result does not depend on which node ran it.
+"""
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from client.codec import decode, encode
+from client.codec import decode, train_reply_content
 from fedpriv.runner import client_update
 from fedpriv.task import load_task
+
+
+def train_reply(cfg: dict, msg: Message) -> Message:
+    """The reply to one ``train`` message under the experiment ``cfg``."""
+    task = load_task(cfg)
+    conf = msg.content["config"]
+    params = decode(msg.content["arrays"]["params"])
+    updates = [client_update(task, params, int(user), int(conf["round"])) for user in conf["users"]]
+    return Message(content=train_reply_content(updates), reply_to=msg)
 
 
 def make_client_app(cfg: dict) -> ClientApp:
@@ -17,13 +32,7 @@ def make_client_app(cfg: dict) -> ClientApp:
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        del context  # the user to simulate comes with the message, not from the node
-        task = load_task(cfg)
-        conf = msg.content["config"]
-        params = decode(msg.content["arrays"]["params"])
-        update = client_update(task, params, int(conf["user"]), int(conf["round"]))
-        content = RecordDict({"delta": ArrayRecord({"delta": encode(update.delta)}),
-                              "metrics": MetricRecord({"user": int(conf["user"]), **update.metrics})})
-        return Message(content=content, reply_to=msg)
+        del context  # the users to simulate come with the message, not from the node
+        return train_reply(cfg, msg)
 
     return app

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 MECHANISMS = ("gaussian", "tree", "bandmf")
 SAMPLERS = ("poisson", "fixed", "cyclic", "cyclic_poisson")
 ACCOUNTANTS = ("rdp", "pld")
-BACKENDS = ("local", "flower")
+BACKENDS = ("local", "flower", "deployment")
 ALGORITHMS = ("dp_fedavg", "dp_fedsgd", "dpsgd")
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+from fedpriv.compose import CONFIG_DIR
 GROUPS = ("experiment", "data", "model", "algorithm", "mechanism", "optimizer", "backend")
 
 
@@ -58,6 +58,9 @@ def _run(cfg) -> None:
     try:
         plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         plain["run_dir"] = str(run_dir)
+        if (plain.get("backend") or {}).get("name") == "deployment":
+            raise ConfigError("backend=deployment runs under `flwr run` against a SuperLink: "
+                              "use scripts/deploy_local.sh (see README)")
         session = prepare(plain)
     except (ConfigError, PrivacyBudgetExceeded) as err:
         _remove_if_empty(run_dir)

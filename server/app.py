@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -19,9 +20,12 @@ from fedpriv.runner import RoundFn, RunSession, one_pass_round_fn, train, uses_o
 from server.grid import LocalGrid
 from server.strategy import DPFedAvgStrategy
 
+log = logging.getLogger(__name__)
+
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float = 120.0) -> list[int]:
-    """Node ids once at least ``count`` nodes are connected (Flower registers them asynchronously)."""
+    """Node ids once at least ``count`` nodes are connected (Flower registers them asynchronously);
+    after ``timeout`` seconds, those connected so far (possibly none)."""
     deadline = time.monotonic() + timeout
     while True:
         nodes = list(grid.get_node_ids())
@@ -30,14 +34,37 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float = 120.0) -> list[int]:
         time.sleep(0.2)
 
 
-def grid_round_fn(session: RunSession, grid: Grid, num_nodes: int, timeout: float | None) -> RoundFn:
-    """A round over a Flower grid: configure → send_and_receive (bounded by ``timeout``) → aggregate."""
+def grid_round_fn(session: RunSession, grid: Grid, num_nodes: int, timeout: float | None,
+                  node_wait: float = 120.0, skip_rounds: int = 10) -> RoundFn:
+    """A round over a Flower grid: configure → send_and_receive (bounded by ``timeout``) → aggregate.
+
+    Waits for ``num_nodes`` nodes before the first round; every round then uses the nodes
+    connected at that moment. Users whose node does not reply within ``timeout`` count as
+    dropped (the denominator is fixed, so the guarantee holds), and that node gets no users for
+    the next ``skip_rounds`` rounds unless no other node is left (the SuperLink itself notices a
+    dead node only after its heartbeat expires). No node at all is an error, never an endless wait.
+    """
     strategy = DPFedAvgStrategy()
-    nodes = wait_for_nodes(grid, num_nodes)
+    nodes = wait_for_nodes(grid, num_nodes, node_wait)
+    if not nodes:
+        raise RuntimeError(f"no Flower node connected within {node_wait:g} s")
+    if len(nodes) < num_nodes:
+        log.warning("only %d of %d nodes connected; starting with them", len(nodes), num_nodes)
+
+    missed: dict[int, int] = {}  # node -> the last round it did not reply in time
 
     def round_fn(round_idx: int, cohort: np.ndarray) -> list[ClientUpdate]:
-        messages = strategy.configure_train(round_idx, cohort, session.server.params, nodes)
-        return strategy.aggregate_train(grid.send_and_receive(messages, timeout=timeout))
+        current = list(grid.get_node_ids()) or wait_for_nodes(grid, 1, node_wait)
+        if not current:
+            raise RuntimeError(f"round {round_idx + 1}: no Flower node connected")
+        healthy = [n for n in current if round_idx - missed.get(int(n), -10**9) > skip_rounds] or current
+        messages = strategy.configure_train(round_idx, cohort, session.server.params, healthy)
+        updates = strategy.aggregate_train(grid.send_and_receive(messages, timeout=timeout))
+        for node, users in strategy.sent.items():  # sent this round, no reply by the deadline
+            missed[node] = round_idx
+            log.warning("round %d: node %d did not reply within %s s: its %d users count as dropped; no users "
+                        "for it in the next %d rounds", round_idx + 1, node, timeout, len(users), skip_rounds)
+        return updates
 
     return round_fn
 

@@ -1,10 +1,23 @@
 """DP-FedAvg as a Flower strategy: *configure* builds the round's messages, *aggregate* turns
 the replies into ``ClientUpdate``s. All clipping, noise and accounting happen in
-``fedpriv.dpfedavg.DPFedAvg``; a malformed reply becomes ``delta=None`` and is rejected there.
+``fedpriv.dpfedavg.DPFedAvg``.
+
+Wire protocol (one message per node and round, not per user — a deployed node starts one
+ClientApp process per message):
+
+* server → node: ``arrays/params`` (the global model), ``config`` ``{"round": r, "users": [...]}``;
+* node → server: ``deltas`` (an ArrayRecord keyed by ``str(user)``) and one MetricRecord
+  ``metrics.<user>`` per user.
+
+Attribution never trusts the reply: the users of a reply are those the server sent to the
+replying node this round. A user whose delta is missing or malformed gets ``delta=None`` and is
+rejected (counted) by DPFedAvg; the users of a node that sent no reply, or an error reply, count
+as dropped.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -14,37 +27,55 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from client.codec import decode, encode
 from fedpriv.dpfedavg import ClientUpdate
 
+log = logging.getLogger(__name__)
 TRAIN = "train"
+
+
+def assign_users(cohort: np.ndarray, node_ids: Sequence[int]) -> dict[int, list[int]]:
+    """User i of the cohort goes to node i mod |nodes| (nodes sorted); nodes with no user are left out."""
+    if not node_ids:
+        raise RuntimeError("no nodes are connected")
+    nodes = sorted(int(n) for n in node_ids)
+    out: dict[int, list[int]] = {}
+    for i, user in enumerate(cohort):
+        out.setdefault(nodes[i % len(nodes)], []).append(int(user))
+    return out
 
 
 class DPFedAvgStrategy:
     """Maps the sampled users of a round onto the available nodes and back."""
 
+    def __init__(self) -> None:
+        self.sent: dict[int, list[int]] = {}  # node -> users of the current round
+
     def configure_train(self, round_idx: int, cohort: np.ndarray, params: torch.Tensor,
                         node_ids: Sequence[int]) -> list[Message]:
-        """One ``train`` message per sampled user; user i of the cohort goes to node i mod |nodes|."""
-        if not node_ids:
-            raise RuntimeError("no nodes are connected")
+        """One ``train`` message per node carrying its share of the cohort."""
+        self.sent = assign_users(cohort, node_ids)
         arrays = ArrayRecord({"params": encode(params)})  # encoded once, shared by all messages
-        nodes = sorted(node_ids)
-        return [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"round": round_idx, "user": int(u)})}),
-                        dst_node_id=nodes[i % len(nodes)], message_type=TRAIN, group_id=str(round_idx))
-                for i, u in enumerate(cohort)]
+        return [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"round": round_idx, "users": users})}),
+                        dst_node_id=node, message_type=TRAIN, group_id=str(round_idx))
+                for node, users in self.sent.items()]
 
     def aggregate_train(self, replies: Iterable[Message]) -> list[ClientUpdate]:
-        """Unpack replies; an error reply is skipped (its user counts as dropped), a malformed one rejected."""
+        """One ``ClientUpdate`` per user of each replying node (``delta=None`` where malformed)."""
         updates = []
         for reply in replies:
-            if reply.has_error():
+            users = self.sent.pop(int(reply.metadata.src_node_id), None)
+            if users is None:
+                continue  # an unknown or duplicate sender
+            if reply.has_error():  # its users count as dropped
+                log.warning("node %s failed its %d users: %s", reply.metadata.src_node_id, len(users),
+                            reply.error.reason.strip().splitlines()[-1] if reply.error.reason else "no reason given")
                 continue
-            try:
-                metrics = dict(reply.content["metrics"])
-                user = int(metrics.pop("user"))
-            except (KeyError, TypeError, ValueError):
-                continue  # no user id: cannot be attributed, counts as dropped
-            try:
-                delta = decode(reply.content["delta"]["delta"])
-            except (KeyError, TypeError, ValueError):
+            content = reply.content
+            deltas = content.array_records.get("deltas")
+            for user in users:
                 delta = None
-            updates.append(ClientUpdate(user=user, delta=delta, metrics=metrics))
+                try:
+                    delta = decode(deltas[str(user)]) if deltas is not None else None
+                except (KeyError, TypeError, ValueError):
+                    pass
+                metrics = content.metric_records.get(f"metrics.{user}")
+                updates.append(ClientUpdate(user=user, delta=delta, metrics=dict(metrics) if metrics else {}))
         return updates

@@ -23,14 +23,9 @@ def run_cli():
 
 def compose_cfg(*overrides: str, run_dir) -> dict:
     """The resolved config dict that ``python -m fedpriv.simulate OVERRIDES`` would run."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from fedpriv.compose import compose_config
 
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    plain["run_dir"] = str(run_dir)
-    return plain
+    return compose_config(overrides, run_dir)
 
 
 @pytest.fixture(autouse=True, scope="session")

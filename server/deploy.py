@@ -1,0 +1,37 @@
+"""The ServerApp of a Flower deployment (``[tool.flwr.app.components] serverapp``), started by
+``flwr run`` against a SuperLink (see ``scripts/deploy_local.sh``).
+
+Flower run config: ``experiment`` (a configs/experiment name, or empty for the default),
+``overrides`` (Hydra overrides as one shell-quoted string) and ``run-dir`` (where summary.json,
+metrics.jsonl, privacy.json and checkpoints go; absolute, since the ServerApp does not run in the
+app's directory). ``backend=deployment`` is added: it waits for ``backend.num_supernodes`` nodes
+and bounds every round by ``backend.round_timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedpriv.compose import deployment_config
+from fedpriv.runner import format_result, prepare, train
+from server.app import grid_round_fn
+
+log = logging.getLogger(__name__)
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
+    cfg = deployment_config(context.run_config)
+    cfg["progress"] = False  # logs are streamed line by line; no progress bar
+    session = prepare(cfg)
+    backend = cfg["backend"]
+    summary = train(session, grid_round_fn(session, grid, int(backend["num_supernodes"]), backend.get("round_timeout"),
+                                           node_wait=float(backend.get("node_wait_timeout", 120)),
+                                           skip_rounds=int(backend.get("skip_rounds", 10))))
+    print(format_result(summary), flush=True)
+    print(f"outputs in {cfg['run_dir']}", flush=True)

@@ -1,0 +1,129 @@
+"""A real Flower deployment on loopback (scripts/deploy_local.sh): SuperLink + SuperNodes +
+`flwr run`, with and without TLS; equivalence with the in-process backend; a SuperNode killed
+mid-run; every started process stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "deploy_local.sh"
+pytestmark = pytest.mark.skipif(not (Path(sys.executable).parent / "flower-superlink").exists(),
+                                reason="flower-superlink is not installed beside this Python")
+
+
+def _env() -> dict:
+    return {**os.environ, "FEDPRIV_VENV_BIN": str(Path(sys.executable).parent)}
+
+
+def deploy(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def started_pids(out: Path) -> dict[str, int]:
+    return {name: int(pid) for name, pid in (line.split() for line in (out / "logs" / "pids").read_text().splitlines())}
+
+
+def assert_all_stopped(out: Path) -> None:
+    """No process is left in any process group the script started (each job leads its own group)."""
+    for name, pid in started_pids(out).items():
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            continue
+        pytest.fail(f"{name} (process group {pid}) is still running")
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_deployed_run_equals_in_process_run(tmp_path):
+    out = tmp_path / "deploy"
+    proc = deploy("--clients", "2", "--rounds", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr + (out / "logs" / "flwr-run.log").read_text()[-3000:]
+    assert_all_stopped(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["backend"] == "deployment"
+    assert all(row["dropped"] == 0 and row["rejected"] == 0 for row in read_metrics(out))
+    assert "insecure" in (out / "logs" / "superlink.log").read_text().lower()
+    # the same experiment in process
+    from fedpriv.runner import prepare
+    from server.app import run_local
+    from tests.conftest import compose_cfg
+
+    local = prepare(compose_cfg("+experiment=smoke", "rounds=2", "progress=false", run_dir=tmp_path / "local"))
+    run_local(local)
+    deployed = torch.load(out / "checkpoints" / "last.pt", weights_only=False)["server"]["params"]
+    torch.testing.assert_close(deployed, local.server.params, rtol=0, atol=0)
+    a = json.loads((out / "privacy.json").read_text())
+    b = json.loads((tmp_path / "local" / "privacy.json").read_text())
+    assert a == b
+
+
+def test_deployed_run_over_tls(tmp_path):
+    out = tmp_path / "tls"
+    proc = deploy("--clients", "2", "--rounds", "2", "--out", str(out), "--tls")
+    assert proc.returncode == 0, proc.stderr + (out / "logs" / "flwr-run.log").read_text()[-3000:]
+    assert_all_stopped(out)
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 2
+    assert "running on https://127.0.0.1" in (out / "logs" / "superlink.log").read_text()
+
+
+def test_killed_supernode_round_finishes_within_the_timeout(tmp_path):
+    """SIGKILL one of two SuperNodes after round 1: round 2 ends at its timeout with the dead
+    node's users counted as dropped; later rounds skip that node; the run completes."""
+    out = tmp_path / "kill"
+    proc = subprocess.Popen(["bash", str(SCRIPT), "--clients", "2", "--rounds", "4", "--out", str(out),
+                             "--round-timeout", "45"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ((out / "metrics.jsonl").exists() and read_metrics(out)):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "round 1 never finished"
+            time.sleep(0.5)
+        os.killpg(started_pids(out)["supernode-1"], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr + (out / "logs" / "flwr-run.log").read_text()[-3000:]
+    assert_all_stopped(out)
+    rows = read_metrics(out)
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["dropped"] == 0
+    assert rows[1]["dropped"] > 0  # the dead node's users, counted
+    assert all(r["dropped"] == 0 and r["accepted"] > 0 for r in rows[2:])  # the dead node is skipped
+    log = (out / "logs" / "flwr-run.log").read_text()
+    assert "did not reply within 45" in log
+    assert all(r["wall_s"] < 300 for r in rows)
+
+
+@pytest.mark.parametrize("args,message", [(("--clients", "0", "--rounds", "2", "--out", "x"), "--clients"),
+                                          (("--clients", "2", "--rounds", "two", "--out", "x"), "--rounds"),
+                                          (("--clients", "2", "--rounds", "2"), "--out"),
+                                          (("--clients", "2", "--rounds", "2", "--out", "x", "--bogus"), "--bogus"),
+                                          (("--clients", "2", "--rounds", "2", "--out", "x", "--experiment", "nope"),
+                                           "experiment")])
+def test_bad_arguments_exit_2(tmp_path, args, message):
+    proc = deploy(*[str(tmp_path / a) if a == "x" else a for a in args], timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_simulate_refuses_the_deployment_backend(run_cli, tmp_path):
+    proc = run_cli("+experiment=smoke", "backend=deployment", f"run_dir={tmp_path / 'r'}")
+    assert proc.returncode == 2 and "deploy_local.sh" in proc.stderr
+    assert not (tmp_path / "r").exists()
