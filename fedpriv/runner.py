@@ -8,7 +8,6 @@ backend, Flower's simulation engine and a real deployment; the DP math lives in
 from __future__ import annotations
 
 import copy
-import logging
 import math
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from fedpriv.mechanisms import Mechanism, build_mechanism
 from fedpriv.metrics import evaluate
 from fedpriv.models import set_flat_params
 from fedpriv.optim import build_server_optimizer
+from fedpriv.observe import RoundObserver, check_observability
 from fedpriv.public.midtrain import check_mid_training, mid_train
 from fedpriv.public.setup import PublicArtifacts, prepare_public
 from fedpriv.rundir import RunDirectory
@@ -34,7 +34,6 @@ from fedpriv.sampling import make_sampler, resolve_sampling
 from fedpriv.task import EXAMPLE_LEVEL_ALGORITHMS, Task, load_task
 from fedpriv.training import client_generator, local_update
 
-log = logging.getLogger(__name__)
 
 # Keys that may differ between the original run and its resumption.
 RESUME_FREE_KEYS = ("resume", "backend", "progress", "run_dir")
@@ -88,6 +87,7 @@ def prepare(cfg: dict) -> RunSession:
                            planned_rounds=int(cfg["rounds"]))
     ledger.check_can_run(int(cfg["rounds"]))
     check_mid_training(cfg.get("public") or {}, int(cfg["rounds"]))
+    check_observability(cfg)
     opt_cfg = dict(cfg["optimizer"])
     optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
     public = prepare_public(cfg.get("public") or {}, task, int(cfg["seed"]))
@@ -168,6 +168,7 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
     run.write_config(cfg)
     run.write_metrics(session.history)
     ledger.save(run.path)
+    observe = RoundObserver(cfg, run.path)
     started = time.perf_counter() - session.wall_s
     last_eval: dict[str, float] = {}
     bar = tqdm(range(session.start_round, rounds), total=rounds, initial=session.start_round,
@@ -193,10 +194,9 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
         run.save_checkpoint({"round": r + 1, "server": server.state_dict(), "ledger": ledger.state_dict(),
                              "wall_s": row["wall_s"], "config": cfg})
         session.history.append(row)
-        log.debug("round %d cohort %d dropped %d rejected %d clipped %.2f eps %.4g", r + 1,
-                 int(stats["cohort_size"]), int(stats["dropped"]), int(stats["rejected"]),
-                 stats["clipped_fraction"], epsilon)
+        observe(row)
     bar.close()
+    observe.close()
     if not last_eval:  # resumed after the last round: evaluate the restored model
         last_eval = evaluate_params(session.task, server.model_params)
     summary = _summary(session, last_eval, time.perf_counter() - started)

@@ -3,6 +3,9 @@ budget, on the synthetic default (each run is a full default run, ≈ 6 min on 2
 
     python scripts/public_results.py [--out outputs/public_results] [--only NAME ...] [--table]
 
+``--only`` takes ``budget-variant`` names (e.g. ``tight-none very_tight-distill1``); without it
+every combination runs (18 runs, ≈ 2 h).
+
 Runs ``python -m fedpriv.simulate`` once per (budget, variant), sequentially, into
 ``OUT/<budget>-<variant>/``; a run whose ``summary.json`` exists is not repeated. Then prints the
 Markdown table (``--table``: only print it) from the summaries — every number comes from them.
@@ -16,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BUDGETS = {"tight": 1.0, "loose": 8.0}
+BUDGETS = {"tight": 1.0, "loose": 8.0, "very_tight": 0.3}
 VARIANTS = {  # name -> (label, overrides)
     "none": ("no public data", []),
     "pretrain": ("pre-training on all public data", ["+experiment=public_pretrain"]),

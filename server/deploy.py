@@ -27,7 +27,8 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
     cfg = deployment_config(context.run_config)
-    cfg["progress"] = False  # logs are streamed line by line; no progress bar
+    cfg["progress"] = False  # logs are streamed line by line: no progress bar, one structured line per round
+    cfg["verbose"] = True
     session = prepare(cfg)
     backend = cfg["backend"]
     summary = train(session, grid_round_fn(session, grid, int(backend["num_supernodes"]), backend.get("round_timeout"),

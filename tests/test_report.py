@@ -58,3 +58,30 @@ def test_bad_paths_exit_2(tmp_path):
     proc = _report(tmp_path)
     assert proc.returncode == 2 and "no finished run" in proc.stderr
     assert not (tmp_path / "sweep.csv").exists()
+
+
+def test_structured_round_lines_only_when_verbose(run_cli, tmp_path):
+    quiet = run_cli("+experiment=smoke", "progress=false", f"run_dir={tmp_path / 'q'}")
+    assert quiet.returncode == 0 and "round=" not in quiet.stdout + quiet.stderr
+    loud = run_cli("+experiment=smoke", "progress=false", "verbose=true", f"run_dir={tmp_path / 'v'}")
+    assert loud.returncode == 0, loud.stderr
+    lines = [line for line in loud.stdout.splitlines() if line.startswith("round=")]
+    assert len(lines) == 3
+    first = dict(part.split("=") for part in lines[0].split())
+    assert set(first) >= {"round", "cohort", "dropped", "rejected", "clipped", "epsilon"} and first["round"] == "1"
+    assert "test_accuracy" in dict(part.split("=") for part in lines[-1].split())
+
+
+def test_tensorboard_scalars(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fedpriv.runner import prepare
+    from server.app import run_local
+    from tests.conftest import compose_cfg
+
+    run_local(prepare(compose_cfg("+experiment=smoke", "progress=false", "tensorboard=true", run_dir=tmp_path / "r")))
+    acc = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
+    acc.Reload()
+    assert {"epsilon", "clipped_fraction", "test_accuracy"} <= set(acc.Tags()["scalars"])
+    assert [e.step for e in acc.Scalars("epsilon")] == [1, 2, 3]
