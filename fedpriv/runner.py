@@ -36,7 +36,7 @@ from fedpriv.training import client_generator, local_update
 
 
 # Keys that may differ between the original run and its resumption.
-RESUME_FREE_KEYS = ("resume", "backend", "progress", "run_dir")
+RESUME_FREE_KEYS = ("resume", "backend", "progress", "run_dir", "verbose", "tensorboard")
 
 RoundFn = Callable[[int, np.ndarray], "list[ClientUpdate] | CohortSum"]
 
