@@ -11,6 +11,13 @@
 # DIR gets summary.json, metrics.jsonl, privacy.json, config.yaml, checkpoints/ (written by the
 # ServerApp) and logs/ (superlink.log, supernode-K.log, flwr-run.log, pids). Exit 0 iff the run
 # wrote DIR/summary.json with R rounds; 2 on bad arguments; 1 otherwise.
+#
+# Flower 1.42 facts this relies on: the SuperLink serves its Fleet, Control and Runtime APIs over
+# HTTP on one --host/--port (health: GET /health); each SuperNode needs its own --port; `flwr run`
+# takes a connection from $FLWR_HOME/config.toml (never [tool.flwr.federations] in pyproject.toml,
+# which `flwr run` would rewrite); `flwr run --stream` exits 0 even when the run failed; the FAB
+# holds only *.py/*.toml/*.md/*.yaml/*.json files, so the app is staged in a small directory.
+# Each process gets its own FLWR_HOME so no two of them unpack the app into the same place.
 set -euo pipefail
 set -m  # every background job gets its own process group (pgid = its PID)
 
