@@ -33,10 +33,14 @@ class RoundAggregate:
     rejected: int = 0
     clipped: int = 0
     norms: list[float] = field(default_factory=list)
+    squares: torch.Tensor | None = None  # Σ_u clip(Δ_u)² (elementwise), when tracked
+    scale: torch.Tensor | None = None  # multiply each delta by this before clipping (scale-then-privatize)
 
     @classmethod
-    def zeros(cls, dim: int, clip_norm: float) -> "RoundAggregate":
-        return cls(clip_norm=clip_norm, total=torch.zeros(dim))
+    def zeros(cls, dim: int, clip_norm: float, squares: bool = False,
+              scale: torch.Tensor | None = None) -> "RoundAggregate":
+        return cls(clip_norm=clip_norm, total=torch.zeros(dim), squares=torch.zeros(dim) if squares else None,
+                   scale=scale)
 
     def add(self, delta: torch.Tensor) -> bool:
         """Clip and add one user's delta; reject (and count) a wrong shape or non-finite values.
@@ -47,11 +51,15 @@ class RoundAggregate:
         if delta.shape != self.total.shape:
             self.rejected += 1
             return False
+        if self.scale is not None:
+            delta = delta * self.scale
         factor, norm = clip_factor(delta, self.clip_norm)
         if not math.isfinite(norm):
             self.rejected += 1
             return False
         self.total.add_(delta, alpha=factor)  # fused scale-and-add: no clipped copy
+        if self.squares is not None:
+            self.squares.addcmul_(delta, delta, value=factor * factor)
         self.accepted += 1
         self.clipped += int(norm > self.clip_norm)
         self.norms.append(norm)
@@ -65,6 +73,8 @@ class RoundAggregate:
         """
         if total.shape != self.total.shape:
             raise ValueError(f"clipped sum has shape {tuple(total.shape)}, expected {tuple(self.total.shape)}")
+        if self.squares is not None or self.scale is not None:
+            raise ValueError("a pre-clipped sum carries no squares and cannot be rescaled before clipping")
         if not (torch.isfinite(norms).all() and torch.isfinite(total).all()):
             raise FloatingPointError("a pre-clipped sum holds non-finite values")
         self.total.add_(total)

@@ -18,6 +18,7 @@ from fedpriv.aggregation import RoundAggregate
 from fedpriv.cohort import CohortSum
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import Mechanism
+from fedpriv.optim.adaptive import DPAdaptive, RoundRelease
 from fedpriv.optim.server import ServerOptimizer
 from fedpriv.sampling import Sampler
 
@@ -67,7 +68,11 @@ class DPFedAvg:
         cohort or duplicates are rejected. A :class:`CohortSum` (the one-pass path) is a sum
         already clipped to C per user; it must cover exactly the cohort.
         """
-        agg = RoundAggregate.zeros(self.params.numel(), self.clip_norm)
+        opt = self.optimizer
+        adaptive = isinstance(opt, DPAdaptive)
+        scale = opt.client_scale() if adaptive else None
+        agg = RoundAggregate.zeros(self.params.numel(), self.clip_norm, squares=adaptive and opt.needs_squares,
+                                   scale=scale)
         expected = {int(u) for u in cohort}
         seen: set[int] = set()
         if isinstance(updates, CohortSum):
@@ -88,12 +93,38 @@ class DPFedAvg:
                     agg.add(update.delta)
             losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
         noise = self.mechanism.noise(round_idx, self.params.shape)
-        privatized = agg.privatize(noise, self.sampler.expected_cohort)
-        self.params = self.optimizer.step(self.params, privatized)
+        extra: dict[str, float] = {}
+        if adaptive:
+            self.params, extra = opt.step_release(self.params, self._release(opt, agg, noise, scale))
+        else:
+            self.params = opt.step(self.params, agg.privatize(noise, self.sampler.expected_cohort))
         if self.ema_decay:
             self.ema = self.ema_decay * self.ema + (1.0 - self.ema_decay) * self.params
         return {"cohort_size": float(len(cohort)), "dropped": float(len(expected - seen)),
-                **agg.stats(), "train_loss": float(np.mean(losses)) if losses else float("nan")}
+                **agg.stats(), "train_loss": float(np.mean(losses)) if losses else float("nan"), **extra}
+
+    def _release(self, opt: DPAdaptive, agg: RoundAggregate, noise: torch.Tensor,
+                 scale: torch.Tensor | None) -> RoundRelease:
+        """What an adaptive optimizer sees of the round (``fedpriv.optim.adaptive`` states the math):
+        the update with its share σ/√(1−ρ) of the noise under IME, divided by ``s_t`` under STP;
+        the update's noise std (BC); the privatized squares with multiplier σ/√ρ on sensitivity
+        C² (IME); the noiseless average (the non-private baseline only)."""
+        denominator = self.sampler.expected_cohort
+        update_factor, squares_factor = opt.noise_split()
+        update = agg.privatize(noise * update_factor, denominator)
+        if scale is not None:
+            update = update / scale
+        release = RoundRelease(update=update)
+        if opt.needs_noise_std:
+            release.noise_std = self.mechanism.std * update_factor / denominator
+        if opt.needs_squares:
+            sigma = self.mechanism.noise_multiplier
+            squares_noise = (self.mechanism.unit_noise(agg.squares.shape) * (sigma * squares_factor * self.clip_norm ** 2)
+                             if sigma else torch.zeros_like(agg.squares))
+            release.squares = (agg.squares + squares_noise) / denominator
+        if opt.non_private_reason:
+            release.noiseless = agg.total / denominator
+        return release
 
     def state_dict(self) -> dict:
         return {"params": self.params, "ema": self.ema, "optimizer": self.optimizer.state_dict(),

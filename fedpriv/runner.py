@@ -8,6 +8,7 @@ backend, Flower's simulation engine and a real deployment; the DP math lives in
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from fedpriv.mechanisms import Mechanism, build_mechanism
 from fedpriv.metrics import evaluate
 from fedpriv.models import set_flat_params
 from fedpriv.optim import build_server_optimizer
+from fedpriv.optim.adaptive import check_adaptive
 from fedpriv.observe import RoundObserver, check_observability
 from fedpriv.public.midtrain import check_mid_training, mid_train
 from fedpriv.public.setup import PublicArtifacts, prepare_public
@@ -34,6 +36,8 @@ from fedpriv.sampling import make_sampler, resolve_sampling
 from fedpriv.task import EXAMPLE_LEVEL_ALGORITHMS, Task, load_task
 from fedpriv.training import client_generator, local_update
 
+
+log = logging.getLogger(__name__)
 
 # Keys that may differ between the original run and its resumption.
 RESUME_FREE_KEYS = ("resume", "backend", "progress", "run_dir", "verbose", "tensorboard")
@@ -90,6 +94,9 @@ def prepare(cfg: dict) -> RunSession:
     check_observability(cfg)
     opt_cfg = dict(cfg["optimizer"])
     optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
+    check_adaptive(optimizer, cfg["mechanism"]["name"], uses_one_pass(cfg))
+    if getattr(optimizer, "non_private_reason", None):
+        log.warning("NOT PRIVATE: %s; the run reports epsilon = inf", optimizer.non_private_reason)
     public = prepare_public(cfg.get("public") or {}, task, int(cfg["seed"]))
     server = DPFedAvg(public.initial_params, sampler, mechanism, privacy["clip_norm"], optimizer,
                       ema_decay=float(cfg.get("ema_decay") or 0.0))
@@ -204,12 +211,23 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
     return summary
 
 
+def _privacy_summary(session: RunSession) -> dict:
+    """The ledger's guarantee — or none, when the optimizer read noiseless statistics."""
+    ledger = session.ledger.to_dict()
+    out = {k: ledger[k] for k in ("epsilon", "non_private", "delta", "accountant", "neighboring_relation",
+                                  "noise_multiplier", "target_epsilon", "mechanism", "sampling")}
+    reason = getattr(session.server.optimizer, "non_private_reason", None)
+    if reason:
+        out.update({"epsilon": math.inf, "non_private": True, "non_private_reason": reason,
+                    "ledger_epsilon_of_the_noised_update": ledger["epsilon"]})
+    return out
+
+
 def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dict:
-    cfg, data, privacy = session.cfg, session.task.data, session.ledger.to_dict()
+    cfg, data = session.cfg, session.task.data
     return {
         "final": final,
-        "privacy": {k: privacy[k] for k in ("epsilon", "non_private", "delta", "accountant", "neighboring_relation",
-                                            "noise_multiplier", "target_epsilon", "mechanism", "sampling")},
+        "privacy": _privacy_summary(session),
         "rounds": session.ledger.rounds_done,
         "wall_s": wall_s,
         "ceiling_accuracy": data.ceiling_accuracy,

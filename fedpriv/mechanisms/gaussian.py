@@ -70,6 +70,11 @@ class GaussianMechanism:
             return torch.zeros(shape)
         return torch.randn(shape, generator=self._generator) * self.std
 
+    def unit_noise(self, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+        """``N(0, I)`` from the same (checkpointed) generator — for a second query of the round
+        whose scale the caller sets (the IME squares of :mod:`fedpriv.optim.adaptive`)."""
+        return torch.randn(shape, generator=self._generator)
+
     def matrix(self, rounds: int) -> torch.Tensor:
         """Round t's noise is the t-th unit draw (times σC): the identity, float64."""
         return torch.eye(rounds, dtype=torch.float64)

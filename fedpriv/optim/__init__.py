@@ -1,5 +1,6 @@
-"""Server optimizers (post-processing of the privatized update)."""
+"""Server optimizers (post-processing of the privatized update) and the DP adaptive variants."""
 
-from fedpriv.optim.server import ServerAdam, ServerSGD, build_server_optimizer
+from fedpriv.optim.adaptive import ADAPTIVE_NAMES, DPAdaptive, RoundRelease
+from fedpriv.optim.server import ServerFTRL, ServerSGD, build_server_optimizer
 
-__all__ = ["ServerAdam", "ServerSGD", "build_server_optimizer"]
+__all__ = ["ADAPTIVE_NAMES", "DPAdaptive", "RoundRelease", "ServerFTRL", "ServerSGD", "build_server_optimizer"]

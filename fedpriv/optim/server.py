@@ -9,6 +9,7 @@ import math
 import torch
 
 from fedpriv.errors import ConfigError
+from fedpriv.optim.adaptive import ADAPTIVE_NAMES, DPAdaptive
 
 
 def cosine_factor(step: int, total_steps: int | None) -> float:
@@ -45,33 +46,6 @@ class ServerSGD:
         self.buffer, self.t = state["buffer"], state["t"]
 
 
-class ServerAdam:
-    """Adam on ``g = −Δ̄`` with bias correction (Kingma & Ba; FedAdam of Reddi et al.)."""
-
-    def __init__(self, lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-3) -> None:
-        self.lr, self.beta1, self.beta2, self.eps = lr, beta1, beta2, eps
-        self.m: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-        self.t = 0
-
-    def step(self, params: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
-        g = -update
-        if self.m is None:
-            self.m, self.v = torch.zeros_like(g), torch.zeros_like(g)
-        self.t += 1
-        self.m = self.beta1 * self.m + (1 - self.beta1) * g
-        self.v = self.beta2 * self.v + (1 - self.beta2) * g * g
-        m_hat = self.m / (1 - self.beta1 ** self.t)
-        v_hat = self.v / (1 - self.beta2 ** self.t)
-        return params - self.lr * m_hat / (v_hat.sqrt() + self.eps)
-
-    def state_dict(self) -> dict:
-        return {"m": self.m, "v": self.v, "t": self.t}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.m, self.v, self.t = state["m"], state["v"], state["t"]
-
-
 class ServerFTRL:
     """FTRL on the privatized stream (DP-FTRL; with momentum DP-FTRLM, Kairouz et al. 2021).
 
@@ -102,11 +76,12 @@ class ServerFTRL:
         self.origin, self.total, self.buffer = state["origin"], state["total"], state["buffer"]
 
 
-ServerOptimizer = ServerSGD | ServerAdam | ServerFTRL
+ServerOptimizer = ServerSGD | DPAdaptive | ServerFTRL
 
 
 def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> ServerOptimizer:
-    """``sgd`` / ``momentum`` (SGD with momentum, default 0.9) / ``adam``.
+    """``sgd`` / ``momentum`` (SGD with momentum, default 0.9) / ``ftrl`` / ``adam`` (= ``dpadam_post``)
+    / the DP adaptive variants of :mod:`fedpriv.optim.adaptive` (``dpadam_ime``, ``dpadagrad_bc``, …).
 
     ``schedule: cosine`` (SGD variants) decays the rate to 0 over ``rounds``; ``constant`` keeps it.
     """
@@ -118,8 +93,11 @@ def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> Se
         return ServerSGD(lr=kwargs.get("lr", 1.0), momentum=kwargs.get("momentum", 0.0), decay_steps=decay)
     if name == "momentum":
         return ServerSGD(lr=kwargs.get("lr", 1.0), momentum=kwargs.get("momentum", 0.9), decay_steps=decay)
-    if name == "adam":
-        return ServerAdam(**{k: v for k, v in kwargs.items() if k in ("lr", "beta1", "beta2", "eps")})
+    if name == "adam" or name in ADAPTIVE_NAMES:
+        rule, variant = ADAPTIVE_NAMES.get(name, ("adam", "post"))
+        return DPAdaptive(rule, variant, **{k: v for k, v in kwargs.items()
+                                            if k in ("lr", "beta1", "beta2", "eps", "floor", "ime_fraction")})
     if name == "ftrl":
         return ServerFTRL(lr=kwargs.get("lr", 1.0), momentum=kwargs.get("momentum", 0.0))
-    raise ConfigError(f"unknown server optimizer {name!r} (choose one of: adam, ftrl, momentum, sgd)")
+    known = ", ".join(sorted(["adam", "ftrl", "momentum", "sgd", *ADAPTIVE_NAMES]))
+    raise ConfigError(f"unknown server optimizer {name!r} (choose one of: {known})")
