@@ -138,6 +138,13 @@ def sweep_plot(swept: list[str], rows: list[dict]) -> bytes:
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
     ax.set_xscale("log")
+    budgets = sorted({round(row["epsilon"], 3) for row in rows if math.isfinite(row["epsilon"])})
+    if budgets:  # plain tick labels at the budgets, not 2×10⁰
+        from matplotlib.ticker import NullFormatter, NullLocator
+
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
     ax.set_xlabel("epsilon (as reported by each run's accountant)")
     ax.set_ylabel("final test accuracy")
     ax.set_title("accuracy vs privacy budget")

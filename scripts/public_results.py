@@ -74,10 +74,12 @@ def main() -> None:
     ap.add_argument("--table", action="store_true", help="only print the table of finished runs")
     args = ap.parse_args()
     if not args.table:
-        for budget in BUDGETS:
-            for variant in VARIANTS:
-                if args.only is None or f"{budget}-{variant}" in args.only:
-                    run(args.out, budget, variant)
+        names = args.only or [f"{b}-{v}" for b in BUDGETS for v in VARIANTS]  # --only: in the order given
+        for name in names:
+            budget, _, variant = name.partition("-")
+            if budget not in BUDGETS or variant not in VARIANTS:
+                ap.error(f"unknown run {name!r} (budget-variant, e.g. tight-none)")
+            run(args.out, budget, variant)
     print(table(args.out))
 
 
