@@ -14,10 +14,11 @@ Markdown table (``--table``: only print it) from the summaries — every number 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from experiment_runs import run_once, summary  # noqa: E402
 
 BUDGETS = {"tight": 1.0, "loose": 8.0, "very_tight": 0.3}
 VARIANTS = {  # name -> (label, overrides)
@@ -32,13 +33,7 @@ VARIANTS = {  # name -> (label, overrides)
 
 
 def run(out: Path, budget: str, variant: str) -> Path:
-    path = out / f"{budget}-{variant}"
-    if not (path / "summary.json").exists():
-        args = [*VARIANTS[variant][1], f"privacy.target_epsilon={BUDGETS[budget]}", "progress=false",
-                f"run_dir={path}"]
-        print("python -m fedpriv.simulate", " ".join(args), flush=True)
-        subprocess.run([sys.executable, "-m", "fedpriv.simulate", *args], check=True)
-    return path
+    return run_once(out / f"{budget}-{variant}", [*VARIANTS[variant][1], f"privacy.target_epsilon={BUDGETS[budget]}"])
 
 
 def public_used(summary: dict) -> str:
@@ -56,10 +51,9 @@ def table(out: Path) -> str:
              "|---|---|---|---|---|---|---|"]
     for budget in BUDGETS:
         for variant, (label, _) in VARIANTS.items():
-            f = out / f"{budget}-{variant}" / "summary.json"
-            if not f.exists():
+            s = summary(out / f"{budget}-{variant}")
+            if s is None:
                 continue
-            s = json.loads(f.read_text())
             dm = s.get("distribution_matching")
             prec = f"{dm['precision']:.3f} ({dm['base_rate']:.3f})" if dm and "precision" in dm else "—"
             lines.append(f"| {budget} | {label} | {public_used(s)} | {prec} | {s['final']['accuracy']:.4f} | "
