@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from experiment_runs import run_once, summary  # noqa: E402
 
-BUDGETS = {"tight": 1.0, "loose": 8.0, "very_tight": 0.3}
+BUDGETS = {"tight": (1.0, []), "loose": (8.0, []), "very_tight": (0.3, []),
+           "tight_lr0.5": (1.0, ["optimizer.lr=0.5"])}  # name -> (target epsilon, extra overrides)
 VARIANTS = {  # name -> (label, overrides)
     "none": ("no public data", []),
     "pretrain": ("pre-training on all public data", ["+experiment=public_pretrain"]),
@@ -33,7 +34,8 @@ VARIANTS = {  # name -> (label, overrides)
 
 
 def run(out: Path, budget: str, variant: str) -> Path:
-    return run_once(out / f"{budget}-{variant}", [*VARIANTS[variant][1], f"privacy.target_epsilon={BUDGETS[budget]}"])
+    epsilon, extra = BUDGETS[budget]
+    return run_once(out / f"{budget}-{variant}", [*VARIANTS[variant][1], f"privacy.target_epsilon={epsilon}", *extra])
 
 
 def public_used(summary: dict) -> str:
