@@ -64,13 +64,16 @@ def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: 
     excluded = torch.tensor(vocab.excluded_from_accuracy())
     loss_sum = correct = counted = correct_all = counted_all = 0.0
     data = torch.as_tensor(rows, dtype=torch.long)
-    predicted = torch.full((len(data), data.shape[1] - 1), -1, dtype=torch.long)
+    # per-position argmax, kept only when next-word accuracy needs it (-1 at pad targets)
+    predicted = torch.full((len(data), data.shape[1] - 1), -1, dtype=torch.long) if word_of is not None else None
     for start in range(0, len(data), batch_size):
         batch = data[start:start + batch_size]
         logits, y = target_logits(model, batch, vocab.pad_id)
         loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-        predicted[start:start + batch_size][batch[:, 1:] != vocab.pad_id] = logits.argmax(-1)
-        hit = logits.argmax(-1) == y
+        guess = logits.argmax(-1)
+        if predicted is not None:
+            predicted[start:start + batch_size][batch[:, 1:] != vocab.pad_id] = guess
+        hit = guess == y
         words = ~torch.isin(y, excluded)
         correct += (hit & words).sum().item()
         counted += words.sum().item()
@@ -80,7 +83,7 @@ def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: 
     loss = loss_sum / max(counted_all, 1)
     out = {"accuracy": correct / max(counted, 1), "accuracy_with_specials": correct_all / max(counted_all, 1),
            "loss": loss, "perplexity": math.exp(min(loss, 50.0))}
-    if word_of is not None:
+    if predicted is not None:
         out["word_accuracy"] = next_word_accuracy(predicted.numpy(), np.asarray(rows), word_of,
                                                   vocab.excluded_from_accuracy())
     return out

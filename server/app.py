@@ -54,7 +54,7 @@ def grid_round_fn(session: RunSession, grid: Grid, num_nodes: int, timeout: floa
     missed: dict[int, int] = {}  # node -> the last round it did not reply in time
 
     def round_fn(round_idx: int, cohort: np.ndarray) -> list[ClientUpdate]:
-        current = list(grid.get_node_ids()) or wait_for_nodes(grid, 1, node_wait)
+        current = wait_for_nodes(grid, 1, node_wait)  # returns at once while any node is connected
         if not current:
             raise RuntimeError(f"round {round_idx + 1}: no Flower node connected")
         healthy = [n for n in current if round_idx - missed.get(int(n), -10**9) > skip_rounds] or current
