@@ -9,7 +9,7 @@ privacy.target_epsilon=E optimizer.lr=LR`` into ``OUT/<mechanism>-<variant>/`` (
 runs), then prints a Markdown table (final accuracy, test loss, mean share of negative second-moment
 coordinates where the variant has one) and, with ``--plot``, test accuracy against the round.
 ``bc`` and ``ime`` are derived for independent Gaussian noise only, so BandMF runs ``post`` and
-``stp``. Every number comes from the runs' own files.
+``stp``. ``stp`` uses the default ``optimizer.stp_normalize=rms``; ``stp_raw`` the raw ``s_t``. Every number comes from the runs' own files.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from experiment_runs import run_once, summary  # noqa: E402
 
-RUNS = {"gaussian": ("post", "bc", "ime", "stp"), "bandmf": ("post", "stp")}
+RUNS = {"gaussian": ("post", "bc", "ime", "stp", "stp_raw"), "bandmf": ("post", "stp")}
+LABELS = {"stp_raw": "dpadam_stp, raw s_t"}  # stp_raw: optimizer.stp_normalize=none
 
 
 def names() -> list[str]:
@@ -31,8 +32,13 @@ def names() -> list[str]:
 
 def overrides(name: str, epsilon: float, lr: float) -> list[str]:
     mechanism, variant = name.split("-")
-    return ["model=transformer", f"optimizer=dpadam_{variant}", f"mechanism={mechanism}",
-            f"privacy.target_epsilon={epsilon}", f"optimizer.lr={lr}"]
+    raw = variant == "stp_raw"
+    return ["model=transformer", f"optimizer=dpadam_{'stp' if raw else variant}", f"mechanism={mechanism}",
+            f"privacy.target_epsilon={epsilon}", f"optimizer.lr={lr}", *(["optimizer.stp_normalize=none"] if raw else [])]
+
+
+def label(variant: str) -> str:
+    return LABELS.get(variant, f"dpadam_{variant}")
 
 
 def metrics(path: Path) -> list[dict]:
@@ -49,7 +55,7 @@ def table(out: Path) -> str:
         mechanism, variant = name.split("-")
         neg = [r["v_negative_fraction"] for r in metrics(out / name) if "v_negative_fraction" in r]
         neg_text = f"{sum(neg) / len(neg):.3f}" if neg else "—"
-        lines.append(f"| {mechanism} | dpadam_{variant} | {s['final']['accuracy']:.4f} | {s['final']['loss']:.3f} | "
+        lines.append(f"| {mechanism} | {label(variant)} | {s['final']['accuracy']:.4f} | {s['final']['loss']:.3f} | "
                      f"{s['privacy']['epsilon']:.3f} | {neg_text} |")
     return "\n".join(lines)
 
@@ -66,7 +72,7 @@ def plot(out: Path, png: Path) -> None:
             continue
         rows = [r for r in metrics(out / name) if "test_accuracy" in r]
         ax.plot([r["round"] for r in rows], [r["test_accuracy"] for r in rows], marker="o", markersize=3,
-                label=name.replace("-", " dpadam_"))
+                label=f"{name.split('-')[0]} {label(name.split('-')[1])}")
     ax.set(xlabel="round", ylabel="test accuracy", title="DP-Adam variants (transformer, synthetic, equal ε)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)

@@ -3,6 +3,7 @@ split and the bias correction as known answers, scale-then-privatize, identical 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
+from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.optim import DPAdaptive, build_server_optimizer
 from fedpriv.runner import prepare
@@ -121,6 +123,31 @@ def test_scale_then_privatize_scales_before_clipping():
     expected = params - 0.05 * (m / (1 - 0.9 ** 2)) / ((v / (1 - 0.999 ** 2)).sqrt() + 1e-3)
     torch.testing.assert_close(srv.params, expected, rtol=1e-5, atol=1e-7)
     assert stats["clipped_fraction"] > 0
+
+
+def test_stp_rms_normalization_is_a_rescaled_clip():
+    """stp_normalize=rms divides s_t by its RMS r: with noise on, the round equals raw STP run
+    at clip C·r (and noise σ·C·r) — a scalar on s_t only moves the clip. Round 1 (s = 1) is post."""
+    users, clip, sigma = 3, 0.05, 0.7
+    normed = server("dpadam_stp", users, sigma=sigma, clip=clip)
+    post = server("dpadam_post", users, sigma=sigma, clip=clip)
+    run(normed, 1, users)
+    run(post, 1, users)
+    torch.testing.assert_close(normed.params, post.params, rtol=0, atol=0)
+    s = normed.optimizer.client_scale()
+    assert float(s.square().mean()) == pytest.approx(1.0, rel=1e-6)
+    rescaled = copy.deepcopy(normed)  # same state after round 1, then raw s_t and clip C·r
+    rescaled.optimizer.stp_normalize = "none"
+    raw_s = rescaled.optimizer.client_scale()
+    torch.testing.assert_close(s, raw_s / raw_s.square().mean().sqrt())
+    r = float(raw_s.square().mean().sqrt())
+    assert r > 100  # raw s ≈ 1/√v̂: a clip meant for unscaled deltas would clip everything
+    rescaled.clip_norm = rescaled.mechanism.clip_norm = clip * r
+    assert run_round_two(normed, users)["clipped_fraction"] > 0
+    run_round_two(rescaled, users)
+    torch.testing.assert_close(normed.params, rescaled.params, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ConfigError, match="stp_normalize"):
+        build_server_optimizer("dpadam_stp", stp_normalize="l2")
 
 
 def run_round_two(srv: DPFedAvg, users: int) -> dict:

@@ -29,7 +29,13 @@ Variants (``variant``), with ``s`` the second-moment sample of the round:
   delta is multiplied by ``s_t`` *before* clipping (fedpriv clips at the aggregator, where the
   multiplication happens — the same as clients doing it), isotropic noise is added to the scaled
   sum, and the result is divided by ``s_t`` before the ``post`` update. ``s_t`` depends only on
-  earlier releases, so this is an adaptive choice of query: the ledger is unchanged;
+  earlier releases, so this is an adaptive choice of query: the ledger is unchanged.
+  ``stp_normalize=rms`` (default) divides ``s_t`` by its root mean square ``(mean_i s_{t,i}²)^{1/2}``:
+  a scalar factor on ``s_t`` is the same as the inverse factor on ``C`` (the clip and the noise
+  both scale with it; the division by ``s_t`` undoes the rest), so this only keeps ``C`` meaning a
+  norm of the size of an unscaled delta — raw ``s_t`` is ≈ ``1/√v̂`` ≫ 1, and a clip tuned for the
+  unscaled deltas then clips every scaled one to a sliver. Round 1 (``s = 1``) equals ``post``;
+  ``stp_normalize=none`` keeps the raw ``s_t``;
 * ``noiseless`` — ``s = g₀²`` of the *noiseless* average (clipped sum / B). NOT PRIVATE: an analysis
   baseline only; runs using it report ``epsilon = inf``.
 
@@ -48,6 +54,7 @@ from fedpriv.errors import ConfigError
 
 RULES = ("adam", "adagrad")
 VARIANTS = ("post", "bc", "ime", "stp", "noiseless")
+STP_NORMALIZE = ("rms", "none")
 
 
 @dataclass
@@ -64,11 +71,14 @@ class DPAdaptive:
     """A DP adaptive server optimizer (see the module docstring for the math)."""
 
     def __init__(self, rule: str = "adam", variant: str = "post", lr: float = 0.01, beta1: float = 0.9,
-                 beta2: float = 0.999, eps: float = 1e-3, floor: float = 1e-12, ime_fraction: float = 0.5) -> None:
+                 beta2: float = 0.999, eps: float = 1e-3, floor: float = 1e-12, ime_fraction: float = 0.5,
+                 stp_normalize: str = "rms") -> None:
         if rule not in RULES:
             raise ConfigError(f"unknown adaptive rule {rule!r} (choose one of: {', '.join(RULES)})")
         if variant not in VARIANTS:
             raise ConfigError(f"unknown adaptive variant {variant!r} (choose one of: {', '.join(VARIANTS)})")
+        if stp_normalize not in STP_NORMALIZE:
+            raise ConfigError(f"unknown optimizer.stp_normalize {stp_normalize!r} (choose one of: {', '.join(STP_NORMALIZE)})")
         if not 0.0 < ime_fraction < 1.0:
             raise ConfigError(f"optimizer.ime_fraction must be in (0, 1), got {ime_fraction}")
         for name, value in (("lr", lr), ("eps", eps), ("floor", floor)):
@@ -78,7 +88,7 @@ class DPAdaptive:
             raise ConfigError(f"optimizer betas must be in [0, 1) and (0, 1), got {beta1}, {beta2}")
         self.rule, self.variant = rule, variant
         self.lr, self.beta1, self.beta2, self.eps, self.floor = lr, beta1, beta2, eps, floor
-        self.ime_fraction = ime_fraction
+        self.ime_fraction, self.stp_normalize = ime_fraction, stp_normalize
         self.m: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.noise_var_sum = 0.0  # Σ_t (noise std of Δ̄_t)², the bias AdaGrad's v accumulates
@@ -113,10 +123,14 @@ class DPAdaptive:
         return 1.0 / math.sqrt(1.0 - self.ime_fraction), 1.0 / math.sqrt(self.ime_fraction)
 
     def client_scale(self) -> torch.Tensor | None:
-        """``s_t = 1/(√v̂_{t−1} + ε)`` for ``stp`` (None before the first round and otherwise)."""
+        """``s_t = 1/(√v̂_{t−1} + ε)`` for ``stp``, divided by its RMS under ``stp_normalize=rms``
+        (None before the first round and for the other variants)."""
         if self.variant != "stp" or self.v is None:
             return None
-        return 1.0 / (self._v_hat(self.v, self.t).sqrt() + self.eps)
+        scale = 1.0 / (self._v_hat(self.v, self.t).sqrt() + self.eps)
+        if self.stp_normalize == "rms":
+            scale = scale / scale.square().mean().sqrt()
+        return scale
 
     # --- the update ------------------------------------------------------------------------
     def _v_hat(self, v: torch.Tensor, t: int) -> torch.Tensor:

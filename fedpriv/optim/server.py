@@ -96,7 +96,8 @@ def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> Se
     if name == "adam" or name in ADAPTIVE_NAMES:
         rule, variant = ADAPTIVE_NAMES.get(name, ("adam", "post"))
         return DPAdaptive(rule, variant, **{k: v for k, v in kwargs.items()
-                                            if k in ("lr", "beta1", "beta2", "eps", "floor", "ime_fraction")})
+                                            if k in ("lr", "beta1", "beta2", "eps", "floor", "ime_fraction",
+                                                     "stp_normalize")})
     if name == "ftrl":
         return ServerFTRL(lr=kwargs.get("lr", 1.0), momentum=kwargs.get("momentum", 0.0))
     known = ", ".join(sorted(["adam", "ftrl", "momentum", "sgd", *ADAPTIVE_NAMES]))
