@@ -148,6 +148,22 @@ def test_stp_rms_normalization_is_a_rescaled_clip():
     torch.testing.assert_close(normed.params, rescaled.params, rtol=1e-4, atol=1e-6)
     with pytest.raises(ConfigError, match="stp_normalize"):
         build_server_optimizer("dpadam_stp", stp_normalize="l2")
+    with pytest.raises(ConfigError, match="stp_eps"):
+        build_server_optimizer("dpadam_stp", stp_eps=0.0)
+
+
+def test_stp_eps_sets_the_scale_and_a_large_one_is_post():
+    """s_t = 1/(√v̂ + ε_s) with ε_s = stp_eps; ε_s ≫ √v̂ makes s_t uniform, so STP = post."""
+    users = 3
+    srv = server("dpadam_stp", users, sigma=0.5, clip=0.05, stp_eps=0.01, stp_normalize="none")
+    run(srv, 1, users)
+    opt = srv.optimizer
+    torch.testing.assert_close(opt.client_scale(), 1.0 / ((opt.v / (1 - 0.999)).sqrt() + 0.01))
+    flat = server("dpadam_stp", users, sigma=0.5, clip=0.05, stp_eps=1e9)
+    post = server("dpadam_post", users, sigma=0.5, clip=0.05)
+    run(flat, 3, users)
+    run(post, 3, users)
+    torch.testing.assert_close(flat.params, post.params)
 
 
 def run_round_two(srv: DPFedAvg, users: int) -> dict:

@@ -25,7 +25,9 @@ Variants (``variant``), with ``s`` the second-moment sample of the round:
   noise per block is one Gaussian query of L2 sensitivity ``√(1/σ₁² + 1/σ₂²) = 1/σ``: exactly a
   Gaussian mechanism with multiplier σ, under the same (Poisson) sampling — the ledger is the
   one of every other variant. Needs independent Gaussian noise;
-* ``stp`` — scale-then-privatize: with ``s_t = 1/(√v̂_{t−1} + ε)`` (1 before any round), every
+* ``stp`` — scale-then-privatize: with ``s_t = 1/(√v̂_{t−1} + ε_s)`` (1 before any round; ``ε_s =
+  stp_eps``, default the step's ``ε``: a large ``ε_s`` makes ``s_t`` nearly uniform, i.e. ``post``; a
+  small one puts large noise on coordinates whose updates are small), every
   delta is multiplied by ``s_t`` *before* clipping (fedpriv clips at the aggregator, where the
   multiplication happens — the same as clients doing it), isotropic noise is added to the scaled
   sum, and the result is divided by ``s_t`` before the ``post`` update. ``s_t`` depends only on
@@ -72,7 +74,7 @@ class DPAdaptive:
 
     def __init__(self, rule: str = "adam", variant: str = "post", lr: float = 0.01, beta1: float = 0.9,
                  beta2: float = 0.999, eps: float = 1e-3, floor: float = 1e-12, ime_fraction: float = 0.5,
-                 stp_normalize: str = "rms") -> None:
+                 stp_normalize: str = "rms", stp_eps: float | None = None) -> None:
         if rule not in RULES:
             raise ConfigError(f"unknown adaptive rule {rule!r} (choose one of: {', '.join(RULES)})")
         if variant not in VARIANTS:
@@ -81,14 +83,15 @@ class DPAdaptive:
             raise ConfigError(f"unknown optimizer.stp_normalize {stp_normalize!r} (choose one of: {', '.join(STP_NORMALIZE)})")
         if not 0.0 < ime_fraction < 1.0:
             raise ConfigError(f"optimizer.ime_fraction must be in (0, 1), got {ime_fraction}")
-        for name, value in (("lr", lr), ("eps", eps), ("floor", floor)):
+        stp_eps = eps if stp_eps is None else float(stp_eps)
+        for name, value in (("lr", lr), ("eps", eps), ("floor", floor), ("stp_eps", stp_eps)):
             if not value > 0:
                 raise ConfigError(f"optimizer.{name} must be > 0, got {value}")
         if not (0.0 <= beta1 < 1.0 and 0.0 < beta2 < 1.0):
             raise ConfigError(f"optimizer betas must be in [0, 1) and (0, 1), got {beta1}, {beta2}")
         self.rule, self.variant = rule, variant
         self.lr, self.beta1, self.beta2, self.eps, self.floor = lr, beta1, beta2, eps, floor
-        self.ime_fraction, self.stp_normalize = ime_fraction, stp_normalize
+        self.ime_fraction, self.stp_normalize, self.stp_eps = ime_fraction, stp_normalize, stp_eps
         self.m: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.noise_var_sum = 0.0  # Σ_t (noise std of Δ̄_t)², the bias AdaGrad's v accumulates
@@ -123,11 +126,11 @@ class DPAdaptive:
         return 1.0 / math.sqrt(1.0 - self.ime_fraction), 1.0 / math.sqrt(self.ime_fraction)
 
     def client_scale(self) -> torch.Tensor | None:
-        """``s_t = 1/(√v̂_{t−1} + ε)`` for ``stp``, divided by its RMS under ``stp_normalize=rms``
+        """``s_t = 1/(√v̂_{t−1} + ε_s)`` for ``stp``, divided by its RMS under ``stp_normalize=rms``
         (None before the first round and for the other variants)."""
         if self.variant != "stp" or self.v is None:
             return None
-        scale = 1.0 / (self._v_hat(self.v, self.t).sqrt() + self.eps)
+        scale = 1.0 / (self._v_hat(self.v, self.t).sqrt() + self.stp_eps)
         if self.stp_normalize == "rms":
             scale = scale / scale.square().mean().sqrt()
         return scale

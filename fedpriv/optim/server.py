@@ -97,7 +97,7 @@ def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> Se
         rule, variant = ADAPTIVE_NAMES.get(name, ("adam", "post"))
         return DPAdaptive(rule, variant, **{k: v for k, v in kwargs.items()
                                             if k in ("lr", "beta1", "beta2", "eps", "floor", "ime_fraction",
-                                                     "stp_normalize")})
+                                                     "stp_normalize", "stp_eps")})
     if name == "ftrl":
         return ServerFTRL(lr=kwargs.get("lr", 1.0), momentum=kwargs.get("momentum", 0.0))
     known = ", ".join(sorted(["adam", "ftrl", "momentum", "sgd", *ADAPTIVE_NAMES]))
