@@ -2,11 +2,11 @@
 LM with the synthetic default, at equal ε, with independent Gaussian noise and with BandMF.
 
     python scripts/adaptive_lm.py [--out outputs/adaptive_lm] [--epsilon 8] [--lr 0.01]
-                                  [--only NAME ...] [--table] [--plot PNG]
+                                  [--only NAME ...] [--set KEY=VALUE ...] [--table] [--plot PNG]
 
 Runs ``python -m fedpriv.simulate model=transformer optimizer=dpadam_<variant> mechanism=<m>
-privacy.target_epsilon=E optimizer.lr=LR`` into ``OUT/<mechanism>-<variant>/`` (skipping finished
-runs), then prints a Markdown table (final accuracy, test loss, mean share of negative second-moment
+privacy.target_epsilon=E optimizer.lr=LR [KEY=VALUE ...]`` into ``OUT/<mechanism>-<variant>/``
+(skipping finished runs; give tuning runs their own ``--out``), then prints a Markdown table (final accuracy, test loss, mean share of negative second-moment
 coordinates where the variant has one) and, with ``--plot``, test accuracy against the round.
 ``bc`` and ``ime`` are derived for independent Gaussian noise only, so BandMF runs ``post`` and
 ``stp``. ``stp`` uses the default ``optimizer.stp_normalize=rms``; ``stp_raw`` the raw ``s_t``. Every number comes from the runs' own files.
@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--epsilon", type=float, default=8.0)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--only", nargs="*", default=None, help=f"runs, in order, from: {' '.join(names())}")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every run")
     ap.add_argument("--table", action="store_true", help="only print the table of finished runs")
     ap.add_argument("--plot", type=Path, default=None, help="also write accuracy-vs-round curves to this PNG")
     args = ap.parse_args()
@@ -93,7 +94,7 @@ def main() -> None:
         for name in args.only or names():
             if name not in names():
                 ap.error(f"unknown run {name!r} (choose from: {' '.join(names())})")
-            run_once(args.out / name, overrides(name, args.epsilon, args.lr))
+            run_once(args.out / name, [*overrides(name, args.epsilon, args.lr), *args.set])
     print(table(args.out))
     if args.plot:
         plot(args.out, args.plot)
