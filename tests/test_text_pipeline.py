@@ -12,6 +12,7 @@ import torch
 
 from fedpriv.data.federated import FederatedDataset, PublicCorpus
 from fedpriv.data.synthetic import SyntheticConfig, generate
+from fedpriv.data import text_pipeline
 from fedpriv.data.text_pipeline import apply_text_pipeline
 from fedpriv.errors import ConfigError
 from fedpriv.metrics import evaluate
@@ -118,6 +119,23 @@ def test_sentencepiece_pipeline_reencodes_every_split_from_public_training(small
         body = [t for t in row[1:] if t not in (0, data.vocab.eos_id)]
         kept = len(np.unique(word_of[word_of >= 0]))  # whole words that fit in sp_seq_len - 1 tokens
         assert kept >= 1 and sp.decode(body) == " ".join(text.split()[:kept])
+
+
+def test_retokenized_users_encode_once_and_keep_a_bounded_cache(small_words, monkeypatch):
+    data = apply_text_pipeline(small_words, {"tokenizer": "sentencepiece", "sp_vocab_size": 60, "sp_seq_len": 30})
+    users = data.users
+    users.cache_users = 2
+    calls = []
+    monkeypatch.setattr(text_pipeline, "encode_rows", lambda *a: calls.append(a) or encode_rows(*a))
+    first = users[3]
+    assert len(calls) == 1
+    assert users[3] is first and len(calls) == 1  # sampled again: not re-encoded
+    with pytest.raises(ValueError):
+        first[0, 0] = 1  # shared, so read-only
+    users[4], users[5]  # evicts user 3 (cache of 2)
+    again = users[3]
+    assert len(calls) == 4 and again is not first
+    np.testing.assert_array_equal(again, first)
 
 
 def test_sentencepiece_training_never_sees_private_text(small_words):

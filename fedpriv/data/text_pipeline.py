@@ -17,6 +17,7 @@ for synthetic; TFF's word counts for StackOverflow), SentencePiece sees only the
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -32,16 +33,29 @@ TOKENIZERS = ("word", "sentencepiece", "hf")
 
 
 class RetokenizedUsers(Sequence):
-    """``users[u]`` re-encoded on access (the underlying users may themselves be lazy)."""
+    """``users[u]`` re-encoded on first access (the underlying users may themselves be lazy); the
+    last ``cache_users`` users' encodings are kept, so a user sampled again is not re-encoded."""
 
-    def __init__(self, users: Sequence[np.ndarray], vocab: Vocabulary, tokenizer: Tokenizer, seq_len: int) -> None:
+    def __init__(self, users: Sequence[np.ndarray], vocab: Vocabulary, tokenizer: Tokenizer, seq_len: int,
+                 cache_users: int = 4096) -> None:
         self.users, self.vocab, self.tokenizer, self.seq_len = users, vocab, tokenizer, seq_len
+        self.cache_users = cache_users
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.users)
 
     def __getitem__(self, u: int) -> np.ndarray:  # type: ignore[override]
-        return encode_rows(self.tokenizer, rows_to_texts(self.users[u], self.vocab), self.seq_len)[0]
+        u = int(u)
+        if u in self._cache:
+            self._cache.move_to_end(u)
+            return self._cache[u]
+        rows = encode_rows(self.tokenizer, rows_to_texts(self.users[u], self.vocab), self.seq_len)[0]
+        rows.setflags(write=False)  # shared by every later access
+        self._cache[u] = rows
+        if len(self._cache) > self.cache_users:
+            self._cache.popitem(last=False)
+        return rows
 
 
 def _public_corpus(data: FederatedDataset, cfg: Mapping[str, Any]) -> PublicCorpus | None:
