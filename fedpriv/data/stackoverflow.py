@@ -258,12 +258,6 @@ def load_word_counts(path: str | os.PathLike) -> list[str]:
         return [line.split()[0] for line in f if line.strip()]
 
 
-def _vocabulary(words: Sequence[str]) -> Vocabulary:
-    """TFF's id layout for V words: pad 0, words 1..V, OOV V+1, BOS V+2, EOS V+3."""
-    v = len(words)
-    return Vocabulary(size=v + 4, bos_id=v + 2, eos_id=v + 3, pad_id=0, oov_id=v + 1, words=tuple(words))
-
-
 def _word_lookup(vocab: Vocabulary) -> dict[bytes, int]:
     """Maps each vocabulary word, as raw bytes, to its id."""
     return {w.encode("utf-8", "surrogateescape"): i + 1 for i, w in enumerate(vocab.words or ())}
@@ -575,7 +569,7 @@ def load_stackoverflow(
         words, vocab_source = _vocabulary_words(
             conn, db, vocab_path, vocab_size, client_ids, max_sentences_per_user, allow_private_vocab
         )
-        vocab = _vocabulary(words)
+        vocab = Vocabulary.of_words(words)
         test = _rows(_test_blobs(conn, max_test_sentences, seed), _word_lookup(vocab), vocab, seq_len)
     users = SqliteUsers(db, client_ids, vocab, seq_len, max_sentences_per_user)
     return FederatedDataset(

@@ -118,10 +118,8 @@ class SyntheticTruth:
 
 
 def make_vocabulary(vocab_size: int) -> Vocabulary:
-    """StackOverflow layout: pad 0, words 1..V, OOV V+1, BOS V+2, EOS V+3."""
-    v = vocab_size
-    words = tuple(f"w{i}" for i in range(1, v + 1))
-    return Vocabulary(size=v + 4, bos_id=v + 2, eos_id=v + 3, pad_id=0, oov_id=v + 1, words=words)
+    """Words ``w1..wV`` in the StackOverflow layout (:meth:`Vocabulary.of_words`)."""
+    return Vocabulary.of_words([f"w{i}" for i in range(1, vocab_size + 1)])
 
 
 def zipf_probs(vocab_size: int, exponent: float) -> np.ndarray:

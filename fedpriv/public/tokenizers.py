@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedpriv.data.federated import Vocabulary
 from fedpriv.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,8 @@ NO_WORD = -1  # word index of targets that belong to no word (EOS, PAD)
 
 @dataclass
 class WordTokenizer:
-    """Word ids 1..V for ``words``; OOV V+1, BOS V+2, EOS V+3; ``size`` = V + 4."""
+    """Word ids 1..V for ``words``; OOV V+1, BOS V+2, EOS V+3; ``size`` = V + 4
+    (:meth:`~fedpriv.data.federated.Vocabulary.of_words`)."""
 
     words: tuple[str, ...]
     pad_id = PAD_ID
@@ -57,22 +59,8 @@ class WordTokenizer:
 
     def __post_init__(self) -> None:
         self._index = {w: i + 1 for i, w in enumerate(self.words)}
-
-    @property
-    def oov_id(self) -> int:
-        return len(self.words) + 1
-
-    @property
-    def bos_id(self) -> int:
-        return len(self.words) + 2
-
-    @property
-    def eos_id(self) -> int:
-        return len(self.words) + 3
-
-    @property
-    def size(self) -> int:
-        return len(self.words) + 4
+        layout = Vocabulary.of_words(self.words)
+        self.oov_id, self.bos_id, self.eos_id, self.size = layout.oov_id, layout.bos_id, layout.eos_id, layout.size
 
     def encode_word(self, word: str) -> list[int]:
         return [self._index.get(word, self.oov_id)]  # "<unk>" is in no vocabulary: OOV
