@@ -3,11 +3,13 @@ LM with the synthetic default, at equal ε, with independent Gaussian noise and 
 
     python scripts/adaptive_lm.py [--out outputs/adaptive_lm] [--epsilon 8] [--lr 0.01]
                                   [--only NAME ...] [--set KEY=VALUE ...] [--table] [--plot PNG]
+                                  [--curves JSON]
 
 Runs ``python -m fedpriv.simulate model=transformer optimizer=dpadam_<variant> mechanism=<m>
 privacy.target_epsilon=E optimizer.lr=LR [KEY=VALUE ...]`` into ``OUT/<mechanism>-<variant>/``
 (skipping finished runs; give tuning runs their own ``--out``), then prints a Markdown table (final accuracy, test loss, mean share of negative second-moment
-coordinates where the variant has one) and, with ``--plot``, test accuracy against the round.
+coordinates where the variant has one) and, with ``--plot``, test accuracy against the round;
+``--curves`` writes those curves ({run: [[round, accuracy], ...]}) to a small JSON file.
 ``bc`` and ``ime`` are derived for independent Gaussian noise only, so BandMF runs ``post`` and
 ``stp``. ``stp`` uses the default ``optimizer.stp_normalize=rms``; ``stp_raw`` the raw ``s_t``. Every number comes from the runs' own files.
 """
@@ -60,6 +62,12 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def curves(out: Path) -> dict[str, list[list[float]]]:
+    """{run: [[round, test accuracy], ...]} of the finished runs."""
+    return {name: [[r["round"], r["test_accuracy"]] for r in metrics(out / name) if "test_accuracy" in r]
+            for name in names() if summary(out / name) is not None}
+
+
 def plot(out: Path, png: Path) -> None:
     import matplotlib
 
@@ -67,11 +75,8 @@ def plot(out: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for name in names():
-        if summary(out / name) is None:
-            continue
-        rows = [r for r in metrics(out / name) if "test_accuracy" in r]
-        ax.plot([r["round"] for r in rows], [r["test_accuracy"] for r in rows], marker="o", markersize=3,
+    for name, points in curves(out).items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3,
                 label=f"{name.split('-')[0]} {label(name.split('-')[1])}")
     ax.set(xlabel="round", ylabel="test accuracy", title="DP-Adam variants (transformer, synthetic, equal ε)")
     ax.grid(True, alpha=0.3)
@@ -89,6 +94,7 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every run")
     ap.add_argument("--table", action="store_true", help="only print the table of finished runs")
     ap.add_argument("--plot", type=Path, default=None, help="also write accuracy-vs-round curves to this PNG")
+    ap.add_argument("--curves", type=Path, default=None, help="also write the curves to this JSON file")
     args = ap.parse_args()
     if not args.table:
         for name in args.only or names():
@@ -98,6 +104,8 @@ def main() -> None:
     print(table(args.out))
     if args.plot:
         plot(args.out, args.plot)
+    if args.curves:
+        args.curves.write_text(json.dumps(curves(args.out)) + "\n")
 
 
 if __name__ == "__main__":
