@@ -3,13 +3,16 @@ LM with the synthetic default, at equal ε, with independent Gaussian noise and 
 
     python scripts/adaptive_lm.py [--out outputs/adaptive_lm] [--epsilon 8] [--lr 0.01]
                                   [--only NAME ...] [--set KEY=VALUE ...] [--table] [--plot PNG]
-                                  [--curves JSON]
+                                  [--curves JSON] [--precond]
 
 Runs ``python -m fedpriv.simulate model=transformer optimizer=dpadam_<variant> mechanism=<m>
 privacy.target_epsilon=E optimizer.lr=LR [KEY=VALUE ...]`` into ``OUT/<mechanism>-<variant>/``
 (skipping finished runs; give tuning runs their own ``--out``), then prints a Markdown table (final accuracy, test loss, mean share of negative second-moment
 coordinates where the variant has one) and, with ``--plot``, test accuracy against the round;
-``--curves`` writes those curves ({run: [[round, accuracy], ...]}) to a small JSON file.
+``--curves`` writes those curves ({run: [[round, accuracy], ...]}) to a small JSON file;
+``--precond`` prints, from each finished run's last checkpoint, quantiles of the final ``√v̂`` and
+of the scale ``s = 1/(√v̂ + ε)`` divided by its RMS (how far from isotropic the preconditioner is) —
+for ``post`` and ``stp``, whose step divides by exactly that ``√v̂`` (``bc``/``ime`` subtract and floor).
 ``bc`` and ``ime`` are derived for independent Gaussian noise only, so BandMF runs ``post`` and
 ``stp``. ``stp`` uses the default ``optimizer.stp_normalize=rms``; ``stp_raw`` the raw ``s_t``. Every number comes from the runs' own files.
 """
@@ -68,6 +71,29 @@ def curves(out: Path) -> dict[str, list[list[float]]]:
             for name in names() if summary(out / name) is not None}
 
 
+def preconditioner(out: Path, quantiles=(0.01, 0.1, 0.5, 0.9, 0.99), sample: int = 200_000) -> str:
+    """Quantiles (over a seeded sample of coordinates) of the final √v̂ and of s/RMS(s), per run."""
+    import torch
+
+    lines = ["| run | √v̂ quantiles (1, 10, 50, 90, 99 %) | s/RMS(s) quantiles | max s / min s |", "|---|---|---|---|"]
+    q = torch.tensor(quantiles, dtype=torch.float64)
+    for name in names():
+        ckpt = out / name / "checkpoints" / "last.pt"
+        if summary(out / name) is None or not ckpt.exists() or not name.split("-")[1].startswith(("post", "stp")):
+            continue
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        opt, cfg = state["server"]["optimizer"], state["config"]["optimizer"]
+        v_hat = (opt["v"] / (1 - cfg["beta2"] ** opt["t"])).double()
+        scale = 1.0 / (v_hat.sqrt() + (cfg.get("stp_eps") or cfg["eps"]))
+        scale = scale / scale.square().mean().sqrt()
+        pick = torch.randperm(len(v_hat), generator=torch.Generator().manual_seed(0))[:sample]
+        root = torch.quantile(v_hat.sqrt()[pick], q).tolist()
+        normed = torch.quantile(scale[pick], q).tolist()
+        lines.append(f"| {name} | {', '.join(f'{x:.2e}' for x in root)} | {', '.join(f'{x:.2f}' for x in normed)} | "
+                     f"{float(scale.max() / scale.min()):.1f} |")
+    return "\n".join(lines)
+
+
 def plot(out: Path, png: Path) -> None:
     import matplotlib
 
@@ -94,6 +120,7 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every run")
     ap.add_argument("--table", action="store_true", help="only print the table of finished runs")
     ap.add_argument("--plot", type=Path, default=None, help="also write accuracy-vs-round curves to this PNG")
+    ap.add_argument("--precond", action="store_true", help="also print the final preconditioners' quantiles")
     ap.add_argument("--curves", type=Path, default=None, help="also write the curves to this JSON file")
     args = ap.parse_args()
     if not args.table:
@@ -104,6 +131,8 @@ def main() -> None:
     print(table(args.out))
     if args.plot:
         plot(args.out, args.plot)
+    if args.precond:
+        print(preconditioner(args.out))
     if args.curves:
         args.curves.write_text(json.dumps(curves(args.out)) + "\n")
 
