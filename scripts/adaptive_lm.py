@@ -75,6 +75,8 @@ def preconditioner(out: Path, quantiles=(0.01, 0.1, 0.5, 0.9, 0.99), sample: int
     """Quantiles (over a seeded sample of coordinates) of the final √v̂ and of s/RMS(s), per run."""
     import torch
 
+    from fedpriv.optim import DPAdaptive
+
     lines = ["| run | √v̂ quantiles (1, 10, 50, 90, 99 %) | s/RMS(s) quantiles | max s / min s |", "|---|---|---|---|"]
     q = torch.tensor(quantiles, dtype=torch.float64)
     for name in names():
@@ -82,10 +84,11 @@ def preconditioner(out: Path, quantiles=(0.01, 0.1, 0.5, 0.9, 0.99), sample: int
         if summary(out / name) is None or not ckpt.exists() or not name.split("-")[1].startswith(("post", "stp")):
             continue
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        opt, cfg = state["server"]["optimizer"], state["config"]["optimizer"]
-        v_hat = (opt["v"] / (1 - cfg["beta2"] ** opt["t"])).double()
-        scale = 1.0 / (v_hat.sqrt() + (cfg.get("stp_eps") or cfg["eps"]))
-        scale = scale / scale.square().mean().sqrt()
+        cfg = state["config"]["optimizer"]  # the run's own v̂, through the server's STP scale
+        opt = DPAdaptive("adam", "stp", beta2=cfg["beta2"], eps=cfg["eps"], stp_eps=cfg.get("stp_eps"),
+                         stp_normalize="rms")
+        opt.load_state_dict(state["server"]["optimizer"])
+        v_hat, scale = opt.v_hat().double(), opt.client_scale().double()
         pick = torch.randperm(len(v_hat), generator=torch.Generator().manual_seed(0))[:sample]
         root = torch.quantile(v_hat.sqrt()[pick], q).tolist()
         normed = torch.quantile(scale[pick], q).tolist()

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from fedpriv.data import text_pipeline
 from fedpriv.data.federated import FederatedDataset, PublicCorpus
 from fedpriv.data.synthetic import SyntheticConfig, generate
-from fedpriv.data import text_pipeline
 from fedpriv.data.text_pipeline import apply_text_pipeline
 from fedpriv.errors import ConfigError
 from fedpriv.metrics import evaluate

@@ -130,14 +130,16 @@ class DPAdaptive:
         (None before the first round and for the other variants)."""
         if self.variant != "stp" or self.v is None:
             return None
-        scale = 1.0 / (self._v_hat(self.v, self.t).sqrt() + self.stp_eps)
+        scale = 1.0 / (self.v_hat().sqrt() + self.stp_eps)
         if self.stp_normalize == "rms":
             scale = scale / scale.square().mean().sqrt()
         return scale
 
     # --- the update ------------------------------------------------------------------------
-    def _v_hat(self, v: torch.Tensor, t: int) -> torch.Tensor:
-        return v / (1 - self.beta2 ** t) if self.rule == "adam" else v
+    def v_hat(self) -> torch.Tensor:
+        """The second moment after ``t`` rounds: ``v/(1−β₂ᵗ)`` (adam) or ``v`` (adagrad) — before
+        the bias correction of ``bc`` and any floor."""
+        return self.v / (1 - self.beta2 ** self.t) if self.rule == "adam" else self.v
 
     def step(self, params: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
         """The ``post`` step on a bare update (what non-adaptive callers provide)."""
@@ -166,7 +168,7 @@ class DPAdaptive:
             self.m = g
             self.v = self.v + sample
             m_hat = g
-        v_hat = self._v_hat(self.v, self.t)
+        v_hat = self.v_hat()
         stats: dict[str, float] = {}
         if self.variant == "bc":
             if release.noise_std is None:
