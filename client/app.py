@@ -3,8 +3,11 @@ update for each user the message names, and packs the deltas and metrics (wire p
 ``server/strategy.py``).
 
 Users are virtual clients: any node can compute any sampled user's update (the node is the
-compute that simulates the devices), and an update depends only on (seed, round, user), so the
-result does not depend on which node ran it.
+compute that simulates the devices). In research mode an update depends only on (research key,
+round, user), so the result does not depend on which node ran it; in secure mode each update's
+randomness is fresh OS entropy on the node (:class:`fedpriv.randomness.ClientRandomness`). A
+reply carries statistics of the user's data beside the delta only when diagnostics are on
+(research mode, user-level DP: :func:`fedpriv.config.client_diagnostics_enabled`).
 """
 
 from __future__ import annotations
@@ -13,26 +16,31 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from client.codec import decode, train_reply_content
+from fedpriv.config import client_diagnostics_enabled, resolve_config
+from fedpriv.randomness import ClientRandomness
 from fedpriv.runner import client_update
 from fedpriv.task import load_task
 
 
-def train_reply(cfg: dict, msg: Message) -> Message:
-    """The reply to one ``train`` message under the experiment ``cfg``."""
+def train_reply(cfg: dict, msg: Message, rng: ClientRandomness) -> Message:
+    """The reply to one ``train`` message under the experiment ``cfg`` (resolved)."""
     task = load_task(cfg)
     conf = msg.content["config"]
     params = decode(msg.content["arrays"]["params"])
-    updates = [client_update(task, params, int(user), int(conf["round"])) for user in conf["users"]]
+    diagnostics = client_diagnostics_enabled(cfg)
+    updates = [client_update(task, params, int(user), int(conf["round"]), rng, diagnostics) for user in conf["users"]]
     return Message(content=train_reply_content(updates), reply_to=msg)
 
 
 def make_client_app(cfg: dict) -> ClientApp:
-    """A ClientApp for the experiment ``cfg`` (plain dict of the resolved Hydra config)."""
+    """A ClientApp for the experiment ``cfg`` (plain dict of the Hydra config)."""
+    cfg = resolve_config(cfg)
+    rng = ClientRandomness.for_config(cfg)
     app = ClientApp()
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         del context  # the users to simulate come with the message, not from the node
-        return train_reply(cfg, msg)
+        return train_reply(cfg, msg, rng)
 
     return app

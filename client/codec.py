@@ -36,9 +36,11 @@ def decode(array: Array) -> torch.Tensor:
 
 
 def train_reply_content(updates: Iterable[ClientUpdate]) -> RecordDict:
-    """A node's reply: every user's delta and metrics."""
+    """A node's reply: every user's delta, and its metrics only where there are any (research-mode
+    diagnostics of user-level runs; none otherwise)."""
     updates = list(updates)
     content = RecordDict({"deltas": ArrayRecord({str(u.user): encode(u.delta) for u in updates})})
     for u in updates:
-        content[f"metrics.{u.user}"] = MetricRecord(dict(u.metrics))
+        if u.metrics:
+            content[f"metrics.{u.user}"] = MetricRecord(dict(u.metrics))
     return content

@@ -12,15 +12,22 @@ from flwr.clientapp import ClientApp
 
 from client.app import train_reply
 from fedpriv.compose import deployment_config
+from fedpriv.config import resolve_config
+from fedpriv.randomness import ClientRandomness
 
 app = ClientApp()
 
 
 @functools.lru_cache(maxsize=4)
-def _config(run_config_json: str) -> dict:
-    return deployment_config(json.loads(run_config_json))
+def _config(run_config_json: str) -> tuple[dict, ClientRandomness]:
+    """The run's resolved config and where this node's randomness comes from (OS entropy in secure
+    mode, the deployment default: the node never learns anything that regenerates server noise or
+    cohorts)."""
+    cfg = resolve_config(deployment_config(json.loads(run_config_json)))
+    return cfg, ClientRandomness.for_config(cfg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    return train_reply(_config(json.dumps(dict(context.run_config), sort_keys=True, default=str)), msg)
+    cfg, rng = _config(json.dumps(dict(context.run_config), sort_keys=True, default=str))
+    return train_reply(cfg, msg, rng)

@@ -105,8 +105,8 @@ class CohortClipper:
             all_norms[torch.tensor(chunk)] = self.bk.last_norms * self.lr
             losses.append(torch.zeros(len(chunk)).index_add_(0, groups, per_row.detach()))
         if not torch.isfinite(all_norms).all() or not torch.isfinite(total).all():
-            bad = [int(users[k]) for k in torch.nonzero(~torch.isfinite(all_norms)).flatten().tolist()]
-            raise FloatingPointError(f"non-finite gradient for user(s) {bad[:5]} in the one-pass round: "
+            # no user ids in the message: they would say who was sampled
+            raise FloatingPointError("a sampled unit has a non-finite gradient in the one-pass round: "
                                      "lower client.lr or check the data")
         return CohortSum(users=np.asarray(users), total=total, norms=all_norms,
                          train_loss=float(torch.cat(losses).mean()) if losses else float("nan"))

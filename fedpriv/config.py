@@ -8,6 +8,8 @@ import math
 from typing import Any
 
 from fedpriv.errors import ConfigError
+from fedpriv.randomness import resolve_secure
+from fedpriv.sampling import resolve_sampling
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,30 @@ def _positive(value: Any, name: str, integer: bool = False) -> None:
 def _choice(value: Any, name: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"unknown {name} {value!r} (choose one of: {', '.join(choices)})")
+
+
+def resolve_config(cfg: dict) -> dict:
+    """Resolve, in place, the values that mean "pick for me" — ``sampling=auto`` (the mechanism's
+    sampler) and ``privacy.secure_rng=null`` (secure for deployments) — so that config.yaml names
+    what the run does and server and clients derive the same research key. Idempotent."""
+    cfg["sampling"] = resolve_sampling(cfg.get("sampling"), (cfg.get("mechanism") or {}).get("name"))
+    privacy = cfg.setdefault("privacy", {})
+    privacy["secure_rng"] = resolve_secure(cfg)
+    return cfg
+
+
+def diagnostics_enabled(cfg: dict) -> bool:
+    """Whether the run computes statistics of training users (``diagnostics.jsonl``): only in
+    research mode, never in secure mode or a deployment, and only with ``diagnostics=true``."""
+    backend = (cfg.get("backend") or {}).get("name")
+    return bool(cfg.get("diagnostics", True)) and not resolve_secure(cfg) and backend != "deployment"
+
+
+def client_diagnostics_enabled(cfg: dict) -> bool:
+    """Whether clients report statistics of their data beside the delta (train loss, counts):
+    with diagnostics, and never under example-level DP, whose replies carry the privatized delta
+    and nothing else (the example-level guarantee is against the server too)."""
+    return diagnostics_enabled(cfg) and ((cfg.get("client") or {}).get("dp") or "none") != "example"
 
 
 def validate(cfg: dict) -> None:

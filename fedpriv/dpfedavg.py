@@ -59,14 +59,20 @@ class DPFedAvg:
     def cohort(self, round_idx: int) -> np.ndarray:
         return self.sampler.sample(round_idx)
 
-    def apply_round(self, round_idx: int, cohort: np.ndarray,
-                    updates: list[ClientUpdate] | CohortSum) -> dict[str, float]:
+    def apply_round(self, round_idx: int, cohort: np.ndarray, updates: list[ClientUpdate] | CohortSum,
+                    diagnostics: bool = False) -> tuple[dict[str, float], dict[str, float]]:
         """Aggregate ``updates`` (from users of ``cohort``) into one privatized server step.
 
         Updates are summed in user order so the result does not depend on arrival order.
         Users of the cohort with no reply count as dropped; replies from users outside the
         cohort or duplicates are rejected. A :class:`CohortSum` (the one-pass path) is a sum
         already clipped to C per user; it must cover exactly the cohort.
+
+        Returns ``(released, diagnostics)``: ``released`` holds only quantities computed from the
+        privatized release (covered by the ledger: the adaptive optimizers' ``v_negative_fraction``);
+        ``diagnostics`` — empty unless asked for — the statistics of the round's users that the
+        ledger does NOT cover (realised cohort size, dropped, rejected, clipped fraction, median
+        unclipped norm, clients' training loss), for the research-only diagnostics file.
         """
         opt = self.optimizer
         adaptive = isinstance(opt, DPAdaptive)
@@ -100,8 +106,10 @@ class DPFedAvg:
             self.params = opt.step(self.params, agg.privatize(noise, self.sampler.expected_cohort))
         if self.ema_decay:
             self.ema = self.ema_decay * self.ema + (1.0 - self.ema_decay) * self.params
-        return {"cohort_size": float(len(cohort)), "dropped": float(len(expected - seen)),
-                **agg.stats(), "train_loss": float(np.mean(losses)) if losses else float("nan"), **extra}
+        if not diagnostics:
+            return extra, {}
+        return extra, {"cohort_size": float(len(cohort)), "dropped": float(len(expected - seen)), **agg.stats(),
+                       "train_loss": float(np.mean(losses)) if losses else float("nan")}
 
     def _release(self, opt: DPAdaptive, agg: RoundAggregate, noise: torch.Tensor,
                  scale: torch.Tensor | None) -> RoundRelease:

@@ -1,24 +1,27 @@
 """Example-level DP on clients (``client.dp=example``): every local step is DP-SGD through BK.
 
-Step k of client u (n_u rows) in a round: each row joins the batch B_k independently with
-probability q; with ``ℓ_i`` the mean token loss of row i and ``g_i = ∇ℓ_i``::
+Step k of client u in a round: each row joins the batch B_k independently with probability q;
+with ``ℓ_i`` the mean token loss of row i and ``g_i = ∇ℓ_i``::
 
-    θ ← θ − η · ( Σ_{i∈B_k} min(1, C_e/‖g_i‖) g_i + σ_e C_e N(0, I) ) / (q · n_u)
+    θ ← θ − η · ( Σ_{i∈B_k} min(1, C_e/‖g_i‖) g_i + σ_e C_e N(0, I) ) / D
 
+``D = client.example.denominator`` is a fixed, public constant (think q times a typical row
+count): dividing by the client's own q·n_u would make the step depend on its private row count.
 An empty batch still takes the noise-only step (the accountant counts every step).
 
 Accounting (per example, add/remove-one of one example in one client's data): a round where the
 client takes part releases ``K`` steps of ``PoissonSampledDpEvent(q, GaussianDpEvent(σ_e))``.
 fedpriv assumes the worst case that the client takes part in *every* round (no amplification
 from user sampling is claimed), so after R rounds the example-level event is
-``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(σ_e)), R·K)``. Assumptions: the
-client's row count n_u in the step size is treated as public (as DP-SGD libraries treat the
-dataset size); the server's user-level clipping and noise are a separate guarantee on top.
+``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(σ_e)), R·K)``. The guarantee is
+against the server too: a client's reply carries the privatized delta and nothing else (no loss,
+no counts), and its masks and noise come from its own generator (OS entropy in secure mode, see
+:mod:`fedpriv.randomness`). The server's user-level clipping and noise are a separate guarantee
+on top.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +46,8 @@ class ExampleDP:
     clip_norm: float
     noise_multiplier: float
     delta: float
+    denominator: float = 1.0  # D: the fixed, public divisor of a step's noisy clipped sum
     mode: str = "mixopt"
-    secure_rng: bool = False
 
     def event(self, rounds: int) -> dp_accounting.DpEvent:
         """The example-level event after ``rounds`` rounds (client assumed in every round)."""
@@ -62,8 +65,7 @@ def example_event(rate: float, noise_multiplier: float, steps: int) -> dp_accoun
         dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(noise_multiplier)), steps)
 
 
-def resolve_example_dp(client: Mapping[str, Any], rounds: int, accountant: str = "rdp",
-                       secure_rng: bool = False) -> ExampleDP | None:
+def resolve_example_dp(client: Mapping[str, Any], rounds: int, accountant: str = "rdp") -> ExampleDP | None:
     """``client.example`` as an :class:`ExampleDP` (σ_e calibrated when not given); None when
     ``client.dp`` is ``none``. Raises ``ConfigError`` for bad values."""
     kind = client.get("dp", "none") or "none"
@@ -73,7 +75,7 @@ def resolve_example_dp(client: Mapping[str, Any], rounds: int, accountant: str =
         raise ConfigError(f"unknown client.dp {kind!r} (choose one of: none, example)")
     ex = dict(client.get("example") or {})
     rate, steps, clip = ex.get("sampling_rate"), ex.get("steps"), ex.get("clip_norm")
-    delta, mode = ex.get("delta"), ex.get("mode", "mixopt")
+    delta, mode, denominator = ex.get("delta"), ex.get("mode", "mixopt"), ex.get("denominator")
     if not isinstance(rate, (int, float)) or not 0 < rate <= 1:
         raise ConfigError(f"client.example.sampling_rate must be in (0, 1], got {rate!r}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -82,6 +84,9 @@ def resolve_example_dp(client: Mapping[str, Any], rounds: int, accountant: str =
         raise ConfigError(f"client.example.clip_norm must be a positive number, got {clip!r}")
     if not isinstance(delta, (int, float)) or not 0 < delta < 1:
         raise ConfigError(f"client.example.delta must be in (0, 1), got {delta!r}")
+    if isinstance(denominator, bool) or not isinstance(denominator, (int, float)) or not 0 < denominator < float("inf"):
+        raise ConfigError(f"client.example.denominator must be a positive number (a fixed, public divisor of the "
+                          f"step), got {denominator!r}")
     if mode not in MODES:
         raise ConfigError(f"client.example.mode must be one of {', '.join(MODES)}, got {mode!r}")
     sigma = ex.get("noise_multiplier")
@@ -94,26 +99,25 @@ def resolve_example_dp(client: Mapping[str, Any], rounds: int, accountant: str =
     elif not isinstance(sigma, (int, float)) or sigma < 0:
         raise ConfigError(f"client.example.noise_multiplier must be >= 0, got {sigma!r}")
     return ExampleDP(sampling_rate=float(rate), steps=steps, clip_norm=float(clip), noise_multiplier=float(sigma),
-                     delta=float(delta), mode=mode, secure_rng=secure_rng)
+                     delta=float(delta), denominator=float(denominator), mode=mode)
 
 
-def noise_generator(order_generator: torch.Generator, secure: bool) -> torch.Generator:
-    """The client's noise stream: derived from its seeded order generator, or CSPRNG-seeded."""
-    seed = secrets.randbits(63) if secure else int(torch.randint(0, 2**62, (1,), generator=order_generator))
-    return torch.Generator().manual_seed(seed)
+def noise_generator(order_generator: torch.Generator) -> torch.Generator:
+    """The client's noise stream, seeded from its round generator (which is OS-seeded in secure
+    mode and never stored: see :class:`fedpriv.randomness.ClientRandomness`)."""
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=order_generator)))
 
 
 def dp_sgd_steps(model: nn.Module, bk: BookKeeping, rows: np.ndarray, lr: float, dp: ExampleDP,
-                 generator: torch.Generator, pad_id: int) -> tuple[list[float], int]:
+                 generator: torch.Generator, pad_id: int) -> int:
     """Run ``dp.steps`` example-level DP-SGD steps on ``model`` in place (hooked by ``bk``, whose
-    clip norm and noise multiplier must be ``dp``'s); returns (batch losses, steps)."""
+    clip norm and noise multiplier must be ``dp``'s); returns the number of steps. Nothing about
+    the rows (their count, their loss) leaves this function but the model."""
     if bk.clip_norm != dp.clip_norm or bk.noise_multiplier != dp.noise_multiplier:
         raise ValueError("the BookKeeping engine does not carry the client's example-level settings")
     data = torch.as_tensor(rows, dtype=torch.long)
     params = [p for p in model.parameters() if p.requires_grad]
-    bk.generator = noise_generator(generator, dp.secure_rng)
-    denominator = dp.sampling_rate * len(data)
-    losses: list[float] = []
+    bk.generator = noise_generator(generator)
     for _ in range(dp.steps):
         mask = torch.rand(len(data), generator=generator) < dp.sampling_rate
         batch = data[mask]
@@ -121,12 +125,11 @@ def dp_sgd_steps(model: nn.Module, bk: BookKeeping, rows: np.ndarray, lr: float,
             ce, count = sequence_token_losses(model, batch, pad_id)
             per_example = ce / count.clamp(min=1)
             bk.backward(per_example)
-            losses.append(float(per_example.detach().mean()))
         else:  # noise-only step: the release the accountant counts still happens
             for p in params:
                 p.grad = dp.noise_multiplier * dp.clip_norm * torch.randn(p.shape, generator=bk.generator)
         with torch.no_grad():
             for p in params:
-                p.add_(p.grad, alpha=-lr / denominator)
+                p.add_(p.grad, alpha=-lr / dp.denominator)
                 p.grad = None
-    return losses, dp.steps
+    return dp.steps

@@ -1,10 +1,15 @@
 """Per-round observability besides ``metrics.jsonl``: structured log lines and TensorBoard.
 
+Both carry exactly the round's ``metrics.jsonl`` row — quantities the epsilon covers and
+test-set metrics — never the statistics of training users (those go, in research mode only, to
+``diagnostics.jsonl``; see :mod:`fedpriv.rundir`).
+
 * ``verbose=true``: one INFO line per round on the ``fedpriv.rounds`` logger, as ``key=value``
-  pairs — ``round=12 cohort=148 dropped=0 rejected=0 clipped=0.068 epsilon=0.6164`` (plus the
-  test metrics on evaluation rounds). Quiet by default: the progress bar is the only output.
+  pairs — ``round=12 epsilon=0.6164 mode=research`` (plus the test metrics on evaluation rounds).
+  Quiet by default: the progress bar is the only output.
 * ``tensorboard=true``: every numeric metric of the round as a scalar under
-  ``RUN_DIR/tensorboard`` (needs the ``tensorboard`` package: ``pip install -e ".[tensorboard]"``).
+  ``RUN_DIR/tensorboard``, and the run's randomness mode as a text entry (needs the
+  ``tensorboard`` package: ``pip install -e ".[tensorboard]"``).
 """
 
 from __future__ import annotations
@@ -18,8 +23,7 @@ from fedpriv.errors import ConfigError
 
 round_log = logging.getLogger("fedpriv.rounds")
 
-_LINE_KEYS = (("round", "round", "d"), ("cohort", "cohort_size", "d"), ("dropped", "dropped", "d"),
-              ("rejected", "rejected", "d"), ("clipped", "clipped_fraction", ".3f"), ("epsilon", "epsilon", ".4g"))
+_LINE_KEYS = (("round", "round", "d"), ("epsilon", "epsilon", ".4g"))
 
 
 def check_observability(cfg: dict) -> None:
@@ -32,9 +36,13 @@ def format_round(row: dict) -> str:
     """The structured line of one round."""
     parts = []
     for name, key, fmt in _LINE_KEYS:
-        if key in row:
+        if row.get(key) is not None:
             value = row[key]
             parts.append(f"{name}={int(value) if fmt == 'd' else format(value, fmt)}")
+    if row.get("non_private"):
+        parts.append("epsilon=inf non_private=true")
+    if "mode" in row:
+        parts.append(f"mode={row['mode']}")
     for key in ("test_accuracy", "test_loss"):
         if key in row:
             parts.append(f"{key}={row[key]:.4f}")
@@ -44,7 +52,7 @@ def format_round(row: dict) -> str:
 class RoundObserver:
     """Sends each finished round to the log (``verbose``) and TensorBoard (``tensorboard``)."""
 
-    def __init__(self, cfg: dict, run_dir: Path) -> None:
+    def __init__(self, cfg: dict, run_dir: Path, randomness: dict | None = None) -> None:
         round_log.setLevel(logging.INFO if cfg.get("verbose") else logging.WARNING)
         self.writer = None
         if cfg.get("tensorboard"):
@@ -52,6 +60,8 @@ class RoundObserver:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            if randomness:
+                self.writer.add_text("privacy/randomness", f"{randomness['mode']} mode: {randomness['note']}")
 
     def __call__(self, row: dict) -> None:
         round_log.info("%s", format_round(row))

@@ -1,7 +1,7 @@
 """Reports from run directories: ``python -m fedpriv.report PATH``.
 
 * ``PATH`` is a run (it holds ``summary.json``): writes ``PATH/curves.png`` — test accuracy and
-  loss (and the clients' training loss) against the round, and the epsilon spent so far.
+  test loss against the round, and the epsilon spent so far (a non-private run says so instead).
 * ``PATH`` holds runs (a Hydra multirun directory: ``PATH/0``, ``PATH/1``, …, at any depth):
   writes ``PATH/sweep.csv`` — one row per run: the config values that differ between the runs
   (the swept ones), final accuracy, loss, epsilon, delta, rounds, wall time — and
@@ -9,7 +9,9 @@
   values other than the privacy budget (e.g. one per mechanism).
 
 Everything is read from the files the runs wrote (``config.yaml``, ``metrics.jsonl``,
-``summary.json``); nothing is recomputed. Bad input: one line on stderr, exit code 2.
+``summary.json``) — never ``diagnostics.jsonl``, which the epsilon does not cover — and nothing
+is recomputed. Every plot names the runs' randomness mode; a non-private run is plotted as such,
+never at a finite epsilon. Bad input or a damaged file: one line on stderr naming it, exit code 2.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from typing import Any
 
 import yaml
 
-from fedpriv.errors import ConfigError
-from fedpriv.rundir import write_atomic
+from fedpriv.atomic import write_atomic
+from fedpriv.errors import ConfigError, OutputError
+from fedpriv.rundir import read_jsonl
 
 BUDGET_KEYS = ("privacy.target_epsilon", "privacy.noise_multiplier")  # the x axis, not a line
 IGNORED_KEYS = ("run_dir",)
@@ -44,16 +47,36 @@ def _flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        out = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"cannot read {path}: {err}") from None
+    if not isinstance(out, dict):
+        raise ConfigError(f"{path} is damaged: it does not hold a JSON object")
+    return out
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        out = yaml.safe_load(path.read_text()) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path} is damaged: {str(err).splitlines()[0]}") from None
+    if not isinstance(out, dict):
+        raise ConfigError(f"{path} is damaged: it does not hold a config mapping")
+    return out
 
 
 def read_metrics(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
     if not path.exists():
         raise ConfigError(f"{run} has no metrics.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)
+
+
+def _mode_label(modes: Iterable[str]) -> str:
+    """The randomness mode of the runs behind a plot (research runs are not for release)."""
+    if set(modes) == {"secure"}:
+        return "secure mode"
+    return "research mode: randomness reproducible from the seed, not for release"
 
 
 def _as_float(value: Any) -> float:
@@ -80,26 +103,29 @@ def sweep_rows(runs: Iterable[Path]) -> tuple[list[str], list[dict[str, Any]]]:
         path = run / "config.yaml"
         if not path.exists():
             raise ConfigError(f"{run} has no config.yaml")
-        configs.append({k: v for k, v in _flatten(yaml.safe_load(path.read_text()) or {}).items()
-                        if k not in IGNORED_KEYS})
+        configs.append({k: v for k, v in _flatten(_read_yaml(path)).items() if k not in IGNORED_KEYS})
     keys = sorted(set.intersection(*(set(c) for c in configs)))  # keys every run has
     swept = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
     rows = []
     for run, cfg in zip(runs, configs):
         summary = _read_json(run / "summary.json")
         privacy = summary.get("privacy") or {}
+        if not isinstance(summary.get("final"), dict) or "accuracy" not in summary["final"]:
+            raise ConfigError(f"{run / 'summary.json'} is damaged: it has no final accuracy")
         rows.append({"run": str(run), **{k: cfg.get(k) for k in swept},
                      "final_accuracy": _as_float(summary["final"]["accuracy"]),
                      "final_loss": _as_float(summary["final"]["loss"]),
-                     "epsilon": _as_float(privacy.get("epsilon")), "delta": privacy.get("delta"),
+                     "epsilon": math.inf if privacy.get("non_private") else _as_float(privacy.get("epsilon")),
+                     "non_private": bool(privacy.get("non_private")), "delta": privacy.get("delta"),
+                     "mode": (privacy.get("randomness") or {}).get("mode", "research"),
                      "rounds": summary.get("rounds"), "wall_s": _as_float(summary.get("wall_s"))})
     return swept, rows
 
 
 def _csv(swept: list[str], rows: list[dict]) -> bytes:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=["run", *swept, "final_accuracy", "final_loss", "epsilon", "delta",
-                                             "rounds", "wall_s"], lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=["run", *swept, "final_accuracy", "final_loss", "epsilon", "non_private",
+                                             "delta", "mode", "rounds", "wall_s"], lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue().encode()
@@ -126,17 +152,24 @@ def _short(key: str) -> str:
 
 
 def sweep_plot(swept: list[str], rows: list[dict]) -> bytes:
-    """Final accuracy vs epsilon; one line per combination of the non-budget swept values."""
+    """Final accuracy vs epsilon; one line per combination of the non-budget swept values. Non-private
+    runs have no epsilon: they are drawn as horizontal reference lines labelled NOT PRIVATE."""
     plt = _pyplot()
     series = [k for k in swept if k not in BUDGET_KEYS]
     lines: dict[str, list[tuple[float, float]]] = {}
+    references: list[tuple[str, float]] = []
     for row in rows:
         label = ", ".join(f"{_short(k)}={row[k]}" for k in series) or "runs"
-        lines.setdefault(label, []).append((row["epsilon"], row["final_accuracy"]))
+        if row["non_private"]:
+            references.append((f"NOT PRIVATE (epsilon = inf): {label}", row["final_accuracy"]))
+        else:
+            lines.setdefault(label, []).append((row["epsilon"], row["final_accuracy"]))
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, points in sorted(lines.items()):
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    for label, accuracy in references:
+        ax.axhline(accuracy, linestyle="--", color="gray", label=label)
     ax.set_xscale("log")
     budgets = sorted({round(row["epsilon"], 3) for row in rows if math.isfinite(row["epsilon"])})
     if budgets:  # plain tick labels at the budgets, not 2×10⁰
@@ -147,7 +180,7 @@ def sweep_plot(swept: list[str], rows: list[dict]) -> bytes:
         ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
     ax.set_xlabel("epsilon (as reported by each run's accountant)")
     ax.set_ylabel("final test accuracy")
-    ax.set_title("accuracy vs privacy budget")
+    ax.set_title(f"accuracy vs privacy budget\n({_mode_label(row['mode'] for row in rows)})", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     data = _png(fig)
@@ -156,26 +189,31 @@ def sweep_plot(swept: list[str], rows: list[dict]) -> bytes:
 
 
 def curves_plot(run: Path) -> bytes:
-    """Test accuracy, test/train loss and epsilon spent against the round."""
+    """Test accuracy, test loss and epsilon spent against the round (from metrics.jsonl: quantities
+    the epsilon covers and test-set metrics only)."""
     plt = _pyplot()
     rows = read_metrics(run)
     if not rows:
         raise ConfigError(f"{run}/metrics.jsonl has no rounds")
+    privacy = _read_json(run / "summary.json").get("privacy") or {}
     evals = [r for r in rows if "test_accuracy" in r]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     ax = axes[0]
     ax.plot([r["round"] for r in evals], [_as_float(r["test_accuracy"]) for r in evals], marker="o")
     ax.set(xlabel="round", ylabel="test accuracy", title="accuracy")
     ax = axes[1]
-    train = [r for r in rows if "train_loss" in r]
-    ax.plot([r["round"] for r in train], [_as_float(r["train_loss"]) for r in train], alpha=0.6,
-            label="clients' training loss")
     ax.plot([r["round"] for r in evals], [_as_float(r["test_loss"]) for r in evals], marker="o", label="test loss")
-    ax.set(xlabel="round", ylabel="cross-entropy", title="loss")
-    ax.legend(fontsize=8)
+    ax.set(xlabel="round", ylabel="cross-entropy", title="test loss")
     ax = axes[2]
-    ax.plot([r["round"] for r in rows], [_as_float(r.get("epsilon")) for r in rows])
-    ax.set(xlabel="round", ylabel="epsilon spent", title="privacy")
+    if privacy.get("non_private") or any(r.get("non_private") for r in rows):
+        reason = privacy.get("non_private_reason") or "no noise"
+        ax.text(0.5, 0.5, f"NOT PRIVATE\nepsilon = inf\n({reason})", ha="center", va="center",
+                transform=ax.transAxes, fontsize=9, wrap=True)
+        ax.set(xlabel="round", title="privacy", xticks=[], yticks=[])
+    else:
+        ax.plot([r["round"] for r in rows], [_as_float(r.get("epsilon")) for r in rows])
+        ax.set(xlabel="round", ylabel="epsilon spent", title="privacy")
+    fig.suptitle(_mode_label([(privacy.get("randomness") or {}).get("mode", "research")]), fontsize=9)
     for ax in axes:
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -208,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         written = report(args.path)
-    except ConfigError as err:
+    except (ConfigError, OutputError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     for path in written:

@@ -1,81 +1,208 @@
-"""The files of one run directory, each written atomically (tmp file + ``os.replace``).
+"""The files of one run directory: an exclusive lock, atomic durable writes, checked reads.
 
-``config.yaml`` resolved config · ``metrics.jsonl`` one line per round · ``privacy.json`` the
-ledger · ``summary.json`` final metrics + privacy + wall time · ``checkpoints/last.pt``.
+``config.yaml`` resolved config · ``metrics.jsonl`` one line per round (only quantities the
+epsilon covers, or test-set metrics) · ``diagnostics.jsonl`` (research mode only: statistics of
+training users that the epsilon does NOT cover, every line labelled) · ``privacy.json`` the
+ledger · ``summary.json`` final metrics + privacy · ``checkpoints/last.pt`` (owner-only; in
+secure mode it holds the run key, so it is secret).
+
+* **Lock**: a run holds an exclusive ``flock`` on the directory itself for its whole life; a second
+  run, or a second ``resume=true``, on the same directory is refused (:class:`RunDirectoryBusy`)
+  and touches nothing. A refused or invalid run removes only what it created: at most the empty
+  directory itself.
+* **Writes**: every file through :func:`fedpriv.atomic.write_atomic` (tmp + fsync + rename +
+  directory fsync). The training loop makes a round's checkpoint durable *before* it publishes any
+  output of the round, so a resumed run never redoes (and re-releases) a published round.
+* **Reads**: a damaged, truncated or foreign file is a :class:`DamagedFileError` naming the file;
+  checkpoints load with ``torch.load(weights_only=True)``, which cannot run code from the file.
 """
 
 from __future__ import annotations
 
+import fcntl
+import io
 import json
 import math
 import os
+import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 
+from fedpriv.atomic import write_atomic
+from fedpriv.errors import DamagedFileError, RunDirectoryBusy
 
-def _json_safe(value: Any) -> Any:
+CHECKPOINT_FORMAT = 2
+CHECKPOINT_KEYS = ("format", "round", "server", "ledger", "randomness", "history", "diagnostics", "wall_s",
+                   "config")
+DIAGNOSTICS_FILE = "diagnostics.jsonl"
+DIAGNOSTICS_NOTE = ("research-only diagnostics of training users: NOT covered by the epsilon of this run, "
+                    "not for release")
+
+
+def json_safe(value: Any) -> Any:
     """Replace non-finite floats by strings so the output stays valid JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def jsonl(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(json_safe(r)) + "\n" for r in rows).encode()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSON-lines file; a torn or non-JSON line is a :class:`DamagedFileError`."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DamagedFileError(f"cannot read {path}: {err}") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DamagedFileError(f"{path} is damaged: line {number} is not JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise DamagedFileError(f"{path} is damaged: line {number} is not a JSON object")
+        rows.append(row)
+    return rows
 
 
 class RunDirectory:
-    """Reads and writes the outputs of one run."""
+    """Reads and writes the outputs of one run; ``lock()`` before writing anything."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
+        self.created = False  # this process created the directory (so it may remove it if left empty)
+        self._lock_fd: int | None = None
+
+    # ------------------------------------------------------------ lock
+
+    def lock(self) -> "RunDirectory":
+        """Take the directory's exclusive lock (creating the directory if needed), or raise
+        :class:`RunDirectoryBusy` without touching anything."""
+        if self._lock_fd is not None:
+            return self
+        existed = self.path.exists()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as err:
+            raise RunDirectoryBusy(f"cannot use run directory {self.path}: {err.strerror or err}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise RunDirectoryBusy(f"run directory {self.path} is in use by another fedpriv run (it holds the "
+                                   "directory's lock): wait for it to finish, or use another run_dir") from None
+        self._lock_fd = fd
+        self.created = self.created or not existed
+        return self
+
+    @property
+    def locked(self) -> bool:
+        return self._lock_fd is not None
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def abandon(self) -> None:
+        """A run that stops before writing anything: remove the directory if this process created
+        it and it is still empty (never anything inside it), then release the lock."""
+        if self.created and self.locked:
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass  # not empty: leave it
+        self.unlock()
+
+    def __del__(self) -> None:
+        self.unlock()
+
+    # ------------------------------------------------------------ paths
 
     @property
     def checkpoint_path(self) -> Path:
         return self.path / "checkpoints" / "last.pt"
 
-    def create(self) -> None:
-        (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
+    # ------------------------------------------------------------ writes
 
     def write_json(self, name: str, obj: dict) -> None:
-        write_atomic(self.path / name, (json.dumps(_json_safe(obj), indent=2) + "\n").encode())
+        write_atomic(self.path / name, (json.dumps(json_safe(obj), indent=2) + "\n").encode())
 
     def write_config(self, cfg: dict) -> None:
         write_atomic(self.path / "config.yaml", yaml.safe_dump(cfg, sort_keys=False).encode())
 
+    def write_metrics(self, rows: list[dict]) -> None:
+        """Rewrite ``metrics.jsonl`` with ``rows`` (all rounds so far: one atomic file, never torn)."""
+        write_atomic(self.path / "metrics.jsonl", jsonl(rows))
+
+    def write_diagnostics(self, rows: list[dict]) -> None:
+        """Rewrite ``diagnostics.jsonl``; every line carries :data:`DIAGNOSTICS_NOTE`."""
+        write_atomic(self.path / DIAGNOSTICS_FILE, jsonl([{"note": DIAGNOSTICS_NOTE, **r} for r in rows]))
+
+    def save_checkpoint(self, state: dict) -> None:
+        """Write ``checkpoints/last.pt`` owner-only (directory 0700), atomically and durably."""
+        directory = self.checkpoint_path.parent
+        directory.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        write_atomic(self.checkpoint_path, buffer.getvalue(), private=True)
+
+    # ------------------------------------------------------------ reads
+
     def read_config(self) -> dict | None:
         path = self.path / "config.yaml"
-        return yaml.safe_load(path.read_text()) if path.exists() else None
-
-    def write_metrics(self, rows: list[dict]) -> None:
-        """Rewrite ``metrics.jsonl`` with ``rows`` (used on resume to drop rounds after the checkpoint)."""
-        write_atomic(self.path / "metrics.jsonl", "".join(json.dumps(_json_safe(r)) + "\n" for r in rows).encode())
-
-    def append_metrics(self, row: dict) -> None:
-        with open(self.path / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(_json_safe(row)) + "\n")
+        if not path.exists():
+            return None
+        try:
+            cfg = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+            raise DamagedFileError(f"{path} is damaged: {str(err).splitlines()[0]}") from None
+        if not isinstance(cfg, dict):
+            raise DamagedFileError(f"{path} is damaged: it does not hold a config mapping")
+        return cfg
 
     def read_metrics(self) -> list[dict]:
         path = self.path / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def save_checkpoint(self, state: dict) -> None:
-        tmp = self.checkpoint_path.with_name("last.pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.checkpoint_path)
+        return read_jsonl(path) if path.exists() else []
 
     def load_checkpoint(self) -> dict | None:
-        if not self.checkpoint_path.exists():
+        """The checkpoint, or None if there is none; :class:`DamagedFileError` naming the file if
+        it cannot be read, is not a fedpriv checkpoint, or would need code to unpickle."""
+        path = self.checkpoint_path
+        if not path.exists():
             return None
-        return torch.load(self.checkpoint_path, weights_only=False)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # e.g. torch's note on a foreign pickle protocol
+                state = torch.load(io.BytesIO(path.read_bytes()), weights_only=True)
+        except pickle.UnpicklingError as err:
+            if "Weights only load failed" in str(err):
+                reason = "it holds objects other than plain data; refused, since loading them could run code"
+            else:
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            raise DamagedFileError(f"checkpoint {path} is damaged or was not written by fedpriv ({reason})") from None
+        except Exception as err:  # truncated or corrupt
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise DamagedFileError(f"checkpoint {path} is damaged or was not written by fedpriv ({reason[:160]})") \
+                from None
+        if not isinstance(state, dict) or any(k not in state for k in CHECKPOINT_KEYS):
+            raise DamagedFileError(f"checkpoint {path} is damaged or was not written by fedpriv (missing fields)")
+        if state["format"] != CHECKPOINT_FORMAT:
+            raise DamagedFileError(f"checkpoint {path} has format {state['format']!r}, this fedpriv reads "
+                                   f"format {CHECKPOINT_FORMAT}")
+        return state

@@ -1,8 +1,14 @@
-"""One training run: validate → build → (resume) → rounds → outputs.
+"""One training run: validate → lock the run directory → build (→ restore) → rounds → outputs.
 
 The transport of a round is injected (``round_fn``), so the same loop serves the in-process
 backend, Flower's simulation engine and a real deployment; the DP math lives in
 :mod:`fedpriv.dpfedavg`, :mod:`fedpriv.mechanisms` and :mod:`fedpriv.accounting`.
+
+Order of writes (what a crash may leave behind): a round's checkpoint — model, noise-stream
+position, ledger, the round's output rows — is durable before any output of that round is
+published (metrics, privacy.json, logs, TensorBoard); the next round's model goes to clients only
+after that. A resumed run therefore never redoes a published round with the same noise, and
+republishes from the checkpoint whatever the crash kept from being written.
 """
 
 from __future__ import annotations
@@ -20,9 +26,9 @@ from tqdm import tqdm
 
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.cohort import CohortClipper, CohortSum
-from fedpriv.config import validate, validate_against_data
+from fedpriv.config import diagnostics_enabled, resolve_config, validate, validate_against_data
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
-from fedpriv.errors import ConfigError
+from fedpriv.errors import ConfigError, DamagedFileError
 from fedpriv.mechanisms import Mechanism, build_mechanism
 from fedpriv.metrics import evaluate
 from fedpriv.models import set_flat_params
@@ -31,16 +37,14 @@ from fedpriv.optim.adaptive import check_adaptive
 from fedpriv.observe import RoundObserver, check_observability
 from fedpriv.public.midtrain import check_mid_training, mid_train
 from fedpriv.public.setup import PublicArtifacts, prepare_public
-from fedpriv.rundir import RunDirectory
-from fedpriv.sampling import make_sampler, resolve_sampling
+from fedpriv.randomness import RESEARCH_NOTE, ClientRandomness, RunRandomness, computing_config, research_key
+from fedpriv.rundir import CHECKPOINT_FORMAT, RunDirectory
+from fedpriv.sampling import make_sampler
 from fedpriv.task import EXAMPLE_LEVEL_ALGORITHMS, Task, load_task
-from fedpriv.training import client_generator, local_update
+from fedpriv.training import local_update
 
 
 log = logging.getLogger(__name__)
-
-# Keys that may differ between the original run and its resumption.
-RESUME_FREE_KEYS = ("resume", "backend", "progress", "run_dir", "verbose", "tensorboard")
 
 RoundFn = Callable[[int, np.ndarray], "list[ClientUpdate] | CohortSum"]
 
@@ -65,72 +69,134 @@ class RunSession:
     server: DPFedAvg
     ledger: PrivacyLedger
     public: PublicArtifacts
+    randomness: RunRandomness
     start_round: int = 0
     wall_s: float = 0.0
-    history: list[dict] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)  # metrics.jsonl rows (covered by the ledger)
+    diagnostics: list[dict] = field(default_factory=list)  # diagnostics.jsonl rows (research only)
+
+    @property
+    def diagnostics_enabled(self) -> bool:
+        return diagnostics_enabled(self.cfg)
 
 
-def prepare(cfg: dict) -> RunSession:
-    """Validate ``cfg`` (plain dict), build the task and server, and restore a checkpoint when resuming.
+def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
+    """Validate ``cfg`` (plain dict), lock its run directory, build the task and server, and
+    restore the checkpoint when resuming.
 
-    Raises ``ConfigError`` for bad input before creating or writing any file. ``sampling=auto`` is
-    resolved here, so the run's config.yaml names the sampler actually used.
+    Raises ``ConfigError`` for bad input before writing any file; a directory locked by another
+    run is refused (``RunDirectoryBusy``) without touching it. ``run``: a directory the caller has
+    already locked (and cleans up on error); otherwise this call locks ``cfg["run_dir"]`` and, on
+    error, removes it only if it created it and it is still empty. ``sampling=auto`` and
+    ``privacy.secure_rng=null`` are resolved here, so config.yaml names what the run does.
     """
-    cfg["sampling"] = resolve_sampling(cfg.get("sampling"), (cfg.get("mechanism") or {}).get("name"))
+    resolve_config(cfg)
     validate(cfg)
+    own = run is None
+    run = run if run is not None else RunDirectory(cfg["run_dir"]).lock()
+    try:
+        return _build(cfg, run)
+    except BaseException:
+        if own:
+            run.abandon()
+        raise
+
+
+def _build(cfg: dict, run: RunDirectory) -> RunSession:
+    checkpoint = _resumable_checkpoint(run, cfg)
+    randomness = _randomness(cfg, checkpoint, run)
     task = load_task(cfg)
     validate_against_data(cfg, len(task.units), privacy_unit(cfg))
     privacy = cfg["privacy"]
-    sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), int(cfg["seed"]),
+    sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), randomness.subkey("sampling"),
                            groups=(cfg.get("mechanism") or {}).get("bands"))
-    mechanism = build_mechanism(cfg["mechanism"], 0.0, privacy["clip_norm"], seed=cfg["seed"],
-                                secure=bool(privacy.get("secure_rng")), rounds=int(cfg["rounds"]))
+    mechanism = build_mechanism(cfg["mechanism"], 0.0, privacy["clip_norm"], noise=randomness.noise("mechanism"),
+                                rounds=int(cfg["rounds"]))
     mechanism.noise_multiplier = _noise_multiplier(cfg, mechanism, sampler)
-    target = privacy["target_epsilon"] if privacy.get("noise_multiplier") is None else None
-    ledger = PrivacyLedger(mechanism, sampler, privacy["delta"], privacy["accountant"], target_epsilon=target,
-                           planned_rounds=int(cfg["rounds"]))
-    ledger.check_can_run(int(cfg["rounds"]))
-    check_mid_training(cfg.get("public") or {}, int(cfg["rounds"]))
-    check_observability(cfg)
     opt_cfg = dict(cfg["optimizer"])
     optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
     check_adaptive(optimizer, cfg["mechanism"]["name"], uses_one_pass(cfg))
-    if getattr(optimizer, "non_private_reason", None):
-        log.warning("NOT PRIVATE: %s; the run reports epsilon = inf", optimizer.non_private_reason)
+    reason = getattr(optimizer, "non_private_reason", None)
+    if reason:
+        log.warning("NOT PRIVATE: %s; the run reports epsilon = inf", reason)
+    target = privacy["target_epsilon"] if privacy.get("noise_multiplier") is None else None
+    ledger = PrivacyLedger(mechanism, sampler, privacy["delta"], privacy["accountant"], target_epsilon=target,
+                           planned_rounds=int(cfg["rounds"]), non_private_reason=reason,
+                           randomness=randomness.describe())
+    ledger.check_can_run(int(cfg["rounds"]))
+    check_mid_training(cfg.get("public") or {}, int(cfg["rounds"]))
+    check_observability(cfg)
     public = prepare_public(cfg.get("public") or {}, task, int(cfg["seed"]))
     server = DPFedAvg(public.initial_params, sampler, mechanism, privacy["clip_norm"], optimizer,
                       ema_decay=float(cfg.get("ema_decay") or 0.0))
-    session = RunSession(cfg=cfg, run=RunDirectory(cfg["run_dir"]), task=task, server=server, ledger=ledger,
-                         public=public)
-    _restore(session)
+    session = RunSession(cfg=cfg, run=run, task=task, server=server, ledger=ledger, public=public,
+                         randomness=randomness)
+    if checkpoint is not None:
+        _restore(session, checkpoint)
     return session
 
 
-def _restore(session: RunSession) -> None:
-    run, cfg = session.run, session.cfg
+def _resumable_checkpoint(run: RunDirectory, cfg: dict) -> dict | None:
+    """The checkpoint to resume from (None: a fresh run); refuses a directory that holds another run."""
+    saved_cfg = run.read_config()
     checkpoint = run.load_checkpoint()
     if checkpoint is None:
-        if run.read_config() is not None and not cfg.get("resume"):
+        if saved_cfg is not None and not cfg.get("resume"):
             raise ConfigError(f"run directory {run.path} already holds a run: pass resume=true or another run_dir")
-        return
+        return None
     if not cfg.get("resume"):
         raise ConfigError(f"run directory {run.path} already holds a checkpoint: pass resume=true or another run_dir")
     saved = checkpoint["config"]
-    diff = sorted(k for k in set(saved) | set(cfg) if k not in RESUME_FREE_KEYS and saved.get(k) != cfg.get(k))
+    if not isinstance(saved, dict):
+        raise DamagedFileError(f"checkpoint {run.checkpoint_path} is damaged (its config is not a mapping)")
+    mine, theirs = computing_config(cfg), computing_config(saved)  # presentation keys may change on resume
+    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     if diff:
         raise ConfigError(f"cannot resume {run.path}: config differs in {', '.join(diff)}")
-    session.server.load_state_dict(checkpoint["server"])
-    session.ledger.load_state_dict(checkpoint["ledger"])
-    session.start_round = int(checkpoint["round"])
-    session.wall_s = float(checkpoint["wall_s"])
-    session.history = [r for r in run.read_metrics() if r["round"] <= session.start_round]
+    return checkpoint
 
 
-def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int) -> ClientUpdate:
-    """What client ``user`` computes in round ``round_idx`` from the global ``params``."""
+def _randomness(cfg: dict, checkpoint: dict | None, run: RunDirectory) -> RunRandomness:
+    """A fresh run's randomness (research: from the config; secure: a new OS-CSPRNG key), or the
+    checkpoint's when resuming, so the noise stream and the cohorts continue where they stopped."""
+    if checkpoint is None:
+        return RunRandomness.for_config(cfg)
+    try:
+        randomness = RunRandomness.from_state(checkpoint["randomness"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise DamagedFileError(f"checkpoint {run.checkpoint_path} is damaged (its randomness state)") from None
+    if not randomness.secure and randomness.key != research_key(cfg):
+        raise DamagedFileError(f"checkpoint {run.checkpoint_path} holds a research key that this config does "
+                               "not derive: it was not written by this run")
+    return randomness
+
+
+def _restore(session: RunSession, checkpoint: dict) -> None:
+    try:
+        session.server.load_state_dict(checkpoint["server"])
+        session.ledger.load_state_dict(checkpoint["ledger"])
+        session.start_round = int(checkpoint["round"])
+        session.wall_s = float(checkpoint["wall_s"])
+        session.history = [dict(r) for r in checkpoint["history"]]
+        session.diagnostics = [dict(r) for r in checkpoint["diagnostics"]]
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as err:
+        reason = (str(err).splitlines() or [type(err).__name__])[0]
+        raise DamagedFileError(f"checkpoint {session.run.checkpoint_path} does not fit this run "
+                               f"({reason[:160]})") from None
+    if session.start_round != session.ledger.rounds_done or len(session.history) != session.start_round:
+        raise DamagedFileError(f"checkpoint {session.run.checkpoint_path} is inconsistent "
+                               f"(round {session.start_round}, ledger {session.ledger.rounds_done} rounds)")
+
+
+def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int, rng: ClientRandomness,
+                  diagnostics: bool = False) -> ClientUpdate:
+    """What client ``user`` computes in round ``round_idx`` from the global ``params`` (its
+    generator from ``rng``; statistics of its data beside the delta only with ``diagnostics``)."""
     delta, metrics = local_update(task.client_model, params, task.units[user], task.local,
-                                  client_generator(task.seed, round_idx, user), task.data.vocab.pad_id,
-                                  bk=task.bk)
+                                  rng.generator(round_idx, user), task.data.vocab.pad_id, bk=task.bk,
+                                  diagnostics=diagnostics)
     return ClientUpdate(user=user, delta=delta, metrics=metrics)
 
 
@@ -166,26 +232,35 @@ def evaluate_params(task: Task, params: torch.Tensor) -> dict[str, float]:
 
 
 def train(session: RunSession, round_fn: RoundFn) -> dict:
-    """Run the remaining rounds, writing metrics, privacy ledger and checkpoint after each one."""
+    """Run the remaining rounds; after each, make its checkpoint durable, then publish its outputs
+    (the order of writes in the module docstring). Releases the run directory's lock on return."""
+    try:
+        return _train(session, round_fn)
+    finally:
+        session.run.unlock()
+
+
+def _train(session: RunSession, round_fn: RoundFn) -> dict:
     cfg, run, server, ledger = session.cfg, session.run, session.server, session.ledger
     rounds = int(cfg["rounds"])
     eval_every = int(cfg.get("eval_every") or rounds)
     mid_round = check_mid_training(cfg.get("public") or {}, rounds)
-    run.create()
+    diagnostics = session.diagnostics_enabled
     run.write_config(cfg)
-    run.write_metrics(session.history)
-    ledger.save(run.path)
-    observe = RoundObserver(cfg, run.path)
+    _publish(session)  # a resumed run: whatever its last checkpoint holds that a crash kept from the files
+    observe = RoundObserver(cfg, run.path, session.randomness.describe())
     started = time.perf_counter() - session.wall_s
     last_eval: dict[str, float] = {}
     bar = tqdm(range(session.start_round, rounds), total=rounds, initial=session.start_round,
-               desc="rounds", disable=not cfg.get("progress", True), dynamic_ncols=True)
+               desc="rounds", disable=not cfg.get("progress", True), dynamic_ncols=True,
+               bar_format=None if diagnostics else "{desc}: {n_fmt}/{total_fmt} |{bar}|{postfix}")
     for r in bar:
         ledger.check_can_run(ledger.rounds_done + 1)
         cohort = server.cohort(r)
-        stats = server.apply_round(r, cohort, round_fn(r, cohort))
-        epsilon = ledger.record_round(r)
-        row = {"round": r + 1, "epsilon": epsilon, **stats}
+        released, diag = server.apply_round(r, cohort, round_fn(r, cohort), diagnostics=diagnostics)
+        ledger.record_round(r)
+        epsilon = ledger.reported_epsilon()
+        row = {"round": r + 1, **_epsilon_fields(epsilon), "mode": session.randomness.mode, **released}
         if mid_round == r + 1:  # post-processing of the DP model with public data: no ledger entry
             server.params, row["distribution_matching"] = mid_train(session.task, session.public,
                                                                     server.model_params, cfg["public"],
@@ -195,12 +270,12 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
             last_eval = evaluate_params(session.task, server.model_params)
             row.update({f"test_{k}": v for k, v in last_eval.items()})
             bar.set_postfix(acc=f"{last_eval['accuracy']:.3f}", eps=f"{epsilon:.3g}")
-        row["wall_s"] = time.perf_counter() - started
-        run.append_metrics(row)
-        ledger.save(run.path)
-        run.save_checkpoint({"round": r + 1, "server": server.state_dict(), "ledger": ledger.state_dict(),
-                             "wall_s": row["wall_s"], "config": cfg})
+        wall_s = time.perf_counter() - started
         session.history.append(row)
+        if diagnostics:
+            session.diagnostics.append({"round": r + 1, **diag, "wall_s": wall_s})
+        run.save_checkpoint(_checkpoint(session, r + 1, wall_s))  # durable before anything of round r+1 is out
+        _publish(session)
         observe(row)
     bar.close()
     observe.close()
@@ -211,16 +286,24 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
     return summary
 
 
-def _privacy_summary(session: RunSession) -> dict:
-    """The ledger's guarantee — or none, when the optimizer read noiseless statistics."""
-    ledger = session.ledger.to_dict()
-    out = {k: ledger[k] for k in ("epsilon", "non_private", "delta", "accountant", "neighboring_relation",
-                                  "noise_multiplier", "target_epsilon", "mechanism", "sampling")}
-    reason = getattr(session.server.optimizer, "non_private_reason", None)
-    if reason:
-        out.update({"epsilon": math.inf, "non_private": True, "non_private_reason": reason,
-                    "ledger_epsilon_of_the_noised_update": ledger["epsilon"]})
-    return out
+def _epsilon_fields(epsilon: float) -> dict:
+    """ε for a metrics row: a number, or null with ``non_private: true`` (the privacy.json convention)."""
+    return {"epsilon": None, "non_private": True} if math.isinf(epsilon) else {"epsilon": epsilon}
+
+
+def _checkpoint(session: RunSession, round_done: int, wall_s: float) -> dict:
+    return {"format": CHECKPOINT_FORMAT, "round": round_done, "server": session.server.state_dict(),
+            "ledger": session.ledger.state_dict(), "randomness": session.randomness.state_dict(),
+            "history": session.history, "diagnostics": session.diagnostics, "wall_s": wall_s,
+            "config": session.cfg}
+
+
+def _publish(session: RunSession) -> None:
+    """Write the outputs of every round so far (after that round's checkpoint is durable)."""
+    session.run.write_metrics(session.history)
+    if session.diagnostics_enabled:
+        session.run.write_diagnostics(session.diagnostics)
+    session.ledger.save(session.run.path)
 
 
 def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dict:
@@ -229,7 +312,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
         "final": final,
         "privacy": _privacy_summary(session),
         "rounds": session.ledger.rounds_done,
-        "wall_s": wall_s,
+        **({"wall_s": wall_s} if session.diagnostics_enabled else {}),  # timing depends on the cohorts
         "ceiling_accuracy": data.ceiling_accuracy,
         "unigram_accuracy": data.unigram_accuracy,
         "dataset": data.name, "num_users": data.num_users, "privacy_unit": privacy_unit(cfg),
@@ -242,6 +325,15 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
     }
 
 
+def _privacy_summary(session: RunSession) -> dict:
+    """The ledger's guarantee as privacy.json states it (ε = ∞ for any non-private run)."""
+    ledger = session.ledger.to_dict()
+    keys = ("epsilon", "non_private", "delta", "accountant", "neighboring_relation", "noise_multiplier",
+            "target_epsilon", "mechanism", "sampling", "randomness", "non_private_reason",
+            "accounted_epsilon_of_the_noised_update_only")
+    return {k: ledger[k] for k in keys if k in ledger}
+
+
 def _example_privacy(session: RunSession) -> dict:
     """Clients' example-level guarantee (client.dp=example), on top of the user-level one."""
     dp = session.task.local.dp
@@ -252,13 +344,24 @@ def _example_privacy(session: RunSession) -> dict:
         "epsilon": None if math.isinf(eps) else eps, "delta": dp.delta, "noise_multiplier": dp.noise_multiplier,
         "accountant": session.cfg["privacy"]["accountant"], "neighboring_relation": "add_or_remove_one",
         "sampling_rate": dp.sampling_rate, "steps_per_round": dp.steps, "clip_norm": dp.clip_norm,
+        "denominator": dp.denominator,
         "assumes": "every client takes part in every round (no amplification by user sampling)"}}
 
 
+def mode_text(privacy: dict) -> str:
+    """What every printed epsilon line says about the randomness behind it."""
+    randomness = privacy.get("randomness") or {}
+    mode = randomness.get("mode", "research")
+    return f"{mode} mode: {randomness.get('note', RESEARCH_NOTE)}"
+
+
 def format_result(summary: dict) -> str:
-    """The two lines the CLI prints at the end of a run."""
+    """The lines the CLI prints at the end of a run; every epsilon line names the mode."""
     eps = summary["privacy"]["epsilon"]
-    eps_text = "inf (non-private)" if eps is None or (isinstance(eps, float) and math.isinf(eps)) else f"{eps:.4g}"
+    reason = summary["privacy"].get("non_private_reason")
+    eps_text = (f"inf (non-private{': ' + reason if reason else ''})"
+                if eps is None or (isinstance(eps, float) and math.isinf(eps)) else f"{eps:.4g}")
+    mode = mode_text(summary["privacy"])
     ceiling = summary.get("ceiling_accuracy")
     ceiling_text = f" (Bayes ceiling {ceiling:.4f})" if ceiling else ""
     final = summary["final"]
@@ -268,15 +371,15 @@ def format_result(summary: dict) -> str:
     return (f"{accuracy}, loss {final['loss']:.4f}\n"
             f"{summary.get('privacy_unit', 'user')}-level epsilon {eps_text} at delta {summary['privacy']['delta']:g} "
             f"({summary['privacy']['accountant']}, {summary['privacy']['neighboring_relation']}), "
-            f"noise multiplier {summary['privacy']['noise_multiplier']:.4g}, {summary['rounds']} rounds"
-            f"{_example_line(summary)}")
+            f"noise multiplier {summary['privacy']['noise_multiplier']:.4g}, {summary['rounds']} rounds "
+            f"[{mode}]{_example_line(summary, mode)}")
 
 
-def _example_line(summary: dict) -> str:
+def _example_line(summary: dict, mode: str) -> str:
     ex = summary.get("example_privacy")
     if not ex:
         return ""
     eps = "inf" if ex["epsilon"] is None else f"{ex['epsilon']:.4g}"
     return (f"\nexample-level epsilon on clients {eps} at delta {ex['delta']:g} "
             f"({ex['accountant']}, add_or_remove_one example), noise multiplier {ex['noise_multiplier']:.4g}, "
-            "every client assumed in every round")
+            f"every client assumed in every round [{mode}]")

@@ -1,17 +1,26 @@
 """Cohort samplers. Each one states the sampling that the accountant must assume.
 
-A sampler's draw for round ``t`` depends only on ``(seed, t)``, so a resumed run draws the same
-cohorts as an uninterrupted one without saving sampler state.
+A sampler's draw for round ``t`` depends only on ``(key, t)``: the sampling key comes from the
+run's :class:`~fedpriv.randomness.RunRandomness` (secret in secure mode, derived from the config in
+research mode), so a resumed run draws the same cohorts as an uninterrupted one without saving
+sampler state, and nobody without the key can tell who was sampled — which amplification by
+sampling assumes. A sampler built without a key (``key=None``) only states its accounting
+(calculators); drawing from it is an error.
+
+User ``u``'s draw in round ``t`` is the ``u``-th value of the round's keystream, so it does not
+depend on the population size; the cyclic-Poisson group of ``u`` is a keyed hash of ``u`` alone.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedpriv.errors import ConfigError
+from fedpriv.randomness import uint64s, uniforms
 
 POISSON = "poisson"
 FIXED_SIZE = "fixed"
@@ -19,8 +28,10 @@ CYCLIC = "cyclic"
 CYCLIC_POISSON = "cyclic_poisson"
 
 
-def _round_rng(seed: int, round_idx: int, stream: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed, stream, round_idx]))
+def _need_key(key: bytes | None) -> bytes:
+    if key is None:
+        raise ValueError("this sampler was built for accounting only (no sampling key): it cannot draw cohorts")
+    return key
 
 
 @dataclass(frozen=True)
@@ -33,7 +44,7 @@ class PoissonSampler:
 
     population: int
     rate: float
-    seed: int
+    key: bytes | None = field(default=None, repr=False)  # secret in secure mode: never printed
     kind: str = POISSON
 
     @property
@@ -41,8 +52,8 @@ class PoissonSampler:
         return self.rate * self.population
 
     def sample(self, round_idx: int) -> np.ndarray:
-        rng = _round_rng(self.seed, round_idx, 1)
-        return np.flatnonzero(rng.random(self.population) < self.rate).astype(np.int64)
+        draws = uniforms(_need_key(self.key), "poisson", (round_idx,), self.population)
+        return np.flatnonzero(draws < self.rate).astype(np.int64)
 
 
 class _CohortSized:
@@ -70,22 +81,37 @@ class FixedSizeSampler(_CohortSized):
 
     population: int
     cohort: int
-    seed: int
+    key: bytes | None = field(default=None, repr=False)  # secret in secure mode: never printed
     kind: str = FIXED_SIZE
 
     def sample(self, round_idx: int) -> np.ndarray:
-        rng = _round_rng(self.seed, round_idx, 2)
-        return np.sort(rng.choice(self.population, size=self.cohort, replace=False)).astype(np.int64)
+        """The ``cohort`` users with the smallest 64-bit keystream words this round: a uniformly
+        random subset (ties, probability < N²/2⁶⁴, are broken by user id)."""
+        words = uint64s(_need_key(self.key), "fixed", (round_idx,), self.population)
+        return np.sort(np.argsort(words, kind="stable")[:self.cohort]).astype(np.int64)
 
 
 @functools.lru_cache(maxsize=4)
-def _epoch_order(seed: int, population: int) -> np.ndarray:
-    return np.random.default_rng(np.random.SeedSequence([seed, 3])).permutation(population)
+def _epoch_order(key: bytes, population: int) -> np.ndarray:
+    """A uniformly random permutation of the population (sort by keystream words)."""
+    return np.argsort(uint64s(key, "epoch-order", (), population), kind="stable")
+
+
+@functools.lru_cache(maxsize=4)
+def user_groups(key: bytes, population: int, groups: int) -> np.ndarray:
+    """Group of each user ``u``: ``BLAKE2b_key(u) mod groups`` — a keyed hash of the user id alone,
+    so adding or removing a user moves nobody else (the bias of ``mod`` is below 2⁻⁵⁰)."""
+    out = np.empty(population, dtype=np.int64)
+    for u in range(population):
+        digest = hashlib.blake2b(u.to_bytes(8, "little"), key=key, digest_size=8).digest()
+        out[u] = int.from_bytes(digest, "little") % groups
+    out.flags.writeable = False
+    return out
 
 
 @dataclass(frozen=True)
 class CyclicSampler(_CohortSized):
-    """Epochs in a fixed order: the population is shuffled once (by ``seed``) and cut into
+    """Epochs in a fixed order: the population is shuffled once (by the sampling key) and cut into
     ``blocks = population // cohort`` disjoint cohorts; round t takes block ``t mod blocks``.
 
     Participation (what tree/matrix-factorization accounting assumes): a user takes part at most
@@ -96,7 +122,7 @@ class CyclicSampler(_CohortSized):
 
     population: int
     cohort: int
-    seed: int
+    key: bytes | None = field(default=None, repr=False)  # secret in secure mode: never printed
     kind: str = CYCLIC
 
     @property
@@ -112,25 +138,28 @@ class CyclicSampler(_CohortSized):
         return -(-rounds // self.blocks)
 
     def sample(self, round_idx: int) -> np.ndarray:
-        order = _epoch_order(self.seed, self.population)
+        order = _epoch_order(_need_key(self.key), self.population)
         block = round_idx % self.blocks
         return np.sort(order[block * self.cohort:(block + 1) * self.cohort]).astype(np.int64)
 
 
 @dataclass(frozen=True)
 class CyclicPoissonSampler(_CohortSized):
-    """b-min-separated Poisson sampling (amplified BandMF): users are split once (by ``seed``)
-    into ``groups`` groups; round t Poisson-samples group ``t mod groups`` with rate
-    ``group_rate = cohort · groups / population``, so the expected cohort is ``cohort``.
+    """b-min-separated Poisson sampling (amplified BandMF): user ``u`` belongs to group
+    :func:`user_groups` (a keyed hash of ``u``, secret in secure mode); round t Poisson-samples
+    group ``t mod groups`` with rate ``group_rate = cohort · groups / population``, so the expected
+    cohort is ``cohort``.
 
-    Accounting: a user is eligible in ⌈T/groups⌉ rounds, each a ``PoissonSampledDpEvent(group_rate,
-    ...)`` under add/remove-one; consecutive eligible rounds are ``groups`` apart.
+    Accounting: a user is eligible in at most ⌈T/groups⌉ rounds, each a
+    ``PoissonSampledDpEvent(group_rate, ...)`` under add/remove-one; consecutive eligible rounds
+    are ``groups`` apart. The group of a user depends on its id and the key only, so a neighbouring
+    dataset (one user added or removed) leaves every other user's rounds unchanged.
     """
 
     population: int
     cohort: int
     groups: int
-    seed: int
+    key: bytes | None = field(default=None, repr=False)  # secret in secure mode: never printed
     kind: str = CYCLIC_POISSON
 
     @property
@@ -138,9 +167,10 @@ class CyclicPoissonSampler(_CohortSized):
         return min(1.0, self.cohort * self.groups / self.population)
 
     def sample(self, round_idx: int) -> np.ndarray:
-        members = np.flatnonzero(_epoch_order(self.seed, self.population) % self.groups == round_idx % self.groups)
-        rng = _round_rng(self.seed, round_idx, 4)
-        return np.sort(members[rng.random(len(members)) < self.group_rate]).astype(np.int64)
+        key = _need_key(self.key)
+        draws = uniforms(key, "cyclic-poisson", (round_idx,), self.population)
+        chosen = (user_groups(key, self.population, self.groups) == round_idx % self.groups) & (draws < self.group_rate)
+        return np.flatnonzero(chosen).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -170,22 +200,24 @@ def resolve_sampling(kind: str, mechanism: str) -> str:
     return DEFAULT_SAMPLING.get(mechanism, kind) if kind == "auto" else kind
 
 
-def make_sampler(kind: str, population: int, cohort_size: int, seed: int, groups: int | None = None) -> Sampler:
+def make_sampler(kind: str, population: int, cohort_size: int, key: bytes | None,
+                 groups: int | None = None) -> Sampler:
     """Build the sampler named by ``kind`` with expected cohort ``cohort_size`` (``groups``: the
-    number of groups of ``cyclic_poisson``, BandMF's bands)."""
+    number of groups of ``cyclic_poisson``, BandMF's bands); ``key``: the run's sampling key
+    (``RunRandomness.subkey("sampling")``), or None for a sampler that only states its accounting."""
     if population < 1:
         raise ConfigError(f"population must be >= 1, got {population}")
     if not 1 <= cohort_size <= population:
         raise ConfigError(f"cohort size {cohort_size} must be in [1, population={population}]")
     if kind == POISSON:
-        return PoissonSampler(population=population, rate=cohort_size / population, seed=seed)
+        return PoissonSampler(population=population, rate=cohort_size / population, key=key)
     if kind == FIXED_SIZE:
-        return FixedSizeSampler(population=population, cohort=cohort_size, seed=seed)
+        return FixedSizeSampler(population=population, cohort=cohort_size, key=key)
     if kind == CYCLIC:
-        return CyclicSampler(population=population, cohort=cohort_size, seed=seed)
+        return CyclicSampler(population=population, cohort=cohort_size, key=key)
     if kind == CYCLIC_POISSON:
         if not groups or groups < 1 or cohort_size * groups > population:
             raise ConfigError(f"sampling=cyclic_poisson needs groups (mechanism.bands) >= 1 with cohort_size x groups "
                               f"<= population; got groups={groups}, cohort {cohort_size}, population {population}")
-        return CyclicPoissonSampler(population=population, cohort=cohort_size, groups=groups, seed=seed)
+        return CyclicPoissonSampler(population=population, cohort=cohort_size, groups=groups, key=key)
     raise ConfigError(f"unknown sampler {kind!r} (expected 'poisson', 'fixed', 'cyclic' or 'cyclic_poisson')")

@@ -1,7 +1,10 @@
 """Hydra entry point: ``python -m fedpriv.simulate [+experiment=NAME] [key=value ...]``.
 
-Bad input (an invalid value, an unknown config-group option, a missing data file) prints one
-``error: ...`` line to stderr and exits with code 2 without leaving files behind.
+Bad input (an invalid value, an unknown config-group option, a missing data file, a damaged run
+directory) prints one ``error: ...`` line to stderr and exits with code 2 without leaving files
+behind; a run directory in use by another run is refused the same way and left untouched. A
+failed write (a full disk) prints one ``error: ...`` line and exits 1; the last checkpoint stays
+usable for ``resume=true``.
 """
 
 from __future__ import annotations
@@ -35,42 +38,54 @@ def check_group_overrides(args: list[str]) -> None:
                 _fail(f"unknown {key} {option!r} (choose one of: {', '.join(known)})")
 
 
-def _remove_if_empty(path: Path) -> None:
-    """Undo the run directory Hydra created before the config was found invalid."""
-    try:
-        for sub in sorted(path.rglob("*"), reverse=True):
-            if sub.is_dir():
-                sub.rmdir()
-        path.rmdir()
-    except OSError:
-        pass  # not empty: it held an earlier run, leave it
+# Run directories named on the command line that existed before Hydra created anything: a failed
+# run never removes them, even when they are empty.
+_PREEXISTING: set[Path] = set()
+
+
+def _note_preexisting(args: list[str]) -> None:
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+~") in ("run_dir", "hydra.run.dir") and value and Path(value).exists():
+            _PREEXISTING.add(Path(value).resolve())
 
 
 def _run(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
+    from fedpriv.errors import ConfigError, OutputError, PrivacyBudgetExceeded
+    from fedpriv.rundir import RunDirectory
     from fedpriv.runner import format_result, prepare
     from server.app import BACKENDS
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run = RunDirectory(run_dir)
+    try:
+        run.lock()  # refused: another run uses it; leave everything as it is
+    except ConfigError as err:
+        _fail(str(err))
+    run.created = run_dir.resolve() not in _PREEXISTING  # Hydra made it for this run
     try:
         plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         plain["run_dir"] = str(run_dir)
         if (plain.get("backend") or {}).get("name") == "deployment":
             raise ConfigError("backend=deployment runs under `flwr run` against a SuperLink: "
                               "use scripts/deploy_local.sh (see README)")
-        session = prepare(plain)
+        session = prepare(plain, run=run)
     except (ConfigError, PrivacyBudgetExceeded) as err:
-        _remove_if_empty(run_dir)
+        run.abandon()
         _fail(str(err))
     except Exception as err:  # OmegaConf errors: missing mandatory value, bad interpolation
         if type(err).__module__.startswith("omegaconf"):
-            _remove_if_empty(run_dir)
+            run.abandon()
             _fail(str(err).splitlines()[0])
         raise
-    summary = BACKENDS[plain["backend"]["name"]](session)
+    try:
+        summary = BACKENDS[plain["backend"]["name"]](session)
+    except OutputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     print(format_result(summary))
     print(f"outputs in {run_dir}")
 
@@ -80,6 +95,7 @@ def main() -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
     check_group_overrides(sys.argv[1:])
+    _note_preexisting(sys.argv[1:])
     import hydra
 
     hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(_run)()

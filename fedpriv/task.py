@@ -53,7 +53,6 @@ class Task:
     eval_model: nn.Module  # the replica the server evaluates with
     initial_params: torch.Tensor
     local: LocalConfig
-    seed: int
     bk: BookKeeping | None = None  # hooks client_model when clients run example-level DP-SGD
 
 
@@ -99,7 +98,7 @@ def task_key(cfg: Mapping[str, Any]) -> str:
     """The config parts that define the task, as a canonical JSON string."""
     privacy = cfg.get("privacy") or {}
     key = {k: cfg.get(k) for k in ("data", "model", "client", "algorithm", "seed", "rounds")}
-    key["privacy"] = {k: privacy.get(k) for k in ("accountant", "secure_rng")}
+    key["privacy"] = {k: privacy.get(k) for k in ("accountant",)}
     return json.dumps(key, sort_keys=True, default=str)
 
 
@@ -117,8 +116,7 @@ def _load_task(key: str) -> Task:
     else:
         local = LocalConfig(epochs=int(client.get("epochs", 1)), batch_size=int(client.get("batch_size", 16)),
                             lr=float(client.get("lr", 0.5)), max_steps=client.get("max_steps"))
-    example_dp = resolve_example_dp(client, int(cfg.get("rounds") or 1), cfg["privacy"].get("accountant") or "rdp",
-                                    bool(cfg["privacy"].get("secure_rng")))
+    example_dp = resolve_example_dp(client, int(cfg.get("rounds") or 1), cfg["privacy"].get("accountant") or "rdp")
     bk = None
     if example_dp is not None:
         if algorithm != "dp_fedavg":
@@ -128,7 +126,7 @@ def _load_task(key: str) -> Task:
                          noise_multiplier=example_dp.noise_multiplier, mode=example_dp.mode)
     units = PooledExamples(data.users) if algorithm in EXAMPLE_LEVEL_ALGORITHMS else data.users
     return Task(data=data, units=units, bk=bk, client_model=client_model, eval_model=eval_model,
-                initial_params=get_flat_params(client_model), local=local, seed=seed)
+                initial_params=get_flat_params(client_model), local=local)
 
 
 def load_task(cfg: Mapping[str, Any]) -> Task:

@@ -1,7 +1,8 @@
 """A client's local update: E epochs of minibatch SGD from the global model, returned as a delta.
 
-Determinism: the minibatch order depends only on ``(seed, round, user)``, so every backend and a
-resumed run reproduce the same client update.
+Determinism: the client's generator comes from :class:`fedpriv.randomness.ClientRandomness` —
+derived from ``(research key, round, user)`` in research mode, so every backend and a resumed
+run reproduce the same client update; fresh OS entropy in secure mode.
 """
 
 from __future__ import annotations
@@ -29,41 +30,39 @@ class LocalConfig:
     dp: ExampleDP | None = None  # example-level DP-SGD steps instead of plain SGD (client.dp=example)
 
 
-def client_generator(seed: int, round_idx: int, user: int) -> torch.Generator:
-    """The generator that orders one client's minibatches in one round."""
-    seq = np.random.SeedSequence([seed, 7, round_idx, user])
-    return torch.Generator().manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0] >> 1))
-
-
 def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray, cfg: LocalConfig,
-                 generator: torch.Generator, pad_id: int = 0,
-                 bk: BookKeeping | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                 generator: torch.Generator, pad_id: int = 0, bk: BookKeeping | None = None,
+                 diagnostics: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
     """Run local SGD on ``rows`` starting from ``global_params``; return (delta, metrics).
 
-    ``delta = θ_local − θ_global`` as a flat float32 vector; metrics hold the mean training loss
-    and the number of sentences and steps. With ``cfg.dp`` the steps are example-level DP-SGD
-    (:mod:`fedpriv.local_dp`) through ``bk``, a BookKeeping engine hooked on ``model``.
+    ``delta = θ_local − θ_global`` as a flat float32 vector. ``metrics`` is empty unless
+    ``diagnostics`` (research mode, user-level DP only): then the mean training loss and the
+    numbers of sentences and steps — statistics of the user's data that no epsilon covers. With
+    ``cfg.dp`` the steps are example-level DP-SGD (:mod:`fedpriv.local_dp`) through ``bk``, a
+    BookKeeping engine hooked on ``model``, and nothing but the delta is returned.
     """
     set_flat_params(model, global_params)
     model.train()
     if cfg.dp is not None:
         if bk is None:
             raise ValueError("client.dp=example needs a BookKeeping engine on the client model")
-        losses, steps = dp_sgd_steps(model, bk, rows, cfg.lr, cfg.dp, generator, pad_id)
-    else:
-        losses, steps = _sgd_steps(model, rows, cfg, generator, pad_id)
+        dp_sgd_steps(model, bk, rows, cfg.lr, cfg.dp, generator, pad_id)
+        return get_flat_params(model) - global_params, {}
+    losses: list[torch.Tensor] | None = [] if diagnostics else None
+    steps = _sgd_steps(model, rows, cfg, generator, pad_id, losses)
     delta = get_flat_params(model) - global_params
-    return delta, {"train_loss": float(np.mean(losses)) if losses else 0.0,
+    if losses is None:
+        return delta, {}
+    return delta, {"train_loss": float(torch.stack(losses).mean()) if losses else 0.0,
                    "num_sentences": float(len(rows)), "num_steps": float(steps)}
 
 
 def _sgd_steps(model: nn.Module, rows: np.ndarray, cfg: LocalConfig, generator: torch.Generator,
-               pad_id: int) -> tuple[list[float], int]:
+               pad_id: int, losses: list[torch.Tensor] | None = None) -> int:
     """Plain minibatch SGD on ``model`` in place: ``cfg.epochs`` shuffled passes, at most
-    ``cfg.max_steps`` steps; returns (batch losses, steps)."""
+    ``cfg.max_steps`` steps; returns the steps (batch losses appended to ``losses`` if given)."""
     data = torch.as_tensor(rows, dtype=torch.long)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
-    losses: list[float] = []
     steps = 0
     for _ in range(cfg.epochs):
         order = torch.randperm(len(data), generator=generator)
@@ -75,7 +74,8 @@ def _sgd_steps(model: nn.Module, rows: np.ndarray, cfg: LocalConfig, generator: 
             loss = token_loss(model, batch, pad_id)
             loss.backward()
             opt.step()
-            losses.append(loss.item())
+            if losses is not None:
+                losses.append(loss.detach())
             steps += 1
-    return losses, steps
+    return steps
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedpriv.aggregation import clip_factor  # noqa: E402
 from fedpriv.cohort import CohortClipper  # noqa: E402
+from fedpriv.randomness import ClientRandomness, key_from_seed  # noqa: E402
 from fedpriv.runner import client_update  # noqa: E402
 from fedpriv.sampling import make_sampler  # noqa: E402
 from fedpriv.task import load_task  # noqa: E402
@@ -56,10 +57,11 @@ def main() -> None:
     if args.user_rows:
         task.units = [rows[: args.user_rows] for rows in task.units]
     clip = float(cfg["privacy"]["clip_norm"])
-    sampler = make_sampler("fixed", len(task.units), args.cohort, 0)
+    sampler = make_sampler("fixed", len(task.units), args.cohort, key_from_seed(0))
     clipper = CohortClipper(copy.deepcopy(task.client_model), clip, task.local.lr, task.data.vocab.pad_id,
                             mode=cfg["algorithm"]["clipping_mode"], max_rows=int(cfg["algorithm"]["max_rows"]))
     params = task.initial_params
+    rng = ClientRandomness.from_seed(0)
     one_pass, loop, rows = [], [], []
     for r in range(args.rounds + 1):  # round 0 is warm-up
         cohort = sampler.sample(r)
@@ -69,7 +71,7 @@ def main() -> None:
         start = time.perf_counter()
         total = torch.zeros_like(params)
         for u in cohort:
-            delta = client_update(task, params, int(u), r).delta
+            delta = client_update(task, params, int(u), r, rng).delta
             total.add_(delta, alpha=clip_factor(delta, clip)[0])
         t_loop = time.perf_counter() - start
         err = float(torch.linalg.vector_norm(fused.total - total) / torch.linalg.vector_norm(total))

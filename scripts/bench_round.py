@@ -53,6 +53,7 @@ def main() -> None:
     import torch
 
     from client.app import make_client_app
+    from fedpriv.randomness import ClientRandomness
     from fedpriv.runner import client_update, prepare
     from server.app import grid_round_fn, run_flower_simulation
     from server.grid import LocalGrid
@@ -62,6 +63,7 @@ def main() -> None:
     session = prepare(compose(tmp / "local", args))
     task, server = session.task, session.server
     round_fn = grid_round_fn(session, LocalGrid(make_client_app(session.cfg)), 1, None)
+    rng = ClientRandomness.for_config(session.cfg)
     times: dict[str, list[float]] = {"compute": [], "local": []}
     for r in range(args.rounds + 1):  # round 0 warms up both paths
         cohort = server.cohort(r)
@@ -70,7 +72,7 @@ def main() -> None:
                 total = 0.0
                 for u in cohort:
                     t0 = time.perf_counter()
-                    client_update(task, server.params, int(u), r)
+                    client_update(task, server.params, int(u), r, rng)
                     total += time.perf_counter() - t0
             else:
                 t0 = time.perf_counter()

@@ -60,10 +60,11 @@ def grid_round_fn(session: RunSession, grid: Grid, num_nodes: int, timeout: floa
         healthy = [n for n in current if round_idx - missed.get(int(n), -10**9) > skip_rounds] or current
         messages = strategy.configure_train(round_idx, cohort, session.server.params, healthy)
         updates = strategy.aggregate_train(grid.send_and_receive(messages, timeout=timeout))
-        for node, users in strategy.sent.items():  # sent this round, no reply by the deadline
+        for node in strategy.sent:  # sent this round, no reply by the deadline
             missed[node] = round_idx
-            log.warning("round %d: node %d did not reply within %s s: its %d users count as dropped; no users "
-                        "for it in the next %d rounds", round_idx + 1, node, timeout, len(users), skip_rounds)
+            # no user count in the log: it would publish a share of the (secret) cohort size
+            log.warning("round %d: node %d did not reply within %s s: its users count as dropped; no users "
+                        "for it in the next %d rounds", round_idx + 1, node, timeout, skip_rounds)
         return updates
 
     return round_fn

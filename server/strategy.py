@@ -64,8 +64,8 @@ class DPFedAvgStrategy:
             users = self.sent.pop(int(reply.metadata.src_node_id), None)
             if users is None:
                 continue  # an unknown or duplicate sender
-            if reply.has_error():  # its users count as dropped
-                log.warning("node %s failed its %d users: %s", reply.metadata.src_node_id, len(users),
+            if reply.has_error():  # its users count as dropped (no count in the log: it depends on the cohort)
+                log.warning("node %s failed its users: %s", reply.metadata.src_node_id,
                             reply.error.reason.strip().splitlines()[-1] if reply.error.reason else "no reason given")
                 continue
             content = reply.content

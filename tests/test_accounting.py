@@ -18,6 +18,7 @@ from fedpriv.accounting.__main__ import main as cli_main
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.sampling import FixedSizeSampler, PoissonSampler
+from fedpriv.randomness import key_from_seed
 
 REPO = Path(__file__).resolve().parents[1]
 ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -30,7 +31,7 @@ FEDAVG_N, FEDAVG_Q, FEDAVG_SIGMA, FEDAVG_ROUNDS, FEDAVG_DELTA = 342477, 100 / 34
 
 
 def _poisson(rate: float, population: int = 60000) -> PoissonSampler:
-    return PoissonSampler(population=population, rate=rate, seed=0)
+    return PoissonSampler(population=population, rate=rate, key=key_from_seed(0))
 
 
 def _eps(sigma: float, sampler, rounds: int, delta: float, accountant: str = RDP) -> float:
@@ -97,7 +98,7 @@ def test_unknown_accountant_rejected():
 
 def test_fixed_size_event_uses_replace_one_and_half_multiplier():
     mech = GaussianMechanism(1.2, clip_norm=1.0)
-    sampler = FixedSizeSampler(population=10000, cohort=100, seed=0)
+    sampler = FixedSizeSampler(population=10000, cohort=100, key=key_from_seed(0))
     assert mech.neighboring_relation(sampler) is REPLACE_ONE
     event = mech.dp_event(sampler, 50)
     assert isinstance(event, dp_accounting.SelfComposedDpEvent) and event.count == 50
@@ -108,14 +109,14 @@ def test_fixed_size_event_uses_replace_one_and_half_multiplier():
 
 
 def test_fixed_size_costs_more_than_poisson_at_equal_sigma():
-    fixed = FixedSizeSampler(population=10000, cohort=100, seed=0)
-    poisson = PoissonSampler(population=10000, rate=0.01, seed=0)
+    fixed = FixedSizeSampler(population=10000, cohort=100, key=key_from_seed(0))
+    poisson = PoissonSampler(population=10000, rate=0.01, key=key_from_seed(0))
     assert _eps(1.2, fixed, 500, 1e-5) > _eps(1.2, poisson, 500, 1e-5)
 
 
 def test_fixed_size_under_pld_is_config_error():
     mech = GaussianMechanism(1.2, clip_norm=1.0)
-    sampler = FixedSizeSampler(population=10000, cohort=100, seed=0)
+    sampler = FixedSizeSampler(population=10000, cohort=100, key=key_from_seed(0))
     with pytest.raises(ConfigError, match="pld accountant.*SampledWithoutReplacement"):
         compute_epsilon(mech.dp_event(sampler, 10), 1e-5, PLD, REPLACE_ONE)
     with pytest.raises(ConfigError, match="gaussian mechanism with fixed sampling"):
@@ -124,7 +125,7 @@ def test_fixed_size_under_pld_is_config_error():
 
 def test_fixed_size_under_wrong_relation_is_config_error():
     mech = GaussianMechanism(1.2, clip_norm=1.0)
-    sampler = FixedSizeSampler(population=10000, cohort=100, seed=0)
+    sampler = FixedSizeSampler(population=10000, cohort=100, key=key_from_seed(0))
     with pytest.raises(ConfigError, match="add_or_remove_one"):
         compute_epsilon(mech.dp_event(sampler, 10), 1e-5, RDP, ADD_REMOVE)
 
@@ -162,7 +163,7 @@ def test_calibration_is_minimal_and_within_budget(target):
 
 
 def test_calibration_fixed_size_returns_mechanism_sigma():
-    sampler = FixedSizeSampler(population=10000, cohort=100, seed=0)
+    sampler = FixedSizeSampler(population=10000, cohort=100, key=key_from_seed(0))
     make_event, relation = _sgd_maker(sampler, rounds=200)
     target = compute_epsilon(make_event(1.5), 1e-5, RDP, relation)
     assert calibrate_noise_multiplier(make_event, target, 1e-5, RDP, relation) == pytest.approx(1.5, rel=0.003)
@@ -175,7 +176,7 @@ def test_calibration_unreachable_target_is_config_error():
 
 
 def test_calibration_pld_fixed_size_is_config_error():
-    make_event, relation = _sgd_maker(FixedSizeSampler(population=1000, cohort=10, seed=0), rounds=10)
+    make_event, relation = _sgd_maker(FixedSizeSampler(population=1000, cohort=10, key=key_from_seed(0)), rounds=10)
     with pytest.raises(ConfigError):
         calibrate_noise_multiplier(make_event, 1.0, 1e-5, PLD, relation)
 
@@ -380,7 +381,7 @@ def test_cli_fixed_size_and_human_output(capsys):
                      "--population", "10000"]) == 0
     line = capsys.readouterr().out.strip()
     assert "replace_one" in line and "rdp" in line and line.startswith("epsilon = ")
-    expected = _eps(1.2, FixedSizeSampler(population=10000, cohort=100, seed=0), 10, 1e-5)
+    expected = _eps(1.2, FixedSizeSampler(population=10000, cohort=100, key=key_from_seed(0)), 10, 1e-5)
     assert cli_main(["epsilon", "--noise-multiplier", "1.2", *BASE, "--sampling", "fixed",
                      "--population", "10000", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["epsilon"] == pytest.approx(expected, rel=1e-12)

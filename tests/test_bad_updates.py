@@ -11,6 +11,7 @@ from flwr.clientapp import ClientApp
 
 from client.app import make_client_app
 from fedpriv.aggregation import clip_factor
+from fedpriv.randomness import ClientRandomness
 from fedpriv.runner import client_update, prepare
 from server.app import grid_round_fn
 from server.grid import LocalGrid
@@ -52,7 +53,7 @@ def test_bad_updates_are_rejected_or_dropped_and_counted(tmp_path):
     server = session.server
     before = server.params.clone()
     cohort = server.cohort(0)
-    stats = server.apply_round(0, cohort, round_fn(0, cohort))
+    _, stats = server.apply_round(0, cohort, round_fn(0, cohort), diagnostics=True)
     nodes = sorted(grid.get_node_ids())
     by_node = {n: [int(u) for i, u in enumerate(cohort) if nodes[i % 3] == n] for n in nodes}
     assert len(by_node[1]) >= 2 and by_node[2]
@@ -63,7 +64,7 @@ def test_bad_updates_are_rejected_or_dropped_and_counted(tmp_path):
     good = by_node[1][2:] + by_node[3]
     total = torch.zeros_like(before)
     for user in good:
-        delta = client_update(session.task, before, user, 0).delta
+        delta = client_update(session.task, before, user, 0, ClientRandomness.for_config(session.cfg)).delta
         factor, _ = clip_factor(delta, server.clip_norm)
         total += factor * delta
     expected = before + total / server.sampler.expected_cohort

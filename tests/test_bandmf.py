@@ -13,6 +13,7 @@ from fedpriv.mechanisms.__main__ import main as mechanisms_main
 from fedpriv.mechanisms.bandmf import (band_mask, cached_strategy, mean_squared_error, optimize_strategy,
                                        sensitivity_sq_brute_force)
 from fedpriv.sampling import CyclicPoissonSampler, CyclicSampler, PoissonSampler, make_sampler
+from fedpriv.randomness import NoiseStream, key_from_seed
 
 
 @pytest.fixture(autouse=True)
@@ -52,10 +53,10 @@ def test_strategy_cache_returns_the_same_matrix(tmp_path):
 @pytest.mark.parametrize("bands", [1, 3, 5])
 def test_online_noise_equals_inverse_strategy_times_draws(bands):
     n, d = 12, 5
-    mech = BandMFMechanism(1.3, 0.7, rounds=n, bands=bands, seed=4)
+    mech = BandMFMechanism(1.3, 0.7, rounds=n, bands=bands, noise=NoiseStream.from_seed(4))
     online = torch.stack([mech.noise(t, (d,)) for t in range(n)]).double()
-    gen = torch.Generator().manual_seed(4)
-    draws = torch.stack([torch.randn((d,), generator=gen) * 1.3 * 0.7 for _ in range(n)]).double()
+    stream = NoiseStream.from_seed(4)  # the same stream, read in draw order
+    draws = torch.stack([stream.normal((d,)) * 1.3 * 0.7 for _ in range(n)]).double()
     torch.testing.assert_close(online, mech.matrix(n) @ draws, rtol=1e-5, atol=1e-5)
     # the release C·x + Z: C times the residuals gives back the draws
     torch.testing.assert_close(mech.strategy @ online, draws, rtol=1e-4, atol=1e-4)
@@ -72,22 +73,22 @@ def test_sensitivity_of_separated_participations_is_k(k):
 
 def test_accounting_with_and_without_amplification():
     mech = BandMFMechanism(2.0, 1.0, rounds=220, bands=16)
-    cyclic = CyclicSampler(population=10000, cohort=100, seed=0)
+    cyclic = CyclicSampler(population=10000, cohort=100, key=key_from_seed(0))
     assert mech.dp_event(cyclic, 220) == dp_accounting.GaussianDpEvent(2.0 / 3 ** 0.5)
     assert mech.neighboring_relation(cyclic) == dp_accounting.NeighboringRelation.REPLACE_SPECIAL
-    amplified = CyclicPoissonSampler(population=10000, cohort=100, groups=16, seed=0)
+    amplified = CyclicPoissonSampler(population=10000, cohort=100, groups=16, key=key_from_seed(0))
     assert mech.dp_event(amplified, 220) == dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(0.16, dp_accounting.GaussianDpEvent(2.0)), 14)
     with pytest.raises(ConfigError, match="cyclic"):
-        mech.dp_event(PoissonSampler(10000, 0.01, 0), 220)
+        mech.dp_event(PoissonSampler(10000, 0.01, key_from_seed(0)), 220)
     with pytest.raises(ConfigError, match="at least 16 rounds apart"):
-        mech.dp_event(CyclicSampler(population=1000, cohort=100, seed=0), 220)
+        mech.dp_event(CyclicSampler(population=1000, cohort=100, key=key_from_seed(0)), 220)
     with pytest.raises(ConfigError, match="groups"):
-        mech.dp_event(CyclicPoissonSampler(population=10000, cohort=100, groups=8, seed=0), 220)
+        mech.dp_event(CyclicPoissonSampler(population=10000, cohort=100, groups=8, key=key_from_seed(0)), 220)
 
 
 def test_cyclic_poisson_sampler_draws_from_the_rounds_group():
-    sampler = make_sampler("cyclic_poisson", 1000, 20, seed=1, groups=5)
+    sampler = make_sampler("cyclic_poisson", 1000, 20, key_from_seed(1), groups=5)
     groups = {}
     for t in range(10):
         for u in sampler.sample(t):
@@ -98,15 +99,15 @@ def test_cyclic_poisson_sampler_draws_from_the_rounds_group():
 
 
 def test_resumed_bandmf_continues_the_same_noise():
-    a = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, seed=2)
+    a = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, noise=NoiseStream.from_seed(2))
     full = [a.noise(t, (3,)) for t in range(9)]
-    b = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, seed=2)
+    b = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, noise=NoiseStream.from_seed(2))
     head = [b.noise(t, (3,)) for t in range(4)]
-    c = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, seed=11)
+    c = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, noise=NoiseStream.from_seed(2))  # the run key's stream
     c.load_state_dict(b.state_dict())
     tail = [c.noise(t, (3,)) for t in range(4, 9)]
     torch.testing.assert_close(torch.stack(head + tail), torch.stack(full), rtol=0, atol=0)
-    other = BandMFMechanism(1.0, 1.0, rounds=9, bands=2, seed=2)
+    other = BandMFMechanism(1.0, 1.0, rounds=9, bands=2, noise=NoiseStream.from_seed(2))
     with pytest.raises(ValueError, match="strategy differs"):
         other.load_state_dict(b.state_dict())
 

@@ -50,13 +50,18 @@ def read_metrics(out: Path) -> list[dict]:
 
 
 def test_deployed_run_equals_in_process_run(tmp_path):
+    """Research mode (asked for explicitly: deployments default to secure) reproduces the in-process
+    run bit for bit."""
     out = tmp_path / "deploy"
-    proc = deploy("--clients", "2", "--rounds", "2", "--out", str(out))
+    proc = deploy("--clients", "2", "--rounds", "2", "--out", str(out), "--", "privacy.secure_rng=false")
     assert proc.returncode == 0, proc.stderr + (out / "logs" / "flwr-run.log").read_text()[-3000:]
     assert_all_stopped(out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["backend"] == "deployment"
-    assert all(row["dropped"] == 0 and row["rejected"] == 0 for row in read_metrics(out))
+    assert summary["privacy"]["randomness"]["mode"] == "research"
+    # deployments compute no statistics of training users, in any mode
+    assert not (out / "diagnostics.jsonl").exists() and "wall_s" not in summary
+    assert all(set(row) <= {"round", "epsilon", "mode"} or "test_accuracy" in row for row in read_metrics(out))
     assert "insecure" in (out / "logs" / "superlink.log").read_text().lower()
     # the same experiment in process
     from fedpriv.runner import prepare
@@ -65,7 +70,7 @@ def test_deployed_run_equals_in_process_run(tmp_path):
 
     local = prepare(compose_cfg("+experiment=smoke", "rounds=2", "progress=false", run_dir=tmp_path / "local"))
     run_local(local)
-    deployed = torch.load(out / "checkpoints" / "last.pt", weights_only=False)["server"]["params"]
+    deployed = torch.load(out / "checkpoints" / "last.pt", weights_only=True)["server"]["params"]
     torch.testing.assert_close(deployed, local.server.params, rtol=0, atol=0)
     a = json.loads((out / "privacy.json").read_text())
     b = json.loads((tmp_path / "local" / "privacy.json").read_text())
@@ -77,13 +82,17 @@ def test_deployed_run_over_tls(tmp_path):
     proc = deploy("--clients", "2", "--rounds", "2", "--out", str(out), "--tls")
     assert proc.returncode == 0, proc.stderr + (out / "logs" / "flwr-run.log").read_text()[-3000:]
     assert_all_stopped(out)
-    assert json.loads((out / "summary.json").read_text())["rounds"] == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 2
+    assert summary["privacy"]["randomness"]["mode"] == "secure"  # the deployment default
     assert "running on https://127.0.0.1" in (out / "logs" / "superlink.log").read_text()
+    assert (out / "checkpoints" / "last.pt").stat().st_mode & 0o077 == 0  # it holds the run key: owner-only
 
 
 def test_killed_supernode_round_finishes_within_the_timeout(tmp_path):
     """SIGKILL one of two SuperNodes after round 1: round 2 ends at its timeout with the dead
-    node's users counted as dropped; later rounds skip that node; the run completes."""
+    node's users counted as dropped; later rounds skip that node (no second timeout); the run
+    completes. The drop counts themselves are not published (they depend on the cohort)."""
     out = tmp_path / "kill"
     proc = subprocess.Popen(["bash", str(SCRIPT), "--clients", "2", "--rounds", "4", "--out", str(out),
                              "--round-timeout", "45"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
@@ -103,12 +112,11 @@ def test_killed_supernode_round_finishes_within_the_timeout(tmp_path):
     assert_all_stopped(out)
     rows = read_metrics(out)
     assert [r["round"] for r in rows] == [1, 2, 3, 4]
-    assert rows[0]["dropped"] == 0
-    assert rows[1]["dropped"] > 0  # the dead node's users, counted
-    assert all(r["dropped"] == 0 and r["accepted"] > 0 for r in rows[2:])  # the dead node is skipped
+    assert not any("dropped" in r for r in rows)
     log = (out / "logs" / "flwr-run.log").read_text()
-    assert "did not reply within 45" in log
-    assert all(r["wall_s"] < 300 for r in rows)
+    timeouts = [line for line in log.splitlines() if "did not reply within 45" in line]
+    assert len(timeouts) == 1 and "round 2:" in timeouts[0]  # rounds 3 and 4 skip the dead node
+    assert "its users count as dropped" in timeouts[0]  # no count of them: it depends on the cohort
 
 
 @pytest.mark.parametrize("args,message", [(("--clients", "0", "--rounds", "2", "--out", "x"), "--clients"),

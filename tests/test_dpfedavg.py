@@ -12,6 +12,7 @@ from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.mechanisms.gaussian import ADD_REMOVE, REPLACE_ONE
 from fedpriv.optim import ServerSGD
 from fedpriv.sampling import FixedSizeSampler, PoissonSampler
+from fedpriv.randomness import NoiseStream, key_from_seed
 
 
 @pytest.mark.parametrize("scale", [1e-3, 0.5, 1.0, 3.0, 1e4])
@@ -41,31 +42,32 @@ def test_nonfinite_and_misshaped_deltas_are_rejected_not_summed():
 
 
 def _server(sampler, sigma=0.0, clip=1.0, dim=4):
-    return DPFedAvg(torch.zeros(dim), sampler, GaussianMechanism(sigma, clip, seed=0), clip, ServerSGD(lr=1.0))
+    return DPFedAvg(torch.zeros(dim), sampler, GaussianMechanism(sigma, clip, noise=NoiseStream.from_seed(0)), clip, ServerSGD(lr=1.0))
 
 
 def test_round_divides_by_expected_cohort_not_realised_count():
-    sampler = PoissonSampler(population=100, rate=0.1, seed=0)  # expected cohort 10
+    sampler = PoissonSampler(population=100, rate=0.1, key=key_from_seed(0))  # expected cohort 10
     server = _server(sampler)
     cohort = np.array([3, 5])
     updates = [ClientUpdate(3, torch.ones(4) * 0.1), ClientUpdate(5, torch.ones(4) * 0.1)]
-    stats = server.apply_round(0, cohort, updates)
+    _, stats = server.apply_round(0, cohort, updates, diagnostics=True)
     torch.testing.assert_close(server.params, torch.full((4,), 0.2 / 10))
     assert stats["accepted"] == 2 and stats["dropped"] == 0
 
 
 def test_round_rejects_outsiders_duplicates_and_counts_dropped():
-    server = _server(FixedSizeSampler(population=10, cohort=3, seed=0))
+    server = _server(FixedSizeSampler(population=10, cohort=3, key=key_from_seed(0)))
     cohort = np.array([1, 2, 3])
     updates = [ClientUpdate(1, torch.ones(4)), ClientUpdate(1, torch.ones(4)), ClientUpdate(9, torch.ones(4)),
                ClientUpdate(2, None)]
-    stats = server.apply_round(0, cohort, updates)
+    released, stats = server.apply_round(0, cohort, updates, diagnostics=True)
+    assert released == {} and server.apply_round(1, cohort, updates) == ({}, {})  # nothing unless asked
     assert stats["accepted"] == 1 and stats["rejected"] == 3 and stats["dropped"] == 1  # user 3 never replied
-    torch.testing.assert_close(server.params, torch.full((4,), 0.5 / 3))  # one clipped delta (norm 1) / 3
+    torch.testing.assert_close(server.params, torch.full((4,), 2 * 0.5 / 3))  # one clipped delta (norm 1) / 3, twice
 
 
 def test_noise_std_is_sigma_times_clip():
-    mech = GaussianMechanism(noise_multiplier=1.3, clip_norm=0.7, seed=1)
+    mech = GaussianMechanism(noise_multiplier=1.3, clip_norm=0.7, noise=NoiseStream.from_seed(1))
     z = mech.noise(0, (400_000,))
     want = 1.3 * 0.7
     # the sample std of n normals has relative standard error ~ 1/sqrt(2n) = 0.0011
@@ -76,15 +78,15 @@ def test_noise_std_is_sigma_times_clip():
 def test_zero_noise_multiplier_adds_nothing_and_is_non_private():
     mech = GaussianMechanism(0.0, 1.0)
     assert torch.count_nonzero(mech.noise(0, (10,))) == 0
-    assert isinstance(mech.round_event(PoissonSampler(10, 0.5, 0)), dp_accounting.NonPrivateDpEvent)
+    assert isinstance(mech.round_event(PoissonSampler(10, 0.5, key_from_seed(0))), dp_accounting.NonPrivateDpEvent)
 
 
 def test_noise_stream_resumes_from_state_dict():
-    a = GaussianMechanism(1.0, 1.0, seed=3)
+    a = GaussianMechanism(1.0, 1.0, noise=NoiseStream.from_seed(3))
     first = [a.noise(t, (5,)) for t in range(3)]
     state = a.state_dict()
     rest = [a.noise(t, (5,)) for t in range(3, 6)]
-    b = GaussianMechanism(1.0, 1.0, seed=99)
+    b = GaussianMechanism(1.0, 1.0, noise=NoiseStream.from_seed(3))  # the run key's stream, at its start
     b.load_state_dict(state)
     for want, t in zip(rest, range(3, 6)):
         torch.testing.assert_close(b.noise(t, (5,)), want)
@@ -92,17 +94,20 @@ def test_noise_stream_resumes_from_state_dict():
 
 
 def test_secure_rng_is_not_replayable_from_config():
-    a = GaussianMechanism(1.0, 1.0, seed=0, secure=True)
-    b = GaussianMechanism(1.0, 1.0, seed=0, secure=True)
+    from fedpriv.randomness import RunRandomness
+
+    cfg = {"seed": 0, "privacy": {"secure_rng": True}}
+    a = GaussianMechanism(1.0, 1.0, noise=RunRandomness.for_config(cfg).noise())
+    b = GaussianMechanism(1.0, 1.0, noise=RunRandomness.for_config(cfg).noise())
     assert not torch.equal(a.noise(0, (8,)), b.noise(0, (8,)))
 
 
 def test_poisson_sampler_rate_and_determinism():
-    s = PoissonSampler(population=2000, rate=0.05, seed=4)
+    s = PoissonSampler(population=2000, rate=0.05, key=key_from_seed(4))
     sizes = [len(s.sample(t)) for t in range(200)]
     assert np.mean(sizes) == pytest.approx(100, rel=0.03)
     assert np.std(sizes) == pytest.approx(np.sqrt(2000 * 0.05 * 0.95), rel=0.2)  # binomial, not fixed
-    np.testing.assert_array_equal(s.sample(7), PoissonSampler(2000, 0.05, 4).sample(7))
+    np.testing.assert_array_equal(s.sample(7), PoissonSampler(2000, 0.05, key_from_seed(4)).sample(7))
     # each user's inclusion frequency matches q
     hits = np.zeros(2000)
     for t in range(400):
@@ -111,7 +116,7 @@ def test_poisson_sampler_rate_and_determinism():
 
 
 def test_fixed_size_sampler_draws_exactly_m_distinct_users():
-    s = FixedSizeSampler(population=50, cohort=7, seed=0)
+    s = FixedSizeSampler(population=50, cohort=7, key=key_from_seed(0))
     for t in range(20):
         c = s.sample(t)
         assert len(c) == 7 and len(set(c.tolist())) == 7 and c.min() >= 0 and c.max() < 50
@@ -119,12 +124,12 @@ def test_fixed_size_sampler_draws_exactly_m_distinct_users():
 
 def test_event_matches_sampler():
     mech = GaussianMechanism(1.1, 1.0)
-    poisson = PoissonSampler(population=1000, rate=0.01, seed=0)
+    poisson = PoissonSampler(population=1000, rate=0.01, key=key_from_seed(0))
     ev = mech.round_event(poisson)
     assert isinstance(ev, dp_accounting.PoissonSampledDpEvent)
     assert ev.sampling_probability == 0.01 and ev.event.noise_multiplier == 1.1
     assert mech.neighboring_relation(poisson) == ADD_REMOVE
-    fixed = FixedSizeSampler(population=1000, cohort=10, seed=0)
+    fixed = FixedSizeSampler(population=1000, cohort=10, key=key_from_seed(0))
     ev = mech.round_event(fixed)
     assert isinstance(ev, dp_accounting.SampledWithoutReplacementDpEvent)
     assert (ev.source_dataset_size, ev.sample_size) == (1000, 10)
@@ -137,16 +142,16 @@ def test_make_sampler_fails_closed_on_bad_sizes():
     from fedpriv.sampling import make_sampler
 
     with pytest.raises(ConfigError):
-        make_sampler("poisson", 10, 11, 0)
+        make_sampler("poisson", 10, 11, key_from_seed(0))
     with pytest.raises(ConfigError):
-        make_sampler("fixed", 0, 1, 0)
+        make_sampler("fixed", 0, 1, key_from_seed(0))
     with pytest.raises(ConfigError):
-        make_sampler("shuffle", 10, 2, 0)
-    assert make_sampler("poisson", 10, 2, 0).rate == 0.2
+        make_sampler("shuffle", 10, 2, key_from_seed(0))
+    assert make_sampler("poisson", 10, 2, key_from_seed(0)).rate == 0.2
 
 
 def test_ema_of_iterates_is_released_when_enabled_and_checkpointed():
-    sampler = FixedSizeSampler(population=4, cohort=1, seed=0)
+    sampler = FixedSizeSampler(population=4, cohort=1, key=key_from_seed(0))
     server = DPFedAvg(torch.zeros(2), sampler, GaussianMechanism(0.0, 10.0), 10.0, ServerSGD(lr=1.0), ema_decay=0.5)
     for r in range(2):
         cohort = server.cohort(r)

@@ -92,10 +92,10 @@ def test_fedsgd_run_one_pass_equals_loop(tmp_path):
     loop = _run(compose_cfg(*common, "algorithm.one_pass=false", run_dir=tmp_path / "loop"))
     assert not torch.equal(one.server.params, one.task.initial_params)
     torch.testing.assert_close(one.server.params, loop.server.params, rtol=1e-4, atol=1e-6)
-    a = [r["median_update_norm"] for r in one.history]
-    b = [r["median_update_norm"] for r in loop.history]
+    a = [r["median_update_norm"] for r in one.diagnostics]
+    b = [r["median_update_norm"] for r in loop.diagnostics]
     np.testing.assert_allclose(a, b, rtol=1e-4)
-    assert [r["accepted"] for r in one.history] == [r["accepted"] for r in loop.history]
+    assert [r["accepted"] for r in one.diagnostics] == [r["accepted"] for r in loop.diagnostics]
 
 
 def test_dpsgd_is_example_level(tmp_path):

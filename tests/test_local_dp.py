@@ -18,7 +18,7 @@ from fedpriv.training import LocalConfig, local_update
 torch.set_num_threads(1)
 
 EXAMPLE = {"sampling_rate": 0.5, "steps": 2, "clip_norm": 1.0, "noise_multiplier": None,
-           "target_epsilon": 4.0, "delta": 1e-6, "mode": "mixopt"}
+           "target_epsilon": 4.0, "delta": 1e-6, "denominator": 3.0, "mode": "mixopt"}
 
 
 def _model():
@@ -43,7 +43,8 @@ def test_calibrated_example_epsilon_and_event():
 
 
 @pytest.mark.parametrize("field,value", [("sampling_rate", 0.0), ("sampling_rate", 1.5), ("steps", 0),
-                                         ("clip_norm", -1.0), ("delta", 1.0), ("mode", "fast")])
+                                         ("clip_norm", -1.0), ("delta", 1.0), ("mode", "fast"),
+                                         ("denominator", 0.0), ("denominator", None)])
 def test_bad_example_settings_are_config_errors(field, value):
     with pytest.raises(ConfigError, match=f"client.example.{field}"):
         resolve_example_dp({"dp": "example", "example": {**EXAMPLE, field: value}}, rounds=3)
@@ -51,12 +52,13 @@ def test_bad_example_settings_are_config_errors(field, value):
         resolve_example_dp({"dp": "user", "example": EXAMPLE}, rounds=3)
 
 
-def test_noiseless_full_batch_step_is_clipped_per_example_mean():
-    """q = 1, σ = 0, one step: θ' = θ − η Σ_i clip(∇ℓ_i, C) / n, ℓ_i = row i's mean token loss."""
+def test_noiseless_full_batch_step_is_clipped_sum_over_the_fixed_denominator():
+    """q = 1, σ = 0, one step: θ' = θ − η Σ_i clip(∇ℓ_i, C) / D, ℓ_i = row i's mean token loss, D the
+    configured denominator — not the client's row count n (finding 3: n is private)."""
     model, ref = _model(), _model()
     rows = _rows(6)
     params = get_flat_params(model)
-    dp = ExampleDP(sampling_rate=1.0, steps=1, clip_norm=0.3, noise_multiplier=0.0, delta=1e-6)
+    dp = ExampleDP(sampling_rate=1.0, steps=1, clip_norm=0.3, noise_multiplier=0.0, delta=1e-6, denominator=4.0)
     bk = BookKeeping(model, clip_norm=0.3, noise_multiplier=0.0)
     delta, metrics = local_update(model, params, rows, LocalConfig(lr=0.5, dp=dp), torch.Generator().manual_seed(1),
                                   bk=bk)
@@ -69,30 +71,33 @@ def test_noiseless_full_batch_step_is_clipped_per_example_mean():
         g = torch.cat([p.grad.reshape(-1) for p in ref.parameters()])
         norms.append(float(g.norm()))
         expected += g * min(1.0, 0.3 / float(g.norm()))
-    expected *= -0.5 / len(rows)
+    expected *= -0.5 / 4.0
     assert max(norms) > 0.3  # clipping is exercised
     torch.testing.assert_close(delta, expected, rtol=1e-4, atol=1e-6)
-    assert metrics["num_steps"] == 1
+    assert metrics == {}  # nothing about the rows but the delta, even when diagnostics are asked for below
+    _, asked = local_update(model, params, rows, LocalConfig(lr=0.5, dp=dp), torch.Generator().manual_seed(1), bk=bk,
+                            diagnostics=True)
+    assert asked == {}
 
 
 def test_empty_batch_still_takes_the_noise_step():
-    """With q so small that no row is drawn, the step is pure noise of std η σ C / (q n)."""
+    """With q so small that no row is drawn, the step is pure noise of std η σ C / D."""
     model = _model()
     rows = _rows(4)
     params = get_flat_params(model)
-    dp = ExampleDP(sampling_rate=1e-9, steps=1, clip_norm=2.0, noise_multiplier=1.5, delta=1e-6)
+    dp = ExampleDP(sampling_rate=1e-9, steps=1, clip_norm=2.0, noise_multiplier=1.5, delta=1e-6, denominator=0.5)
     bk = BookKeeping(model, clip_norm=2.0, noise_multiplier=1.5)
     delta, _ = local_update(model, params, rows, LocalConfig(lr=0.1, dp=dp), torch.Generator().manual_seed(3), bk=bk)
-    std = 0.1 * 1.5 * 2.0 / (1e-9 * 4)
+    std = 0.1 * 1.5 * 2.0 / 0.5
     assert float(delta.std() / std) == pytest.approx(1.0, rel=0.02)
     assert abs(float(delta.mean())) < 0.02 * std
 
 
 def test_noise_std_with_data():
-    """σ > 0 on a real batch: the delta minus its noiseless value has std η σ C / (q n)."""
+    """σ > 0 on a real batch: the delta minus its noiseless value has std η σ C / D."""
     rows = _rows(8)
-    dp0 = ExampleDP(sampling_rate=1.0, steps=1, clip_norm=0.5, noise_multiplier=0.0, delta=1e-6)
-    dp1 = ExampleDP(sampling_rate=1.0, steps=1, clip_norm=0.5, noise_multiplier=2.0, delta=1e-6)
+    dp0 = ExampleDP(sampling_rate=1.0, steps=1, clip_norm=0.5, noise_multiplier=0.0, delta=1e-6, denominator=8.0)
+    dp1 = ExampleDP(sampling_rate=1.0, steps=1, clip_norm=0.5, noise_multiplier=2.0, delta=1e-6, denominator=8.0)
     out = []
     for dp in (dp0, dp1):
         model = _model()

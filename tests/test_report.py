@@ -68,8 +68,10 @@ def test_structured_round_lines_only_when_verbose(run_cli, tmp_path):
     lines = [line for line in loud.stdout.splitlines() if line.startswith("round=")]
     assert len(lines) == 3
     first = dict(part.split("=") for part in lines[0].split())
-    assert set(first) >= {"round", "cohort", "dropped", "rejected", "clipped", "epsilon"} and first["round"] == "1"
-    assert "test_accuracy" in dict(part.split("=") for part in lines[-1].split())
+    # only what the epsilon covers (finding 5): no cohort size, drop/reject counts or clipped fraction
+    assert set(first) == {"round", "epsilon", "mode"} and first["round"] == "1" and first["mode"] == "research"
+    assert set(dict(part.split("=") for part in lines[-1].split())) == {"round", "epsilon", "mode", "test_accuracy",
+                                                                          "test_loss"}
 
 
 def test_tensorboard_scalars(tmp_path):
@@ -83,5 +85,9 @@ def test_tensorboard_scalars(tmp_path):
     run_local(prepare(compose_cfg("+experiment=smoke", "progress=false", "tensorboard=true", run_dir=tmp_path / "r")))
     acc = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
     acc.Reload()
-    assert {"epsilon", "clipped_fraction", "test_accuracy"} <= set(acc.Tags()["scalars"])
+    tags = set(acc.Tags()["scalars"])
+    assert {"epsilon", "test_accuracy"} <= tags
+    assert not tags & {"clipped_fraction", "cohort_size", "train_loss", "median_update_norm", "dropped", "rejected",
+                       "accepted", "wall_s"}  # statistics of training users are not published (finding 5)
     assert [e.step for e in acc.Scalars("epsilon")] == [1, 2, 3]
+    assert "privacy/randomness/text_summary" in acc.Tags()["tensors"]  # the mode, as text

@@ -15,6 +15,7 @@ from fedpriv.mechanisms.__main__ import main as mechanisms_main
 from fedpriv.mechanisms.tree import node_variances
 from fedpriv.optim.server import ServerFTRL, ServerSGD
 from fedpriv.sampling import CyclicSampler, PoissonSampler
+from fedpriv.randomness import NoiseStream, key_from_seed
 
 ZERO_OUT = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
 
@@ -46,7 +47,7 @@ def test_tree_refuses_poisson_sampling_and_pld():
                          "--delta", "1e-6", "--sampling", "poisson", "--sampling-rate", "0.1"])
     assert exit_info.value.code == 2
     with pytest.raises(ConfigError, match="cyclic"):
-        TreeMechanism(1.0, 1.0).dp_event(PoissonSampler(100, 0.1, 0), 10)
+        TreeMechanism(1.0, 1.0).dp_event(PoissonSampler(100, 0.1, key_from_seed(0)), 10)
     with pytest.raises(ConfigError, match="pld"):
         compute_epsilon(tree_event(8.83, 1600, 1, 5000), 1e-6, "pld", ZERO_OUT)
 
@@ -66,7 +67,7 @@ def test_sensitivity_dynamic_program_equals_brute_force():
 
 
 def test_multi_participation_event_is_gaussian_of_total_sensitivity():
-    sampler = CyclicSampler(population=1000, cohort=100, seed=0)  # 10 blocks: every 10th round
+    sampler = CyclicSampler(population=1000, cohort=100, key=key_from_seed(0))  # 10 blocks: every 10th round
     event = TreeMechanism(3.0, 1.0).dp_event(sampler, 25)
     sens_sq = max_sensitivity_sq(3, 9, 25)
     assert event == dp_accounting.GaussianDpEvent(3.0 / sens_sq ** 0.5)
@@ -92,11 +93,11 @@ def test_efficient_estimator_beats_plain_tree(capsys):
 @pytest.mark.parametrize("restart", [None, 5])
 def test_online_noise_equals_explicit_matrix_form(estimator, restart):
     n, d = 13, 6
-    mech = TreeMechanism(1.7, 0.5, seed=3, estimator=estimator, restart_every=restart)
+    mech = TreeMechanism(1.7, 0.5, noise=NoiseStream.from_seed(3), estimator=estimator, restart_every=restart)
     online = torch.stack([mech.noise(t, (d,)) for t in range(n)]).double()
     matrix = mech.matrix(n)
-    gen = torch.Generator().manual_seed(3)
-    draws = torch.stack([torch.randn((d,), generator=gen) * 1.7 * 0.5 for _ in range(matrix.shape[1])]).double()
+    stream = NoiseStream.from_seed(3)  # the same stream, read in draw order
+    draws = torch.stack([stream.normal((d,)) * 1.7 * 0.5 for _ in range(matrix.shape[1])]).double()
     torch.testing.assert_close(online, matrix @ draws, rtol=1e-5, atol=1e-5)
 
 
@@ -112,12 +113,16 @@ def test_prefix_noise_variance_is_the_tiling_of_node_variances():
 
 
 def test_resumed_tree_continues_the_same_noise():
-    a = TreeMechanism(2.0, 1.0, seed=7, restart_every=6)
+    a = TreeMechanism(2.0, 1.0, noise=NoiseStream.from_seed(7), restart_every=6)
     full = [a.noise(t, (4,)) for t in range(11)]
-    b = TreeMechanism(2.0, 1.0, seed=7, restart_every=6)
+    b = TreeMechanism(2.0, 1.0, noise=NoiseStream.from_seed(7), restart_every=6)
     head = [b.noise(t, (4,)) for t in range(5)]
     state = b.state_dict()
-    c = TreeMechanism(2.0, 1.0, seed=99, restart_every=6)
+    # a resumed run rebuilds its streams from the run key (checkpointed beside the mechanism); the
+    # mechanism's state is the stream position and the tree's online state
+    c = TreeMechanism(2.0, 1.0, noise=NoiseStream.from_seed(7), restart_every=6)
+    assert not torch.equal(c.noise(0, (4,)), full[5])
+    c = TreeMechanism(2.0, 1.0, noise=NoiseStream.from_seed(7), restart_every=6)
     c.load_state_dict(state)
     tail = [c.noise(t, (4,)) for t in range(5, 11)]
     torch.testing.assert_close(torch.stack(head + tail), torch.stack(full), rtol=0, atol=0)
@@ -144,7 +149,7 @@ def test_ftrl_without_momentum_is_sgd_on_the_stream():
 
 
 def test_tree_calibration_is_monotone_and_bounded():
-    sampler = CyclicSampler(population=400, cohort=40, seed=0)
+    sampler = CyclicSampler(population=400, cohort=40, key=key_from_seed(0))
     mech = TreeMechanism(1.0, 1.0)
     sigma = calibrate_noise_multiplier(lambda s: mech.dp_event(sampler, 30, noise_multiplier=s), 4.0, 1e-5,
                                        "rdp", ZERO_OUT)

@@ -37,12 +37,12 @@ EXIT_BAD_INPUT = 2
 
 def _gaussian(args: argparse.Namespace, noise_multiplier: float) -> GaussianMechanism:
     """Independent Gaussian noise; the clip norm does not enter accounting (events are per unit sensitivity)."""
-    return GaussianMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, seed=0)
+    return GaussianMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0)
 
 
 def _tree(args: argparse.Namespace, noise_multiplier: float) -> TreeMechanism:
     """Tree aggregation (DP-FTRL); the estimator does not change privacy."""
-    return TreeMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, seed=0,
+    return TreeMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0,
                          restart_every=args.restart_every)
 
 
@@ -128,18 +128,18 @@ def _validate(args: argparse.Namespace) -> None:
 
 def make_cli_sampler(kind: str, rate: float | None, population: int | None,
                      args: argparse.Namespace | None = None) -> Sampler | ParticipationBound:
-    """The sampler the accountant must assume. Seed 0: draws never enter accounting."""
+    """The sampler the accountant must assume (no key: a calculator never draws a cohort)."""
     if kind == CYCLIC_POISSON:
         if args is None or args.population is None or args.cohort is None or args.bands is None:
             raise ConfigError("--sampling cyclic_poisson needs --population, --cohort and --bands")
         if args.cohort * args.bands > args.population:
             raise ConfigError(f"--cohort x --bands = {args.cohort * args.bands} exceeds --population {args.population}")
-        return CyclicPoissonSampler(population=args.population, cohort=args.cohort, groups=args.bands, seed=0)
+        return CyclicPoissonSampler(population=args.population, cohort=args.cohort, groups=args.bands)
     if kind == CYCLIC:
         if args is not None and args.population is not None and args.cohort is not None:
             if args.cohort > args.population:
                 raise ConfigError(f"--cohort {args.cohort} exceeds --population {args.population}")
-            return CyclicSampler(population=args.population, cohort=args.cohort, seed=0)
+            return CyclicSampler(population=args.population, cohort=args.cohort)
         k = args.participations if args is not None and args.participations else 1
         sep = args.min_separation if args is not None and args.min_separation is not None else None
         if k > 1 and sep is None:
@@ -147,13 +147,13 @@ def make_cli_sampler(kind: str, rate: float | None, population: int | None,
         return ParticipationBound(participations=k, min_separation=sep if sep is not None else 0)
     if kind == POISSON:
         # Poisson accounting depends only on q; the population is informational here.
-        return PoissonSampler(population=population or 0, rate=rate, seed=0)
+        return PoissonSampler(population=population or 0, rate=rate)
     if population is None:
         raise ConfigError("--sampling fixed needs --population (cohort = round(q * N))")
     cohort = round(rate * population)
     if not 1 <= cohort <= population:
         raise ConfigError(f"fixed-size cohort round({rate} * {population}) = {cohort} is not in [1, {population}]")
-    return FixedSizeSampler(population=population, cohort=cohort, seed=0)
+    return FixedSizeSampler(population=population, cohort=cohort)
 
 
 def _epsilon(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:

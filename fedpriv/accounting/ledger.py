@@ -7,7 +7,10 @@ built with); it checks the mechanism's σ on every query and refuses to account 
 
 JSON convention for a non-private run (σ = 0, ε = ∞): ``"epsilon": null`` together with
 ``"non_private": true``. ``non_private`` is always present (``false`` otherwise), so the file is
-always strict JSON (no bare ``Infinity``).
+always strict JSON (no bare ``Infinity``). A run whose *optimizer* reads noiseless statistics
+(``non_private_reason``) is non-private however much noise the mechanism adds: the ledger then
+reports ε = ∞ everywhere (:meth:`PrivacyLedger.reported_epsilon`) and keeps the mechanism's
+accounted ε only as a labelled field and for the budget gate.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +26,7 @@ import dp_accounting
 from fedpriv.accounting.accountant import (PLD, PLD_VALUE_DISCRETIZATION, RDP, check_accountant,
                                            check_delta, check_epsilon, compute_epsilon,
                                            relation_name)
+from fedpriv.atomic import write_atomic
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.sampling import Sampler
 
@@ -66,7 +69,8 @@ class PrivacyLedger:
 
     def __init__(self, mechanism: AccountedMechanism, sampler: Sampler, delta: float,
                  accountant: str = RDP, target_epsilon: float | None = None,
-                 planned_rounds: int | None = None) -> None:
+                 planned_rounds: int | None = None, non_private_reason: str | None = None,
+                 randomness: dict[str, Any] | None = None) -> None:
         self.mechanism = mechanism
         self.sampler = sampler
         self.delta = check_delta(delta)
@@ -75,6 +79,8 @@ class PrivacyLedger:
         self.planned_rounds = _check_round_count(planned_rounds, "planned rounds")
         self.noise_multiplier = float(mechanism.noise_multiplier)
         self.relation = mechanism.neighboring_relation(sampler)
+        self.non_private_reason = non_private_reason
+        self.randomness = randomness  # how the run's randomness was made (privacy.json says so)
         self._round_indices: list[int] = []
         self._cache: dict[int, float] = {0: 0.0}
         self.epsilon(1)  # fail closed now if this mechanism/sampler/accountant cannot be accounted
@@ -105,6 +111,12 @@ class PrivacyLedger:
                 raise ConfigError(f"{self.mechanism.name} mechanism with {self.sampler.kind} "
                                   f"sampling: {err}") from err
         return self._cache[n]
+
+    def reported_epsilon(self, rounds: int | None = None) -> float:
+        """The ε every output reports: ∞ when the run is non-private for any reason (σ = 0, or an
+        optimizer that reads noiseless statistics), else :meth:`epsilon`."""
+        eps = self.epsilon(rounds)
+        return math.inf if self.non_private_reason else eps
 
     def check_can_run(self, rounds_done_after: int) -> float:
         """Raise ``PrivacyBudgetExceeded`` if ε after ``rounds_done_after`` rounds would exceed the target.
@@ -137,8 +149,14 @@ class PrivacyLedger:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary (privacy.json). ε = ∞ is written as null + ``non_private: true``."""
-        eps = self.epsilon()
-        planned = None if self.planned_rounds is None else json_epsilon(self.epsilon(self.planned_rounds))
+        eps = self.reported_epsilon()
+        planned = None if self.planned_rounds is None else json_epsilon(self.reported_epsilon(self.planned_rounds))
+        extra: dict[str, Any] = {}
+        if self.non_private_reason:
+            extra = {"non_private_reason": self.non_private_reason,
+                     "accounted_epsilon_of_the_noised_update_only": json_epsilon(self.epsilon())}
+        if self.randomness is not None:
+            extra["randomness"] = self.randomness
         return {
             "epsilon": json_epsilon(eps),
             "non_private": math.isinf(eps),
@@ -155,6 +173,7 @@ class PrivacyLedger:
             "planned_epsilon": planned,
             "target_epsilon": self.target_epsilon,
             "events": [repr(self.dp_event())],
+            **extra,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -177,24 +196,14 @@ class PrivacyLedger:
         self._round_indices = indices
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`to_dict` as strict JSON, atomically (temp file in the same dir + os.replace).
+        """Write :meth:`to_dict` as strict JSON with :func:`fedpriv.atomic.write_atomic`.
 
         ``path`` is the file, or a directory in which ``privacy.json`` is written. Returns the file.
         """
         target = Path(path)
         if target.is_dir():
             target = target / PRIVACY_FILE
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(target, (json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n").encode())
         return target
 
     # ------------------------------------------------------------ helpers

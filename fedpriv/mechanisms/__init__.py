@@ -14,26 +14,27 @@ from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.tree import TreeMechanism
+from fedpriv.randomness import NoiseStream
 
 Mechanism = GaussianMechanism | TreeMechanism | BandMFMechanism
 MECHANISM_NAMES = ("bandmf", "gaussian", "tree")
 
 
-def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: float, seed: int | None = 0,
-                    secure: bool = False, rounds: int | None = None) -> Mechanism:
-    """The mechanism named by ``cfg['name']`` with its options from ``cfg`` (the Hydra group);
-    ``rounds`` sizes BandMF's strategy."""
+def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: float,
+                    noise: NoiseStream | None = None, rounds: int | None = None) -> Mechanism:
+    """The mechanism named by ``cfg['name']`` with its options from ``cfg`` (the Hydra group), its
+    draws from ``noise`` (None: accounting only); ``rounds`` sizes BandMF's strategy."""
     name = cfg.get("name")
     if name == "gaussian":
-        return GaussianMechanism(noise_multiplier, clip_norm, seed=seed, secure=secure)
+        return GaussianMechanism(noise_multiplier, clip_norm, noise=noise)
     if name == "tree":
-        return TreeMechanism(noise_multiplier, clip_norm, seed=seed, secure=secure,
+        return TreeMechanism(noise_multiplier, clip_norm, noise=noise,
                              estimator=cfg.get("estimator", "efficient"), restart_every=cfg.get("restart_every"))
     if name == "bandmf":
         if not rounds:
             raise ConfigError("the BandMF mechanism needs the number of rounds")
-        return BandMFMechanism(noise_multiplier, clip_norm, rounds=int(rounds), bands=cfg.get("bands"), seed=seed,
-                               secure=secure, kind=cfg.get("strategy", "auto"),
+        return BandMFMechanism(noise_multiplier, clip_norm, rounds=int(rounds), bands=cfg.get("bands"), noise=noise,
+                               kind=cfg.get("strategy", "auto"),
                                iterations=int(cfg.get("iterations", 500)))
     raise ConfigError(f"unknown mechanism {name!r} (choose one of: {', '.join(MECHANISM_NAMES)})")
 

@@ -23,20 +23,24 @@ multiplier σ/√k; with cyclic Poisson sampling (b groups, round t Poisson-samp
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
+import logging
 import math
-import os
-import secrets
 from pathlib import Path
 
 import dp_accounting
 import torch
 
+from fedpriv.atomic import write_atomic
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.analysis import prefix_mse
-from fedpriv.mechanisms.gaussian import trivial_event
+from fedpriv.mechanisms.gaussian import require_noise, trivial_event
+from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC, CYCLIC_POISSON, Sampler
+
+log = logging.getLogger(__name__)
 
 KINDS = ("auto", "general", "toeplitz")
 AUTO_TOEPLITZ_ABOVE = 512
@@ -135,20 +139,55 @@ def cache_dir() -> Path:
     return cache_root() / "bandmf"
 
 
+COLUMN_NORM_TOLERANCE = 1e-9  # relative slack on "every column has norm <= 1"
+
+
+def strategy_problem(c: object, n: int, bands: int) -> str | None:
+    """Why ``c`` is not a strategy the accounting may rely on, or None: it must be a finite float64
+    ``n × n`` matrix, lower triangular, ``bands``-banded (zero unless ``0 <= i − j < bands``), with
+    every column of L2 norm ≤ 1 and a positive diagonal (so C⁻¹Z exists). The sensitivity
+    ``sens² = k`` of b-min-separated participation uses exactly the band and the column norms."""
+    if not isinstance(c, torch.Tensor) or c.dtype != torch.float64 or tuple(c.shape) != (n, n):
+        return f"not a float64 {n}x{n} matrix"
+    if not torch.isfinite(c).all():
+        return "non-finite entries"
+    outside = c[~band_mask(n, bands)]
+    if outside.numel() and bool((outside != 0).any()):
+        return f"entries outside the lower-triangular {bands}-band"
+    norms = torch.linalg.vector_norm(c, dim=0)
+    if bool((norms > 1.0 + COLUMN_NORM_TOLERANCE).any()):
+        return f"a column of norm {float(norms.max()):.6g} > 1"
+    if bool((torch.diagonal(c) <= 0).any()):
+        return "a diagonal entry <= 0 (C is not invertible by forward substitution)"
+    return None
+
+
 def cached_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 500) -> torch.Tensor:
-    """:func:`optimize_strategy`, computed once per (kind, n, b, iterations) and kept on disk."""
+    """:func:`optimize_strategy`, computed once per (kind, n, b, iterations) and kept on disk.
+
+    The cache is not trusted: a stored matrix is used only if it passes :func:`strategy_problem`
+    (its own checksum proves nothing about its structure); otherwise it is recomputed, with a warning.
+    """
     key = f"v{CACHE_VERSION}-{kind}-n{n}-b{bands}-it{iterations}"
     path = cache_dir() / f"{key}.pt"
     if path.exists():
-        stored = torch.load(path, weights_only=True)
-        digest = hashlib.sha256(stored["c"].numpy().tobytes()).hexdigest()
-        if stored.get("key") == key and stored.get("sha256") == digest:
-            return stored["c"]
+        try:
+            stored = torch.load(path, weights_only=True)
+            c = stored["c"] if isinstance(stored, dict) and stored.get("key") == key else None
+        except Exception:  # unreadable, truncated, or not plain data
+            c = None
+        problem = "unreadable" if c is None else strategy_problem(c, n, bands)
+        if problem is None:
+            return c
+        log.warning("ignoring the cached BandMF strategy %s (%s); optimizing it again", path, problem)
     c = optimize_strategy(n, bands, kind, iterations)
+    problem = strategy_problem(c, n, bands)
+    if problem is not None:
+        raise RuntimeError(f"the optimized BandMF strategy is invalid ({problem})")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    torch.save({"key": key, "c": c, "sha256": hashlib.sha256(c.numpy().tobytes()).hexdigest()}, tmp)
-    os.replace(tmp, path)  # atomic: a concurrent reader sees the old or the new file, never half
+    buffer = io.BytesIO()
+    torch.save({"key": key, "c": c, "sha256": hashlib.sha256(c.numpy().tobytes()).hexdigest()}, buffer)
+    write_atomic(path, buffer.getvalue())
     return c
 
 
@@ -171,8 +210,8 @@ class BandMFMechanism:
 
     name = "bandmf"
 
-    def __init__(self, noise_multiplier: float, clip_norm: float, rounds: int, bands: int, seed: int | None = 0,
-                 secure: bool = False, kind: str = "auto", iterations: int = 500,
+    def __init__(self, noise_multiplier: float, clip_norm: float, rounds: int, bands: int,
+                 noise: NoiseStream | None = None, kind: str = "auto", iterations: int = 500,
                  strategy: torch.Tensor | None = None) -> None:
         if noise_multiplier < 0:
             raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
@@ -183,10 +222,9 @@ class BandMFMechanism:
         self.noise_multiplier = float(noise_multiplier)
         self.clip_norm = float(clip_norm)
         self.rounds, self.bands, self.kind, self.iterations = int(rounds), int(bands), kind, int(iterations)
-        self.secure = secure
+        self._noise = noise
         self._strategy = strategy
-        self._generator = torch.Generator()
-        self._generator.manual_seed(secrets.randbits(63) if secure or seed is None else int(seed))
+        self._strategy_checked = False
         self._history: list[torch.Tensor] = []  # last b−1 residuals, newest last
         self.rounds_done = 0
 
@@ -197,9 +235,16 @@ class BandMFMechanism:
     @property
     def strategy(self) -> torch.Tensor:
         """The optimized C (from the disk cache, or optimized on first use; accounting needs only
-        its band structure, so calculators never pay for it)."""
+        its band structure, so calculators never pay for it). A strategy given to the constructor
+        is checked like a cached one (:func:`strategy_problem`): an invalid one is a ConfigError."""
         if self._strategy is None:
             self._strategy = cached_strategy(self.rounds, self.bands, self.kind, self.iterations)
+        elif not self._strategy_checked:
+            problem = strategy_problem(self._strategy, self.rounds, self.bands)
+            if problem is not None:
+                raise ConfigError(f"the BandMF strategy cannot be accounted as {self.bands}-banded with "
+                                  f"unit columns: {problem}")
+        self._strategy_checked = True
         return self._strategy
 
     def noise(self, round_idx: int, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
@@ -212,7 +257,7 @@ class BandMFMechanism:
         if self.noise_multiplier == 0.0:
             self.rounds_done += 1
             return torch.zeros(shape)
-        return self._next(torch.randn(shape, generator=self._generator) * self.std)
+        return self._next(require_noise(self._noise, self.name).normal(shape) * self.std)
 
     def _next(self, z: torch.Tensor) -> torch.Tensor:
         t = self.rounds_done
@@ -275,7 +320,7 @@ class BandMFMechanism:
 
     def state_dict(self) -> dict:
         return {"name": self.name, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
-                "rounds": self.rounds, "bands": self.bands, "generator": self._generator.get_state(),
+                "rounds": self.rounds, "bands": self.bands, "noise": None if self._noise is None else self._noise.state_dict(),
                 "history": list(self._history), "rounds_done": self.rounds_done,
                 "strategy_sha256": hashlib.sha256(self.strategy.numpy().tobytes()).hexdigest()}
 
@@ -287,6 +332,7 @@ class BandMFMechanism:
             raise ValueError("checkpoint's BandMF strategy differs from this run's (rounds, bands or matrix)")
         self.noise_multiplier = float(state["noise_multiplier"])
         self.clip_norm = float(state["clip_norm"])
-        self._generator.set_state(state["generator"])
+        if state["noise"] is not None:
+            require_noise(self._noise, self.name).load_state_dict(state["noise"])
         self._history = list(state["history"])
         self.rounds_done = int(state["rounds_done"])

@@ -8,12 +8,11 @@ sampling without replacement the relation is replace-one, under which the sum's 
 
 from __future__ import annotations
 
-import secrets
-
 import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
+from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import FIXED_SIZE, POISSON, Sampler
 
 ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -24,6 +23,13 @@ RELATION_NAMES = {
     REPLACE_ONE: "replace_one",
     dp_accounting.NeighboringRelation.REPLACE_SPECIAL: "zero_out",
 }
+
+
+def require_noise(noise: NoiseStream | None, name: str) -> NoiseStream:
+    """The mechanism's noise stream; a mechanism built for accounting only has none (fail closed)."""
+    if noise is None:
+        raise ValueError(f"the {name} mechanism was built for accounting only (no noise stream): it cannot add noise")
+    return noise
 
 
 def trivial_event(noise_multiplier: float, rounds: int) -> dp_accounting.DpEvent | None:
@@ -38,25 +44,21 @@ def trivial_event(noise_multiplier: float, rounds: int) -> dp_accounting.DpEvent
 class GaussianMechanism:
     """Adds ``N(0, (noise_multiplier * clip_norm)^2)`` to every coordinate of a round's sum.
 
-    The generator is a seeded ``torch.Generator`` (reproducible research); with ``secure=True``
-    its seed comes from the OS CSPRNG (``secrets``), so noise cannot be replayed from the config.
-    Note the generator itself is torch's Mersenne Twister, not a CSPRNG. Its state is part of
-    ``state_dict`` so a resumed run continues the same noise stream.
+    Draws come from ``noise`` (:class:`~fedpriv.randomness.NoiseStream`, keyed by the run key:
+    secret in secure mode); its position is part of ``state_dict``, so a resumed run continues the
+    same stream. ``noise=None``: a mechanism that only states its accounting (calculators).
     """
 
     name = "gaussian"
 
-    def __init__(self, noise_multiplier: float, clip_norm: float, seed: int | None = 0,
-                 secure: bool = False) -> None:
+    def __init__(self, noise_multiplier: float, clip_norm: float, noise: NoiseStream | None = None) -> None:
         if noise_multiplier < 0:
             raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
         if clip_norm <= 0:
             raise ConfigError(f"clip norm must be > 0, got {clip_norm}")
         self.noise_multiplier = float(noise_multiplier)
         self.clip_norm = float(clip_norm)
-        self.secure = secure
-        self._generator = torch.Generator()
-        self._generator.manual_seed(secrets.randbits(63) if secure or seed is None else int(seed))
+        self._noise = noise
 
     @property
     def std(self) -> float:
@@ -65,15 +67,15 @@ class GaussianMechanism:
 
     def noise(self, round_idx: int, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
         """Noise for round ``round_idx`` (rounds must be drawn in order; the index is a check)."""
-        del round_idx  # independent noise: the stream position is the generator state
+        del round_idx  # independent noise: the stream position is the stream's state
         if self.noise_multiplier == 0.0:
             return torch.zeros(shape)
-        return torch.randn(shape, generator=self._generator) * self.std
+        return require_noise(self._noise, self.name).normal(shape) * self.std
 
     def unit_noise(self, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
-        """``N(0, I)`` from the same (checkpointed) generator — for a second query of the round
+        """``N(0, I)`` from the same (checkpointed) stream — for a second query of the round
         whose scale the caller sets (the IME squares of :mod:`fedpriv.optim.adaptive`)."""
-        return torch.randn(shape, generator=self._generator)
+        return require_noise(self._noise, self.name).normal(shape)
 
     def matrix(self, rounds: int) -> torch.Tensor:
         """Round t's noise is the t-th unit draw (times σC): the identity, float64."""
@@ -105,11 +107,12 @@ class GaussianMechanism:
 
     def state_dict(self) -> dict:
         return {"name": self.name, "noise_multiplier": self.noise_multiplier,
-                "clip_norm": self.clip_norm, "generator": self._generator.get_state()}
+                "clip_norm": self.clip_norm, "noise": None if self._noise is None else self._noise.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("name") != self.name:
             raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
         self.noise_multiplier = float(state["noise_multiplier"])
         self.clip_norm = float(state["clip_norm"])
-        self._generator.set_state(state["generator"])
+        if state["noise"] is not None:
+            require_noise(self._noise, self.name).load_state_dict(state["noise"])

@@ -23,14 +23,14 @@ rounds (P restarts at 0; noise already released stays in the model).
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 
 import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.gaussian import trivial_event
+from fedpriv.mechanisms.gaussian import require_noise, trivial_event
+from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC, Sampler
 
 ESTIMATORS = ("plain", "efficient")
@@ -75,7 +75,7 @@ class TreeMechanism:
 
     name = "tree"
 
-    def __init__(self, noise_multiplier: float, clip_norm: float, seed: int | None = 0, secure: bool = False,
+    def __init__(self, noise_multiplier: float, clip_norm: float, noise: NoiseStream | None = None,
                  estimator: str = "plain", restart_every: int | None = None) -> None:
         if noise_multiplier < 0:
             raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
@@ -89,9 +89,7 @@ class TreeMechanism:
         self.clip_norm = float(clip_norm)
         self.estimator = estimator
         self.restart_every = restart_every
-        self.secure = secure
-        self._generator = torch.Generator()
-        self._generator.manual_seed(secrets.randbits(63) if secure or seed is None else int(seed))
+        self._noise = noise
         self._tree = TreeState()
         self._previous: torch.Tensor | None = None
         self.rounds_done = 0
@@ -109,7 +107,8 @@ class TreeMechanism:
         if self.noise_multiplier == 0.0:
             self.rounds_done += 1
             return torch.zeros(shape)
-        return self._next(lambda: torch.randn(shape, generator=self._generator) * self.std)
+        stream = require_noise(self._noise, self.name)
+        return self._next(lambda: stream.normal(shape) * self.std)
 
     def _next(self, draw: Callable[[], torch.Tensor]) -> torch.Tensor:
         if self.restart_every and self._tree.leaves == self.restart_every:
@@ -123,7 +122,7 @@ class TreeMechanism:
     def matrix(self, rounds: int) -> torch.Tensor:
         """``M`` [rounds, draws] with residual noise of round t = Σ_j M[t, j] z_j, z_j the j-th
         unit Gaussian draw (times σC); float64. Prefix noise = cumsum(M, 0)."""
-        probe = TreeMechanism(1.0, 1.0, seed=0, estimator=self.estimator, restart_every=self.restart_every)
+        probe = TreeMechanism(1.0, 1.0, estimator=self.estimator, restart_every=self.restart_every)
         size = 2 * rounds + 1  # a tree over n leaves has < 2n nodes, plus restarts' extra roots
         draws = iter(torch.eye(size, dtype=torch.float64))
         rows = [probe._next(lambda: next(draws).clone()) for _ in range(rounds)]
@@ -163,7 +162,7 @@ class TreeMechanism:
     def state_dict(self) -> dict:
         return {"name": self.name, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
                 "estimator": self.estimator, "restart_every": self.restart_every,
-                "generator": self._generator.get_state(), "stack": list(self._tree.stack),
+                "noise": None if self._noise is None else self._noise.state_dict(), "stack": list(self._tree.stack),
                 "leaves": self._tree.leaves, "previous": self._previous, "rounds_done": self.rounds_done}
 
     def load_state_dict(self, state: dict) -> None:
@@ -174,7 +173,8 @@ class TreeMechanism:
                 raise ValueError(f"checkpoint's tree {key} {state[key]!r} differs from {getattr(self, key)!r}")
         self.noise_multiplier = float(state["noise_multiplier"])
         self.clip_norm = float(state["clip_norm"])
-        self._generator.set_state(state["generator"])
+        if state["noise"] is not None:
+            require_noise(self._noise, self.name).load_state_dict(state["noise"])
         self._tree = TreeState()
         self._tree.stack = [(int(h), v) for h, v in state["stack"]]
         self._tree.leaves = int(state["leaves"])

@@ -15,8 +15,8 @@ Everything here touches public data only (no privacy cost).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedpriv.atomic import write_atomic
 from fedpriv.errors import ConfigError
 
 INDEX = "index.json"
@@ -69,16 +70,13 @@ def write_topk(teacher: nn.Module, rows: np.ndarray, k: int, out_dir: str | Path
             ids[b:b + batch_size] = top.indices.numpy()
             values[b:b + batch_size] = top.values.numpy()
         for name, array in ((f"ids_{s:05d}.npy", ids), (f"values_{s:05d}.npy", values)):
-            tmp = out / f".{name}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as fh:
-                np.save(fh, array)
-            os.replace(tmp, out / name)
+            buffer = io.BytesIO()
+            np.save(buffer, array)
+            write_atomic(out / name, buffer.getvalue())
         shards.append(len(part))
     index = {"k": k, "rows": int(len(rows)), "positions": int(rows.shape[1] - 1), "shards": shards,
              "teacher": fingerprint, "rows_sha256": rows_digest}
-    tmp = out / f".{INDEX}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(index))
-    os.replace(tmp, index_path)
+    write_atomic(index_path, json.dumps(index).encode())
     return out
 
 

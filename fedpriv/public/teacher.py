@@ -4,8 +4,8 @@ corpus only, cached on disk keyed by the corpus digest, its config and the seed.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedpriv.atomic import write_atomic
 from fedpriv.cache import cache_root
 from fedpriv.metrics import token_loss
 from fedpriv.models import TransformerLanguageModel
@@ -52,7 +53,7 @@ def embedded_teacher(rows: np.ndarray, vocab_size: int, seq_len: int, model_cfg:
         return teacher.eval()
     teacher = train_teacher(rows, vocab_size, seq_len, model_cfg, steps, batch_size, lr, seed, pad_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    torch.save(teacher.state_dict(), tmp)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    torch.save(teacher.state_dict(), buffer)
+    write_atomic(path, buffer.getvalue())
     return teacher

@@ -1,0 +1,220 @@
+"""The randomness a run's privacy guarantee relies on: one run key, two modes, named streams.
+
+Every draw the DP guarantee relies on — the mechanisms' noise, the cohorts, the cyclic-Poisson
+groups — is read from a keyed stream ``SHAKE-256(key ‖ label ‖ index)`` (the extendable-output
+function of FIPS 202 used as a keystream: without the key its output is indistinguishable from
+uniform bits). Two modes decide where the 32-byte run key comes from:
+
+* **research** (``privacy.secure_rng=false``): ``key = SHA-256(tag ‖ canonical JSON of the run's
+  config)``, the config without the keys that only change how a run is shown or driven
+  (:data:`PRESENTATION_KEYS`). A run is reproducible from its seed and config, and two runs whose
+  configs differ in anything that changes the training (budget, noise, clip, learning rate,
+  seed, ...) share no noise, no cohort and no mask. Anyone holding ``config.yaml`` can regenerate
+  all of it, so every output of such a run says "not for release".
+* **secure** (``privacy.secure_rng=true``; the default for deployments): ``key`` is 32 bytes of the
+  OS CSPRNG (:func:`secrets.token_bytes`). It is kept only in the checkpoint (written owner-only;
+  see :mod:`fedpriv.rundir`), which is therefore secret: nothing else written or sent holds it.
+
+Clients draw their own randomness (minibatch order, example-level DP masks and noise) from a
+``torch.Generator`` per (round, user): seeded from the research key in research mode, and from
+fresh OS entropy in secure mode (never stored, never sent), so the server cannot replay it.
+
+Floating point: normals come from the Box–Muller transform of 53-bit uniforms in float64; like
+every floating-point Gaussian sampler this does not address the least-significant-bit attack of
+Mironov, "On Significance of the Least Significant Bits for Differential Privacy" (docs/PRIVACY.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+RESEARCH = "research"
+SECURE = "secure"
+MODES = (RESEARCH, SECURE)
+KEY_BYTES = 32
+RESEARCH_TAG = b"fedpriv research run key v1\x00"
+
+# Config keys (dotted paths) that change how a run is shown, driven or executed, never what it
+# computes: left out of the research key (so the same experiment on another backend, or through
+# the one-pass path that equals the per-client loop, draws the same noise) and free to change on
+# resume. Everything else — the seed, the budget, every hyper-parameter — is in the key.
+PRESENTATION_KEYS = ("resume", "backend", "progress", "run_dir", "verbose", "tensorboard", "diagnostics",
+                     "eval_every", "algorithm.one_pass", "algorithm.max_rows", "algorithm.clipping_mode",
+                     "client.example.mode")
+
+RESEARCH_NOTE = "randomness reproducible from the seed: not for release"
+SECURE_NOTE = "randomness from the OS CSPRNG; the checkpoint holds the run key and is secret"
+
+
+def _encode(label: str, index: tuple[int, ...]) -> bytes:
+    return json.dumps([label, *[int(i) for i in index]], separators=(",", ":")).encode()
+
+
+def keystream(key: bytes, label: str, index: tuple[int, ...], nbytes: int) -> bytes:
+    """``nbytes`` bytes of ``SHAKE-256(key ‖ label ‖ index)``: a prefix of the same stream for any
+    ``nbytes`` (so the i-th value of a block does not depend on how many are read)."""
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"a run key has {KEY_BYTES} bytes, got {len(key)}")
+    return hashlib.shake_256(key + _encode(label, index)).digest(nbytes)
+
+
+def uniforms(key: bytes, label: str, index: tuple[int, ...], n: int) -> np.ndarray:
+    """``n`` uniforms in [0, 1) with 53 random bits each (float64)."""
+    words = np.frombuffer(keystream(key, label, index, 8 * n), dtype="<u8")
+    return (words >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def uint64s(key: bytes, label: str, index: tuple[int, ...], n: int) -> np.ndarray:
+    """``n`` uniform 64-bit words."""
+    return np.frombuffer(keystream(key, label, index, 8 * n), dtype="<u8").copy()
+
+
+def normals(key: bytes, label: str, index: tuple[int, ...], shape: tuple[int, ...],
+            dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Standard normals of ``shape`` by Box–Muller from 53-bit uniforms (computed in float64)."""
+    n = math.prod(shape)
+    pairs = (n + 1) // 2
+    u = torch.from_numpy(uniforms(key, label, index, 2 * pairs)).view(2, pairs)
+    radius = torch.sqrt(-2.0 * torch.log1p(-u[0]))  # 1 − u ∈ (0, 1]: the log is finite
+    angle = (2.0 * math.pi) * u[1]
+    out = torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:n]
+    return out.view(shape).to(dtype)
+
+
+def computing_config(cfg: Mapping[str, Any]) -> dict:
+    """``cfg`` without the :data:`PRESENTATION_KEYS`: what determines the run's results."""
+    out = json.loads(json.dumps(cfg, default=str))
+    for path in PRESENTATION_KEYS:
+        *parents, leaf = path.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return out
+
+
+def research_key(cfg: Mapping[str, Any]) -> bytes:
+    """The research-mode run key of a resolved config: its seed and everything it computes."""
+    text = json.dumps(computing_config(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(RESEARCH_TAG + text.encode()).digest()
+
+
+def key_from_seed(seed: int) -> bytes:
+    """A research key from a bare integer seed (tests, scripts, calculators)."""
+    return research_key({"seed": int(seed)})
+
+
+def resolve_secure(cfg: Mapping[str, Any]) -> bool:
+    """``privacy.secure_rng``, where ``null`` means: secure for deployments, research otherwise."""
+    value = (cfg.get("privacy") or {}).get("secure_rng")
+    if value is None:
+        return ((cfg.get("backend") or {}).get("name")) == "deployment"
+    if not isinstance(value, bool):
+        from fedpriv.errors import ConfigError
+
+        raise ConfigError(f"privacy.secure_rng must be true, false or null (by backend), got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RunRandomness:
+    """The run key and its mode (server side). ``key`` is secret in secure mode."""
+
+    key: bytes
+    mode: str
+
+    @staticmethod
+    def for_config(cfg: Mapping[str, Any]) -> "RunRandomness":
+        """Secure: a fresh key from the OS CSPRNG; research: the key derived from ``cfg``."""
+        if resolve_secure(cfg):
+            return RunRandomness(secrets.token_bytes(KEY_BYTES), SECURE)
+        return RunRandomness(research_key(cfg), RESEARCH)
+
+    @property
+    def secure(self) -> bool:
+        return self.mode == SECURE
+
+    def subkey(self, label: str) -> bytes:
+        """An independent key for one consumer (sampler, mechanism)."""
+        return keystream(self.key, "subkey:" + label, (), KEY_BYTES)
+
+    def noise(self, label: str = "mechanism") -> "NoiseStream":
+        return NoiseStream(self.subkey(label))
+
+    def state_dict(self) -> dict:
+        return {"mode": self.mode, "key": torch.frombuffer(bytearray(self.key), dtype=torch.uint8).clone()}
+
+    @staticmethod
+    def from_state(state: Mapping[str, Any]) -> "RunRandomness":
+        key = bytes(state["key"].tolist())
+        if state.get("mode") not in MODES or len(key) != KEY_BYTES:
+            raise ValueError("malformed run randomness state")
+        return RunRandomness(key, state["mode"])
+
+    def describe(self) -> dict:
+        """For privacy.json / summary.json: the mode, never the key."""
+        return {"mode": self.mode, "reproducible_from_seed": not self.secure,
+                "note": SECURE_NOTE if self.secure else RESEARCH_NOTE}
+
+
+class NoiseStream:
+    """Gaussian noise for a mechanism: draw ``k`` is ``normals(key, "noise", (k,), shape)``.
+
+    The state is the number of draws so far (checkpointed), so a resumed run continues the same
+    stream; the key comes from :class:`RunRandomness` and is never part of the state.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"a noise key has {KEY_BYTES} bytes, got {len(key)}")
+        self._key = key
+        self.draws = 0
+
+    @staticmethod
+    def from_seed(seed: int) -> "NoiseStream":
+        """A research stream from an integer (tests and scripts)."""
+        return RunRandomness(key_from_seed(seed), RESEARCH).noise()
+
+    def normal(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+        out = normals(self._key, "noise", (self.draws,), tuple(shape))
+        self.draws += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"draws": self.draws}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.draws = int(state["draws"])
+
+
+@dataclass(frozen=True)
+class ClientRandomness:
+    """Where clients' generators come from: the research key (reproducible), or OS entropy."""
+
+    research: bytes | None  # the research key; None in secure mode
+
+    @staticmethod
+    def for_config(cfg: Mapping[str, Any]) -> "ClientRandomness":
+        return ClientRandomness(None if resolve_secure(cfg) else research_key(cfg))
+
+    @staticmethod
+    def from_seed(seed: int) -> "ClientRandomness":
+        return ClientRandomness(key_from_seed(seed))
+
+    def generator(self, round_idx: int, user: int) -> torch.Generator:
+        """The generator of one client in one round: minibatch order, DP-SGD masks and noise."""
+        if self.research is None:
+            seed = secrets.randbits(63)
+        else:
+            seed = int(uint64s(self.research, "client", (round_idx, user), 1)[0] >> np.uint64(1))
+        return torch.Generator().manual_seed(seed)
