@@ -11,7 +11,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import BandMFMechanism, build_mechanism
 from fedpriv.mechanisms.__main__ import main as mechanisms_main
 from fedpriv.mechanisms.bandmf import (band_mask, cached_strategy, mean_squared_error, optimize_strategy,
-                                       sensitivity_sq_brute_force)
+                                       sensitivity_sq_brute_force, strategy_problem)
 from fedpriv.sampling import CyclicPoissonSampler, CyclicSampler, PoissonSampler, make_sampler
 from fedpriv.randomness import NoiseStream, key_from_seed
 
@@ -48,6 +48,49 @@ def test_strategy_cache_returns_the_same_matrix(tmp_path):
     files = list((tmp_path / "cache" / "bandmf").glob("*.pt"))
     assert len(files) == 1
     torch.testing.assert_close(cached_strategy(32, 4), first, rtol=0, atol=0)
+
+
+def _plant(path, c):
+    """A cache file as fedpriv writes it, checksum included: the checksum proves nothing."""
+    import hashlib
+
+    torch.save({"key": path.stem, "c": c, "sha256": hashlib.sha256(c.numpy().tobytes()).hexdigest()}, path)
+
+
+@pytest.mark.parametrize("damage", ["column-norm", "outside-band", "upper", "zero-diagonal", "shape", "garbage"])
+def test_cached_strategy_is_revalidated_on_load(tmp_path, damage, caplog):
+    """Finding 9: a cache entry whose band structure or column norms break the accounting's
+    assumptions (sens² = k) is never used, however consistent its checksum."""
+    good = cached_strategy(16, 3)
+    path = next((tmp_path / "cache" / "bandmf").glob("*.pt"))
+    bad = good.clone()
+    if damage == "column-norm":
+        bad[:, 5] *= 2.0
+    elif damage == "outside-band":
+        bad[9, 2] = 0.01
+    elif damage == "upper":
+        bad[2, 9] = 0.01
+    elif damage == "zero-diagonal":
+        bad[4, 4] = 0.0
+    elif damage == "shape":
+        bad = good[:15, :15].clone()
+    if damage == "garbage":
+        path.write_bytes(b"\x00" * 100)
+    else:
+        _plant(path, bad)
+    with caplog.at_level("WARNING"):
+        loaded = cached_strategy(16, 3)
+    torch.testing.assert_close(loaded, good, rtol=0, atol=0)  # optimized again, deterministically
+    assert "ignoring the cached BandMF strategy" in caplog.text
+    assert strategy_problem(loaded, 16, 3) is None
+
+
+def test_a_given_strategy_is_checked_too():
+    c = optimize_strategy(8, 2, "general", iterations=50)
+    c[:, 0] *= 3.0
+    mech = BandMFMechanism(1.0, 1.0, rounds=8, bands=2, noise=NoiseStream.from_seed(0), strategy=c)
+    with pytest.raises(ConfigError, match="norm"):
+        mech.noise(0, (3,))
 
 
 @pytest.mark.parametrize("bands", [1, 3, 5])
