@@ -1,6 +1,7 @@
 """DP-FTRL tree aggregation: known-answer epsilons and RMSE, sensitivity DP, matrix form, state."""
 
 import json
+import math
 
 import dp_accounting
 import pytest
@@ -8,7 +9,7 @@ import torch
 
 from fedpriv.accounting import calibrate_noise_multiplier, compute_epsilon
 from fedpriv.accounting.__main__ import main as accounting_main
-from fedpriv.accounting.tree import brute_force_sensitivity_sq, max_sensitivity_sq, tree_event
+from fedpriv.accounting.tree import brute_force_sensitivity_sq, max_sensitivity_sq, per_level_bound, tree_event
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import TreeMechanism, build_mechanism
 from fedpriv.mechanisms.__main__ import main as mechanisms_main
@@ -179,3 +180,99 @@ def test_sampling_auto_picks_the_mechanisms_accountable_sampler(tmp_path, mechan
     assert cfg["sampling"] == "auto"
     session = prepare(cfg)
     assert session.cfg["sampling"] == expected and session.server.sampler.kind == expected
+
+
+# ---------------------------------------------------------------- production sizes (issue 13, finding 10)
+
+def test_gboard_es_es_tree_guarantee(capsys):
+    """Google's published es-ES tree DP-FTRL: σ 7.0, ≤ 6 participations ≥ 313 rounds apart, 2000
+    rounds, δ 1e-10 → Σ sens² 79, ρ = 79/(2·7²) = 0.81 zCDP, ε 8.90."""
+    out = _cli(accounting_main, ["epsilon", "--mechanism", "tree", "--noise-multiplier", "7.0", "--rounds", "2000",
+                                 "--participations", "6", "--min-separation", "313", "--delta", "1e-10", "--json"],
+               capsys)
+    assert out["epsilon"] == pytest.approx(8.90, abs=0.05)
+    (tree,) = out["tree_sensitivity"]
+    assert tree["sum_sensitivity_sq"] == 79 and tree["method"] == "exact"
+    assert 79 / (2 * 7.0 ** 2) == pytest.approx(0.81, abs=0.005)
+
+
+def test_dynamic_program_equals_brute_force_on_more_cases():
+    for n in range(13, 18):
+        for k in range(2, 5):
+            for s in (0, 1, 3, 5):
+                if (k - 1) * (s + 1) + 1 <= n:
+                    assert max_sensitivity_sq(k, s, n) == brute_force_sensitivity_sq(k, s, n), (k, s, n)
+
+
+def test_per_level_bound_is_an_upper_bound_and_exact_for_one_participation():
+    for n in range(1, 15):
+        for k in range(1, 4):
+            for s in range(0, 5):
+                if (k - 1) * (s + 1) + 1 <= n:
+                    exact = brute_force_sensitivity_sq(k, s, n)
+                    assert per_level_bound(k, s, n) >= exact, (k, s, n)
+                    if k == 1:
+                        assert per_level_bound(k, s, n) == exact
+    assert per_level_bound(6, 313, 2000) >= 79
+
+
+def test_prefix_bound_from_the_planned_run_is_an_upper_bound():
+    """Per-round epsilon of a run of T rounds bounds a prefix of n rounds by min(exact(T), per-level(n))."""
+    for total in (12, 16):
+        for n in range(4, total):
+            for k, s in ((3, 1), (4, 2)):
+                k_n = min(k, -(-n // (s + 1)))
+                if (k_n - 1) * (s + 1) + 1 > n or k_n < 2:
+                    continue
+                event = tree_event(1.0, n, k_n, s, planned_rounds=total, planned_participations=k)
+                bounded = 1.0 / event.noise_multiplier ** 2
+                assert bounded >= brute_force_sensitivity_sq(k_n, s, n) - 1e-9, (total, n, k, s)
+
+
+def test_too_costly_exact_program_falls_back_to_the_labelled_bound(capsys, monkeypatch):
+    import fedpriv.accounting.tree as tree
+
+    tree.tree_sensitivity.cache_clear()
+    monkeypatch.setattr(tree, "EXACT_WORK_LIMIT", 1e3)
+    try:
+        out = _cli(accounting_main, ["epsilon", "--mechanism", "tree", "--noise-multiplier", "7.0", "--rounds",
+                                     "2000", "--participations", "6", "--min-separation", "313", "--delta", "1e-10",
+                                     "--json"], capsys)
+        (found,) = out["tree_sensitivity"]
+        assert found["method"] == "per-level bound" and found["sum_sensitivity_sq"] == per_level_bound(6, 313, 2000)
+        assert out["epsilon"] > 8.90  # conservative
+        with pytest.raises(ConfigError, match="limit"):
+            max_sensitivity_sq(6, 313, 2000)
+    finally:
+        tree.tree_sensitivity.cache_clear()
+
+
+def test_the_ledger_runs_the_dynamic_program_once_per_run(monkeypatch):
+    """Finding 10: the ledger recomputed the worst case for every round count."""
+    import fedpriv.accounting.tree as tree
+    from fedpriv.accounting import PrivacyLedger
+
+    calls = []
+    real = tree._exact
+    monkeypatch.setattr(tree, "_exact", lambda k, s, n: calls.append((k, s, n)) or real(k, s, n))
+    tree.tree_sensitivity.cache_clear()
+    sampler = CyclicSampler(population=1000, cohort=100, key=key_from_seed(0))  # 10 blocks: k = 6 in 60 rounds
+    mech = TreeMechanism(2.0, 1.0, rounds=60)
+    ledger = PrivacyLedger(mech, sampler, 1e-5, planned_rounds=60)
+    ledger.check_can_run(60)
+    epsilons = [ledger.record_round(r) for r in range(60)]
+    assert calls == [(6, 9, 60)]
+    assert epsilons == sorted(epsilons) and epsilons[-1] == ledger.epsilon(60)
+    assert ledger.to_dict()["tree_sensitivity"][0]["method"] == "exact"
+    tree.tree_sensitivity.cache_clear()
+
+
+def test_production_cli_queries_are_bounded(capsys):
+    """The issue's cliffs: cyclic 10000/150 over 1000 rounds, 10000/100 over 5000, and 50
+    participations 1000 apart over 100000 rounds (answered by the labelled bound)."""
+    for args in (["--rounds", "1000", "--population", "10000", "--cohort", "150"],
+                 ["--rounds", "5000", "--population", "10000", "--cohort", "100"],
+                 ["--rounds", "100000", "--participations", "50", "--min-separation", "1000"]):
+        out = _cli(accounting_main, ["epsilon", "--mechanism", "tree", "--noise-multiplier", "20", "--delta", "1e-5",
+                                     *args, "--json"], capsys)
+        assert math.isfinite(out["epsilon"]) and out["tree_sensitivity"][0]["method"] in ("exact", "per-level bound")

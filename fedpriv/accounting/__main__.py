@@ -160,7 +160,7 @@ def _epsilon(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
     mechanism = MECHANISMS[args.mechanism](args, args.noise_multiplier)
     relation = mechanism.neighboring_relation(sampler)
     eps = compute_epsilon(mechanism.dp_event(sampler, args.rounds), args.delta, args.accountant, relation)
-    return _with_epsilon({}, eps, args, relation)
+    return _with_epsilon(mechanism.accounting_details(sampler, args.rounds), eps, args, relation)
 
 
 def _noise(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
@@ -172,7 +172,8 @@ def _noise(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
 
     sigma = calibrate_noise_multiplier(make_event, args.target_epsilon, args.delta, args.accountant, relation)
     eps = compute_epsilon(make_event(sigma), args.delta, args.accountant, relation)
-    out = {"noise_multiplier": sigma, "target_epsilon": args.target_epsilon}
+    out = {"noise_multiplier": sigma, "target_epsilon": args.target_epsilon,
+           **mechanism.accounting_details(sampler, args.rounds)}
     return _with_epsilon(out, eps, args, relation)
 
 
@@ -188,9 +189,13 @@ def _with_epsilon(out: dict[str, Any], eps: float, args: argparse.Namespace,
 def _human(args: argparse.Namespace, out: dict[str, Any]) -> str:
     eps = "inf (non-private)" if out["epsilon"] is None else f"{out['epsilon']:.6g}"
     head = f"noise_multiplier = {out['noise_multiplier']:.6g}, " if "noise_multiplier" in out else ""
+    trees = out.get("tree_sensitivity")
+    tail = ""
+    if isinstance(trees, list):
+        tail = "; " + ", ".join(f"sum of sensitivity^2 {t['sum_sensitivity_sq']} ({t['method']})" for t in trees)
     return (f"{head}epsilon = {eps} at delta = {args.delta:g} ({args.accountant} accountant, "
             f"{out['neighboring_relation']} neighbouring, {args.mechanism} mechanism, "
-            f"{_sampling_text(args)}, {args.rounds} rounds)")
+            f"{_sampling_text(args)}, {args.rounds} rounds{tail})")
 
 
 def _sampling_text(args: argparse.Namespace) -> str:

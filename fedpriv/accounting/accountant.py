@@ -8,7 +8,8 @@ that event to ``dp_accounting``:
   256, 512, 1024) and its improved RDP → (ε, δ) conversion. At very small ε the optimum can sit on
   the largest order (1024), so the result is then a slightly loose upper bound.
 * ``"pld"``: ``PLDAccountant`` with ``value_discretization_interval=1e-4`` (pessimistic
-  discretisation, so still an upper bound).
+  discretisation, so still an upper bound). Calibration searches on coarser (also pessimistic)
+  discretisations first and only checks its answer at 1e-4, so it needs few fine evaluations.
 
 Anything an accountant cannot interpret raises :class:`~fedpriv.errors.ConfigError` (fail closed):
 a number is never produced for an event that was not actually accounted.
@@ -31,6 +32,7 @@ RDP = "rdp"
 PLD = "pld"
 ACCOUNTANTS = (RDP, PLD)
 PLD_VALUE_DISCRETIZATION = 1e-4
+PLD_SEARCH_DISCRETIZATIONS = (1e-2, 1e-3)  # calibration's coarse passes; the answer is checked at 1e-4
 ADD_OR_REMOVE_ONE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 # Calibration search range and default relative tolerance on the noise multiplier.
@@ -71,13 +73,14 @@ def relation_name(relation: Relation) -> str:
 
 # ---------------------------------------------------------------- accountants
 
-def make_accountant(accountant: str, relation: Relation = ADD_OR_REMOVE_ONE) -> dp_accounting.PrivacyAccountant:
-    """A fresh (empty) dp_accounting accountant of the named kind."""
+def make_accountant(accountant: str, relation: Relation = ADD_OR_REMOVE_ONE,
+                    discretization: float = PLD_VALUE_DISCRETIZATION) -> dp_accounting.PrivacyAccountant:
+    """A fresh (empty) dp_accounting accountant of the named kind (``discretization``: PLD's
+    value discretization interval; anything but the default is for calibration's search only)."""
     check_accountant(accountant)
     if accountant == RDP:
         return RdpAccountant(neighboring_relation=relation)
-    return PLDAccountant(neighboring_relation=relation,
-                         value_discretization_interval=PLD_VALUE_DISCRETIZATION)
+    return PLDAccountant(neighboring_relation=relation, value_discretization_interval=discretization)
 
 
 def describe_event(event: dp_accounting.DpEvent) -> str:
@@ -115,8 +118,50 @@ def _alternative_hint(event: dp_accounting.DpEvent, accountant: str, relation: R
     return f"; the {others[0]} accountant supports it" if others else ""
 
 
+# What one PLD computation may hold, estimated up front (fedpriv refuses beyond it): the grid of a
+# composed privacy loss distribution, times the FFT's temporaries.
+PLD_MEMORY_LIMIT = 2 << 30
+_PLD_BYTES_PER_POINT = 64
+_TAIL_SIGMAS = 8.3  # sqrt(2 ln 1e15): dp_accounting truncates tails of mass 1e-15
+
+
+class AccountingTooCostly(ConfigError):
+    """An accounting query whose up-front cost estimate exceeds a stated limit."""
+
+
+def _gaussian_parts(event: dp_accounting.DpEvent, count: int = 1, rate: float = 1.0) -> list[tuple[float, int, float]]:
+    """(noise multiplier, repetitions, sampling rate) of every Gaussian inside ``event``."""
+    if isinstance(event, dp_accounting.GaussianDpEvent):
+        return [(event.noise_multiplier, count, rate)]
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        return _gaussian_parts(event.event, count * event.count, rate)
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        return [part for e in event.events for part in _gaussian_parts(e, count, rate)]
+    if isinstance(event, dp_accounting.PoissonSampledDpEvent):
+        return _gaussian_parts(event.event, count, rate * event.sampling_probability)
+    inner = getattr(event, "event", None)
+    return _gaussian_parts(inner, count, rate) if isinstance(inner, dp_accounting.DpEvent) else []
+
+
+def pld_bytes(event: dp_accounting.DpEvent, discretization: float = PLD_VALUE_DISCRETIZATION) -> float:
+    """An estimate of the memory dp_accounting's PLD needs for ``event`` (about 64 bytes per grid
+    point, measured). One Gaussian release of multiplier σ has privacy loss N(1/(2σ²), 1/σ²);
+    Poisson sampling at rate q narrows its standard deviation to about q·√(e^{1/σ²} − 1) (the
+    χ² distance), never above 1/σ. n releases compose to a loss of standard deviation √n times
+    that; the grid spans it ±8.3 standard deviations (the tail truncation), plus the span of one
+    release, ±8.3/σ around 1/(2σ²)."""
+    points = 0.0
+    for sigma, n, q in _gaussian_parts(event):
+        if sigma <= 0:
+            continue
+        spread = min(1.0 / sigma, q * math.sqrt(math.expm1(min(1.0 / sigma ** 2, 700.0))))
+        points += (2 * _TAIL_SIGMAS * math.sqrt(n) * spread + 2 * _TAIL_SIGMAS / sigma + 0.5 / sigma ** 2) / discretization
+    return points * _PLD_BYTES_PER_POINT
+
+
 def compute_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str = RDP,
-                    relation: Relation = ADD_OR_REMOVE_ONE) -> float:
+                    relation: Relation = ADD_OR_REMOVE_ONE,
+                    discretization: float = PLD_VALUE_DISCRETIZATION) -> float:
     """ε at ``delta`` of ``event`` under ``relation``, as computed by the named accountant.
 
     Pass the relation the mechanism states (``mechanism.neighboring_relation(sampler)``): the
@@ -128,8 +173,13 @@ def compute_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str 
     check_accountant(accountant)
     if is_non_private(event):
         return math.inf
+    if accountant == PLD and (need := pld_bytes(event, discretization)) > PLD_MEMORY_LIMIT:
+        raise AccountingTooCostly(
+            f"the pld accountant would need ~{need / 2**30:.1f} GB for {describe_event(event)} (limit "
+            f"{PLD_MEMORY_LIMIT / 2**30:.0f} GB: noise this small makes its privacy-loss grid huge); use the rdp "
+            "accountant")
     try:
-        eps = float(make_accountant(accountant, relation).compose(event).get_epsilon(delta))
+        eps = float(make_accountant(accountant, relation, discretization).compose(event).get_epsilon(delta))
     except (dp_accounting.UnsupportedEventError, ValueError, NotImplementedError) as err:
         raise ConfigError(
             f"the {accountant} accountant cannot account {describe_event(event)} under "
@@ -138,6 +188,62 @@ def compute_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str 
     if math.isnan(eps) or eps < 0:
         raise ConfigError(f"the {accountant} accountant returned epsilon={eps} for {describe_event(event)}")
     return eps
+
+
+class SelfComposition:
+    """ε after ``count`` repetitions of one event, for growing counts, without recomposing.
+
+    ``epsilon(count)`` equals ``compute_epsilon(SelfComposedDpEvent(event, count), ...)``: dp_accounting
+    builds the event's representation once — RDP: its vector over the orders, scaled by ``count``;
+    PLD: its privacy loss distribution, composed with itself one more time per new round (from the
+    nearest smaller count kept, else by one FFT self-composition). This is how the ledger's
+    per-round epsilon costs one round, not the whole run, with either accountant. Falls back to the
+    full computation if dp_accounting stops exposing its representation.
+    """
+
+    _KEEP = 3  # PLDs kept (the planned run's, and the latest rounds')
+    _STEPS = 16  # at most this many single compositions from a kept PLD; beyond, one self-composition
+
+    def __init__(self, event: dp_accounting.DpEvent, delta: float, accountant: str, relation: Relation) -> None:
+        self.event, self.delta, self.accountant, self.relation = event, check_delta(delta), accountant, relation
+        one = make_accountant(accountant, relation)
+        if one.supports(event):  # else every count goes to compute_epsilon, which says why it cannot
+            one.compose(event)
+        supported = one.supports(event)
+        self._rdp = getattr(one, "_rdp", None) if accountant == RDP and supported else None  # dp_accounting 0.6.0
+        self._orders = getattr(one, "_orders", None)
+        pld = getattr(one, "_pld", None) if accountant == PLD and supported else None
+        self._plds: dict[int, object] = {1: pld} if hasattr(pld, "get_epsilon_for_delta") else {}
+        self._eps: dict[int, float] = {}
+
+    def epsilon(self, count: int) -> float:
+        """ε of ``count`` repetitions; the first value computed for a count is kept, so a count
+        computed once (the planned run's, by one self-composition) never changes afterwards."""
+        if count not in self._eps:
+            self._eps[count] = self._compute(count)
+        return self._eps[count]
+
+    def _compute(self, count: int) -> float:
+        if count == 0:
+            return 0.0
+        if self._rdp is not None and self._orders is not None:
+            from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon as rdp_epsilon
+
+            return float(rdp_epsilon(self._orders, count * self._rdp, self.delta)[0])
+        if not self._plds:
+            return compute_epsilon(dp_accounting.SelfComposedDpEvent(self.event, count), self.delta,
+                                   self.accountant, self.relation)
+        base = max((c for c in self._plds if c <= count), default=1)
+        pld = self._plds[base]
+        if count - base <= self._STEPS:
+            for _ in range(count - base):
+                pld = pld.compose(self._plds[1])
+        else:
+            pld = self._plds[1].self_compose(count)
+        self._plds[count] = pld
+        while len(self._plds) > self._KEEP:
+            del self._plds[min(c for c in self._plds if c != 1)]
+        return float(pld.get_epsilon_for_delta(self.delta))
 
 
 # ---------------------------------------------------------------- calibration
@@ -160,18 +266,35 @@ def calibrate_noise_multiplier(make_event: EventMaker, target_epsilon: float, de
     check_epsilon(target_epsilon)
     check_delta(delta)
     check_accountant(accountant)
+    start, step = 1.0, 2.0
+    if accountant == PLD:  # cheap pessimistic passes first: the fine (reported) one starts next to its answer
+        for coarse in PLD_SEARCH_DISCRETIZATIONS:
+            start = _calibrate(make_event, target_epsilon, delta, accountant, relation, max(rtol, 1e-4), start,
+                               step, coarse)
+            step = 1.01
+    return _calibrate(make_event, target_epsilon, delta, accountant, relation, rtol, start, step,
+                      PLD_VALUE_DISCRETIZATION)
 
+
+def _calibrate(make_event: EventMaker, target_epsilon: float, delta: float, accountant: str, relation: Relation,
+               rtol: float, start: float, step: float, discretization: float) -> float:
+    """One search of :func:`calibrate_noise_multiplier` at one PLD discretization, bracketing from
+    ``start`` by factors ``step``, ``step²``, … ."""
     memo: dict[float, float] = {}
 
     def gap(sigma: float) -> float:
         if sigma not in memo:
-            memo[sigma] = compute_epsilon(make_event(sigma), delta, accountant, relation) - target_epsilon
+            try:
+                memo[sigma] = compute_epsilon(make_event(sigma), delta, accountant, relation,
+                                              discretization) - target_epsilon
+            except AccountingTooCostly:  # such small noise is far above any budget PLD is used for
+                memo[sigma] = math.inf
         return memo[sigma]
 
     def fits(sigma: float) -> bool:
         return gap(sigma) <= 0
 
-    lo, hi = _bracket(fits, target_epsilon, delta, accountant)
+    lo, hi = _bracket(fits, target_epsilon, delta, accountant, start, step)
     if fits(lo):  # only when even MIN_NOISE_MULTIPLIER/2 is within budget
         return lo
     if not math.isfinite(gap(lo)):
@@ -198,20 +321,23 @@ def _bisect(fits: Callable[[float], bool], lo: float, hi: float, rtol: float) ->
     return hi
 
 
-def _bracket(fits: Callable[[float], bool], target_epsilon: float, delta: float,
-             accountant: str) -> tuple[float, float]:
-    """``(lo, hi)`` with ``fits(hi)`` true and ``fits(lo)`` false (lo, hi > 0, hi = 2·lo)."""
-    sigma = 1.0
+def _bracket(fits: Callable[[float], bool], target_epsilon: float, delta: float, accountant: str,
+             start: float = 1.0, step: float = 2.0) -> tuple[float, float]:
+    """``(lo, hi)`` with ``fits(hi)`` true and ``fits(lo)`` false (lo, hi > 0), searched from
+    ``start`` by factors ``step``, then ``step²``, … (each miss squares the factor, up to 2)."""
+    sigma = start
     if fits(sigma):
         while sigma > MIN_NOISE_MULTIPLIER:
-            if not fits(sigma / 2.0):
-                return sigma / 2.0, sigma
-            sigma /= 2.0
+            if not fits(sigma / step):
+                return sigma / step, sigma
+            sigma /= step
+            step = min(step * step, 2.0)
         return MIN_NOISE_MULTIPLIER / 2.0, sigma  # practically non-private noise already fits
     while sigma < MAX_NOISE_MULTIPLIER:
-        if fits(sigma * 2.0):
-            return sigma, sigma * 2.0
-        sigma *= 2.0
+        if fits(sigma * step):
+            return sigma, sigma * step
+        sigma *= step
+        step = min(step * step, 2.0)
     raise ConfigError(
         f"target epsilon {target_epsilon} at delta {delta} is unreachable with the {accountant} "
         f"accountant even at noise multiplier {MAX_NOISE_MULTIPLIER:g}")

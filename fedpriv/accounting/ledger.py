@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 import dp_accounting
 
-from fedpriv.accounting.accountant import (PLD, PLD_VALUE_DISCRETIZATION, RDP, check_accountant,
-                                           check_delta, check_epsilon, compute_epsilon,
-                                           relation_name)
+from fedpriv.accounting.accountant import (PLD, PLD_VALUE_DISCRETIZATION, RDP, SelfComposition,
+                                           check_accountant, check_delta, check_epsilon, compute_epsilon,
+                                           is_non_private, relation_name)
 from fedpriv.atomic import write_atomic
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.sampling import Sampler
@@ -44,6 +44,8 @@ class AccountedMechanism(Protocol):
     def dp_event(self, sampler: Sampler, rounds: int) -> dp_accounting.DpEvent: ...
 
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation: ...
+
+    def accounting_details(self, sampler: Sampler, rounds: int) -> dict[str, Any]: ...
 
 
 def json_epsilon(epsilon: float) -> float | None:
@@ -83,6 +85,7 @@ class PrivacyLedger:
         self.randomness = randomness  # how the run's randomness was made (privacy.json says so)
         self._round_indices: list[int] = []
         self._cache: dict[int, float] = {0: 0.0}
+        self._compositions: dict[str, SelfComposition] = {}
         self.epsilon(1)  # fail closed now if this mechanism/sampler/accountant cannot be accounted
 
     # ------------------------------------------------------------ accounting
@@ -105,12 +108,23 @@ class PrivacyLedger:
         self._check_mechanism_unchanged()
         if n not in self._cache:
             try:
-                self._cache[n] = compute_epsilon(self.mechanism.dp_event(self.sampler, n), self.delta,
-                                                 self.accountant, self.relation)
+                self._cache[n] = self._epsilon(n)
             except ConfigError as err:
                 raise ConfigError(f"{self.mechanism.name} mechanism with {self.sampler.kind} "
                                   f"sampling: {err}") from err
         return self._cache[n]
+
+    def _epsilon(self, n: int) -> float:
+        """A self-composed event (every round the same event: the amplified mechanisms) goes
+        through its :class:`SelfComposition`, so round n costs one round; other events (a Gaussian
+        of total sensitivity, the single-epoch tree) are closed forms and computed directly."""
+        event = self.mechanism.dp_event(self.sampler, n)
+        if isinstance(event, dp_accounting.SelfComposedDpEvent) and not is_non_private(event):
+            key = repr(event.event)
+            if key not in self._compositions:
+                self._compositions[key] = SelfComposition(event.event, self.delta, self.accountant, self.relation)
+            return self._compositions[key].epsilon(event.count)
+        return compute_epsilon(event, self.delta, self.accountant, self.relation)
 
     def reported_epsilon(self, rounds: int | None = None) -> float:
         """The ε every output reports: ∞ when the run is non-private for any reason (σ = 0, or an
@@ -173,6 +187,7 @@ class PrivacyLedger:
             "planned_epsilon": planned,
             "target_epsilon": self.target_epsilon,
             "events": [repr(self.dp_event())],
+            **self.mechanism.accounting_details(self.sampler, self.rounds_done),
             **extra,
         }
 

@@ -29,7 +29,8 @@ def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: 
         return GaussianMechanism(noise_multiplier, clip_norm, noise=noise)
     if name == "tree":
         return TreeMechanism(noise_multiplier, clip_norm, noise=noise,
-                             estimator=cfg.get("estimator", "efficient"), restart_every=cfg.get("restart_every"))
+                             estimator=cfg.get("estimator", "efficient"), restart_every=cfg.get("restart_every"),
+                             rounds=int(rounds) if rounds else None)
     if name == "bandmf":
         if not rounds:
             raise ConfigError("the BandMF mechanism needs the number of rounds")

@@ -302,6 +302,11 @@ class BandMFMechanism:
         raise ConfigError(f"the BandMF mechanism is accounted with sampling=cyclic (b-min-separated, no "
                           f"amplification) or sampling=cyclic_poisson, not sampling={sampler.kind}")
 
+    def accounting_details(self, sampler: Sampler, rounds: int) -> dict:
+        """Nothing beyond the event: it is exact for this mechanism."""
+        del sampler, rounds
+        return {}
+
     def dp_event(self, sampler: Sampler, rounds: int, noise_multiplier: float | None = None
                  ) -> dp_accounting.DpEvent:
         self._check_sampler(sampler)

@@ -101,6 +101,11 @@ class GaussianMechanism:
                 sampler.population, sampler.cohort, dp_accounting.GaussianDpEvent(sigma / 2.0))
         raise ConfigError(f"gaussian mechanism cannot be accounted with sampler {sampler.kind!r}")
 
+    def accounting_details(self, sampler: Sampler, rounds: int) -> dict:
+        """Nothing beyond the event: it is exact for this mechanism."""
+        del sampler, rounds
+        return {}
+
     def dp_event(self, sampler: Sampler, rounds: int, noise_multiplier: float | None = None) -> dp_accounting.DpEvent:
         """The DpEvent of ``rounds`` rounds: the one source of truth the accountant composes."""
         return dp_accounting.SelfComposedDpEvent(self.round_event(sampler, noise_multiplier), rounds)

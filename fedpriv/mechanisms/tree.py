@@ -76,7 +76,7 @@ class TreeMechanism:
     name = "tree"
 
     def __init__(self, noise_multiplier: float, clip_norm: float, noise: NoiseStream | None = None,
-                 estimator: str = "plain", restart_every: int | None = None) -> None:
+                 estimator: str = "plain", restart_every: int | None = None, rounds: int | None = None) -> None:
         if noise_multiplier < 0:
             raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
         if clip_norm <= 0:
@@ -89,6 +89,7 @@ class TreeMechanism:
         self.clip_norm = float(clip_norm)
         self.estimator = estimator
         self.restart_every = restart_every
+        self.rounds = rounds  # the planned run: prefixes are accounted without re-running its worst case
         self._noise = noise
         self._tree = TreeState()
         self._previous: torch.Tensor | None = None
@@ -147,15 +148,28 @@ class TreeMechanism:
                  ) -> dp_accounting.DpEvent:
         """Single epoch (every user at most once): ``SingleEpochTreeAggregationDpEvent`` per tree.
         Several participations: a Gaussian with multiplier σ/√(Σ sens²), the worst case over
-        placements at the sampler's separation (see :mod:`fedpriv.accounting.tree`)."""
-        from fedpriv.accounting.tree import tree_event
-
+        placements at the sampler's separation (see :mod:`fedpriv.accounting.tree`); a prefix of
+        the planned run is bounded from the planned run's worst case, computed once."""
         self._check_sampler(sampler)
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         if (trivial := trivial_event(sigma, rounds)) is not None:
             return trivial
-        return tree_event(sigma, rounds, sampler.max_participations(rounds), sampler.min_separation,
-                          self.restart_every)
+        return self._accounting(sampler, rounds, sigma)[0]
+
+    def accounting_details(self, sampler: Sampler, rounds: int) -> dict:
+        """How each tree's sensitivity was obtained (exact, or a stated upper bound)."""
+        self._check_sampler(sampler)
+        if rounds == 0:
+            return {}
+        details = self._accounting(sampler, rounds, max(self.noise_multiplier, 1.0))[1]
+        return {"tree_sensitivity": details} if details else {"tree_sensitivity": "single participation per tree"}
+
+    def _accounting(self, sampler: Sampler, rounds: int, sigma: float):
+        from fedpriv.accounting.tree import tree_accounting
+
+        planned = self.rounds if self.rounds and self.rounds > rounds else None
+        return tree_accounting(sigma, rounds, sampler.max_participations(rounds), sampler.min_separation,
+                               self.restart_every, planned, sampler.max_participations(planned) if planned else None)
 
     # ---------------------------------------------------------------- state
 
