@@ -191,11 +191,20 @@ def make_case(name: str):
         return Twice(), lm_loss, (tokens(5, 8, 30, pad_tail=True, seed=5),)
     if name == "shared_input":
         return SharedInput(), lm_loss, (tokens(5, 6, 30, seed=6),)
+    if name == "shared_input_B_eq_T":  # the shared [3, d] buffer with a batch of 3 is not a batch
+        return SharedInput(), lm_loss, (tokens(3, 6, 30, seed=7),)
+    if name == "scaled_float_input":  # the model computes on its float input before the first layer
+        return ScaledConvNet(), class_loss, (torch.randn(6, 2, 6, 6), torch.randint(0, 5, (6,)))
     raise KeyError(name)
 
 
+class ScaledConvNet(ConvNet):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x * 0.5 + 0.1)
+
+
 CASES = ["transformer", "transformer_T_eq_B", "lstm", "tied", "padded_transformer", "padded_lstm",
-         "conv", "twice", "shared_input"]
+         "conv", "twice", "shared_input", "shared_input_B_eq_T", "scaled_float_input"]
 
 
 # ----------------------------------------------------------------------------- correctness
@@ -208,6 +217,44 @@ def test_norms_and_clipped_sum_match_torch_func(case: str, mode: str) -> None:
     if isinstance(model, LSTMLanguageModel):
         model.lstm.unrolled = True  # torch.func reference through the Linear-cell path
     check_against_reference(model, loss_fn, data, mode)
+
+
+class Unprovable(nn.Module):
+    """Layer inputs whose dim 0 cannot be proven to be the batch (issue 13, finding 7)."""
+
+    def __init__(self, kind: str, vocab: int = 30, d: int = 8) -> None:
+        super().__init__()
+        self.kind = kind
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(16, d)
+        self.lin = nn.Linear(d, d)
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        b, t = tokens.shape
+        h = self.emb(tokens)
+        if self.kind == "expanded_positions":  # one [T] tensor broadcast to [B, T]: not per sample
+            h = h + self.pos(torch.arange(t).expand(b, t))
+        elif self.kind == "batch_mean_broadcast":  # every row is the batch mean: samples mixed
+            h = self.lin(h.mean(0, keepdim=True).expand(b, t, -1))
+        elif self.kind == "transposed_index":  # a view of the input with time in dim 0
+            h = self.emb(tokens.t()).transpose(0, 1)
+        elif self.kind == "untraced_mask":  # computed from the input without autograd, batch-sized
+            h = h + self.lin((tokens != PAD).float().unsqueeze(-1).expand(b, t, h.shape[-1]).contiguous())
+        elif self.kind == "transposed":
+            h = self.lin(h.transpose(0, 1)).transpose(0, 1)
+        return self.out(h)
+
+
+@pytest.mark.parametrize("kind, module", [("expanded_positions", "pos"), ("batch_mean_broadcast", "lin"),
+                                          ("transposed_index", "emb"), ("untraced_mask", "lin"), ("transposed", "lin")])
+def test_unprovable_batch_dims_fail_closed_naming_the_module(kind: str, module: str) -> None:
+    """B == T throughout: a shape can never tell the batch from time."""
+    model = Unprovable(kind)
+    bk = BookKeeping(model, clip_norm=1.0)
+    with pytest.raises(UnsupportedLayerError, match=rf"^{module} \("):
+        bk.backward(lm_loss(model, tokens(6, 7, 30)))
+    bk.detach()
 
 
 def test_mixopt_uses_the_layerwise_rule() -> None:

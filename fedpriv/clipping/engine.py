@@ -21,12 +21,21 @@ One step, given the per-sample losses ``ℓ_i`` of a batch-first forward:
 6. ``p.grad = Σ_i c_i G_i + σ·C·N(0, I)`` formed from the kept factors (book-keeping), e.g.
    ``Σ_i c_i Σ_t g_{i,t} a_{i,t}ᵀ`` for a Linear weight. ``p.grad`` is *set*, never accumulated.
 
-Assumptions: dim 0 of the model input and of every batched layer input is the batch (do not
-flatten batch and time before a hooked layer); sample i's loss depends only on sample i (no
-BatchNorm); the hooked outputs are not modified in place. A hooked call whose input has no batch
-dim (position ids ``arange(T)`` fed to an Embedding; see :meth:`BookKeeping._is_batched`) is
-*shared* by all samples: its output is returned with a new leading batch dim (an ``expand`` view,
-which broadcasts exactly as the original did), so each sample gets its own part of the gradient.
+Which inputs are per sample is *proven*, never guessed from a shape (:meth:`BookKeeping._batched`):
+a call's input is per sample if it is the model's input or a view of it with the same dim 0, or a
+float tensor that autograd derives from the model's input or from an earlier hooked call (the
+model's float inputs are given ``requires_grad`` so that every computation on them is traced).
+It is *shared* by all samples if it is computed from neither — a buffer, a frozen weight, position
+ids ``arange(T)`` — whatever its dim 0 (a shared ``[T, d]`` tensor with T == B is not a batch).
+Anything else fails closed, naming the module: a view of the input whose dim 0 is not the batch
+(flattened, transposed), a batch-dependent tensor broadcast over dim 0 (stride 0), or a tensor
+that has the batch size in dim 0 but no traceable link to the input. A shared call's output is
+returned with a new leading batch dim (an ``expand`` view, which broadcasts exactly as the
+original did), so each sample gets its own part of the gradient.
+
+Assumptions: dim 0 of the model input is the batch; sample i's loss depends only on sample i (no
+BatchNorm, no mixing of samples); the hooked outputs are not modified in place; the model does
+not modify its float inputs in place.
 """
 
 from __future__ import annotations
@@ -147,6 +156,11 @@ class BookKeeping:
         self._calls: list[_Call] = []
         self._batch: Optional[int] = None
         self._index_ndim: Optional[int] = None
+        self._roots: list[Tensor] = []  # the model's tensor inputs in this forward (views of them are per sample)
+        self._sources: set[Any] = set()  # autograd nodes whose values are per sample (call outputs, inputs)
+        self._root_leaves: set[int] = set()  # ids of the model's float inputs that are autograd leaves
+        self._shared_storages: set[int] = set()  # storages of shared calls' (expanded) outputs
+        self._separability_checked = False
         self._in_backward = False
         managed = self._inspect(model)
         self._lstms = [(m, m.unrolled) for m in model.modules() if isinstance(m, FedLSTM)]
@@ -208,6 +222,7 @@ class BookKeeping:
         self._calls = []
         self._batch = None
         self._index_ndim = None
+        self._roots, self._sources, self._root_leaves, self._shared_storages = [], set(), set(), set()
 
     def __enter__(self) -> "BookKeeping":
         return self
@@ -222,8 +237,10 @@ class BookKeeping:
 
     # ------------------------------------------------------------------ forward side
 
-    def _on_root(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """The model's first tensor argument fixes the batch size (batch-first)."""
+    def _on_root(self, module: nn.Module, args: tuple, kwargs: dict):
+        """The model's first tensor argument fixes the batch size (batch-first). Its tensor inputs
+        become the sources of per-sample provenance; float inputs that do not require grad are
+        replaced by leaves that do, so autograd traces every computation on them."""
         if self._in_backward or not torch.is_grad_enabled():
             return None
         x = _first_tensor(args, kwargs)
@@ -234,27 +251,86 @@ class BookKeeping:
         self._batch = x.shape[0]
         if not (x.is_floating_point() or x.is_complex()):
             self._index_ndim = x.dim()
-        return None
 
-    def _is_batched(self, rule: LayerRule, module: nn.Module, x: Tensor) -> bool:
-        """Whether a call's input has the batch as dim 0 (else: one input shared by all samples).
+        def traced(value: Any) -> Any:
+            if not isinstance(value, Tensor) or value.dim() == 0:
+                return value
+            if value.is_floating_point() and not value.requires_grad:
+                value = value.detach().requires_grad_(True)
+            self._roots.append(value)
+            if value.requires_grad:
+                if value.grad_fn is None:
+                    self._root_leaves.add(id(value))
+                else:
+                    self._sources.add(value.grad_fn)
+            return value
 
-        Batched iff it has at least ``rule.min_batched_ndim`` dims, its dim 0 equals the batch
-        size and, for index inputs, it has as many dims as the model's index input (so with
-        tokens [B, T], positions ``arange(T)`` are shared even when T == B; a per-sample single
-        id must then be passed as [B, 1]). The batch size comes from the model's input, or from
-        the first hooked call when the model itself was not called.
-        """
-        if x.dim() < rule.min_batched_ndim(module):
-            return False
-        if rule.index_input:
-            if self._index_ndim is None:
-                self._index_ndim = x.dim()
-            elif x.dim() < self._index_ndim:
-                return False
-        if self._batch is None:
-            self._batch = x.shape[0]
-        return x.shape[0] == self._batch
+        new_args = tuple(traced(a) for a in args)
+        new_kwargs = {k: traced(v) for k, v in kwargs.items()}
+        changed = any(a is not b for a, b in zip(new_args, args)) or any(new_kwargs[k] is not kwargs[k] for k in kwargs)
+        return (new_args, new_kwargs) if changed else None
+
+    def _batched(self, path: str, rule: LayerRule, module: nn.Module, x: Tensor) -> bool:
+        """Whether a call's input is per sample (dim 0 the batch) or shared by all samples; raise
+        :class:`UnsupportedLayerError` where neither can be proven (see the module docstring)."""
+        where = f"{path} ({type(module).__name__})"
+        batch = self._batch
+        if batch is None:
+            raise UnsupportedLayerError(f"{where} was called before the model itself: call the model (batch-first) so "
+                                        "BookKeeping knows the batch")
+        shape = tuple(x.shape)
+        storage = x.untyped_storage().data_ptr() if x.numel() else None
+        root = next((r for r in self._roots if r.numel() and r.untyped_storage().data_ptr() == storage), None)
+        if root is not None:  # the model's input, or a view of it
+            if (x.dim() >= rule.min_batched_ndim(module) and x.shape[0] == root.shape[0] == batch
+                    and x.stride(0) == root.stride(0) and not (rule.index_input and x.dim() < (self._index_ndim or 0))):
+                return True
+            raise UnsupportedLayerError(
+                f"{where}: its input {shape} is a view of the model's input whose dim 0 is not the batch of {batch} "
+                "(flattened or transposed?); keep the batch in dim 0 before every hooked layer")
+        if x.is_floating_point() and self._derived_from_batch(x):
+            if x.dim() < rule.min_batched_ndim(module) or x.shape[0] != batch:
+                raise UnsupportedLayerError(
+                    f"{where}: its input {shape} is computed from the batch but its dim 0 is not the batch of {batch} "
+                    "(flattened or transposed?); keep the batch in dim 0 before every hooked layer")
+            if batch > 1 and x.stride(0) == 0 and storage not in self._shared_storages:
+                raise UnsupportedLayerError(
+                    f"{where}: its input {shape} is one batch-dependent tensor broadcast over dim 0 (stride 0), so its "
+                    "rows are not per sample; per-sample clipping needs each sample's own input")
+            return True
+        if x.grad_fn is None and (storage in self._constant_storages() or x.dim() < rule.min_batched_ndim(module)
+                                  or (rule.index_input and x.dim() < (self._index_ndim or 0)) or x.shape[0] != batch):
+            return False  # a buffer, a frozen weight or a batch-free tensor: the same for every sample
+        if x.grad_fn is not None:
+            return False  # computed with autograd from neither the input nor a hooked call: a constant
+        raise UnsupportedLayerError(
+            f"{where}: cannot prove that dim 0 of its input {shape} is the batch: it is not the model's input or a "
+            f"view of it, autograd does not derive it from the input, and its dim 0 has the batch size {batch}; pass "
+            "per-sample data to the model itself, and give a tensor shared by all samples no batch dim (e.g. "
+            "positions as arange(T), not expanded to [B, T])")
+
+    def _derived_from_batch(self, x: Tensor) -> bool:
+        """Whether autograd derives ``x`` from the model's input or an earlier hooked call's output."""
+        stack, seen = [x.grad_fn], set()
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            if node in self._sources:
+                return True
+            seen.add(node)
+            var = getattr(node, "variable", None)
+            if var is not None:
+                if id(var) in self._root_leaves:
+                    return True
+                continue
+            stack.extend(fn for fn, _ in node.next_functions)
+        return False
+
+    def _constant_storages(self) -> set[int]:
+        """Storages of the model's buffers and frozen parameters (the same for every sample)."""
+        return {t.untyped_storage().data_ptr() for t in self.model.buffers() if t.numel()} | \
+            {p.untyped_storage().data_ptr() for p in self.model.parameters() if not p.requires_grad and p.numel()}
 
     def _on_forward(self, path: str, rule: LayerRule, module: nn.Module, args: tuple,
                     kwargs: dict, output: Any) -> Optional[Tensor]:
@@ -263,14 +339,12 @@ class BookKeeping:
         x = _first_tensor(args, kwargs)
         leaf = x if x.requires_grad and x.grad_fn is None else None
         node = x.grad_fn
-        batched = self._is_batched(rule, module, x)
+        batched = self._batched(path, rule, module, x)
         if not batched:
-            if self._batch is None:
-                raise UnsupportedLayerError(
-                    f"{path} ({type(module).__name__}) was called on an input without a batch "
-                    "dim before the batch size was known; call the model itself (batch-first)")
             x = x.unsqueeze(0).expand((self._batch,) + tuple(x.shape))
             output = output.unsqueeze(0).expand((self._batch,) + tuple(output.shape))
+            self._shared_storages.add(output.untyped_storage().data_ptr())
+        self._sources.add(output.grad_fn)
         self._calls.append(
             _Call(path, module, rule, x.detach(), output, output._version, node, leaf))
         return None if batched else output
@@ -307,6 +381,8 @@ class BookKeeping:
         self._audit(per_sample_loss, calls)
         self._in_backward = True
         try:
+            if calls and size > 1 and (not self._separability_checked or _ambiguous(calls, size)):
+                self._check_separable(per_sample_loss, calls)
             grads = torch.autograd.grad(per_sample_loss.sum(), [c.output for c in calls],
                                         allow_unused=True) if calls else ()
         finally:
@@ -398,6 +474,23 @@ class BookKeeping:
             return True
         return 2 * steps * steps < p.numel()
 
+    def _check_separable(self, loss: Tensor, calls: list[_Call]) -> None:
+        """Fail if sample 0's loss depends on any other row of a hooked call's output.
+
+        Per-sample clipping attributes row i of every call to sample i; that holds iff ℓ_0 has a
+        zero gradient on rows 1.. of every output (exact zeros: there is no path). One extra
+        backward of ℓ_0, run on the first backward of this engine and whenever a layer input has
+        the batch size in another dim too — the one case where the batch could be permuted with
+        that dim (a transpose) without any shape telling."""
+        self._separability_checked = True
+        probe = torch.autograd.grad(loss[0], [c.output for c in calls], allow_unused=True, retain_graph=True)
+        for call, g in zip(calls, probe):
+            if g is not None and bool(g[1:].ne(0).any()):
+                raise UnsupportedLayerError(
+                    f"{call.path} ({type(call.module).__name__}): the loss of sample 0 depends on other rows of this "
+                    "layer's output, so dim 0 of its input is not the batch (transposed, reshaped or mixed across "
+                    "samples); per-sample clipping needs the batch in dim 0 and no mixing of samples")
+
     def _audit(self, loss: Tensor, calls: list[_Call]) -> None:
         """Fail if a trainable parameter reaches the loss other than through a recorded call.
 
@@ -434,6 +527,12 @@ class BookKeeping:
                 "module (functional use such as F.linear(x, layer.weight), a fused kernel, or a "
                 "loss term on the weights), so BookKeeping would miss that part of their "
                 "gradient; call the module itself (weight decay belongs in the optimizer)")
+
+
+def _ambiguous(calls: list[_Call], batch: int) -> bool:
+    """Whether some hooked input has the batch size in a dim other than 0 (where a transpose of the
+    batch with that dim would keep every shape)."""
+    return any(batch in tuple(c.input.shape[1:]) for c in calls)
 
 
 def _steps(parts: list[Contribution]) -> int:

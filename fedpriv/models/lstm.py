@@ -32,11 +32,10 @@ class LSTM(nn.Module):
     def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """``x``: [B, T, input_size] → (output [B, T, H], (h [1, B, H], c [1, B, H]))."""
-        batch = x.shape[0]
-        if hx is None:
-            zeros = x.new_zeros(1, batch, self.hidden_size)
-            hx = (zeros, zeros)
         if not self.unrolled:
+            if hx is None:
+                zeros = x.new_zeros(1, x.shape[0], self.hidden_size)
+                hx = (zeros, zeros)
             return self._fused(x, hx)
         return self._unrolled(x, hx)
 
@@ -49,14 +48,17 @@ class LSTM(nn.Module):
         out, h, c = torch.lstm(x, hx, weights, bias is not None, 1, 0.0, self.training, False, True)
         return out, (h, c)
 
-    def _unrolled(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor]):
-        h, c = hx[0][0], hx[1][0]
+    def _unrolled(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None):
+        """Step by step. A zero initial state (``hx=None``) skips step 0's ``hh`` call: it has no
+        bias, so ``hh(0) = 0`` and its weight's gradient from that step is 0 — the same function,
+        and no batch-sized constant for per-sample clipping to puzzle over."""
+        h, c = (None, None) if hx is None else (hx[0][0], hx[1][0])
         x_gates = self.ih(x)  # one 3-D Linear call over all time steps
         outputs = []
         for t in range(x.shape[1]):
-            gates = x_gates[:, t] + self.hh(h)
+            gates = x_gates[:, t] if h is None else x_gates[:, t] + self.hh(h)
             i, f, g, o = gates.chunk(4, dim=-1)
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            c = torch.sigmoid(i) * torch.tanh(g) if c is None else torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
             h = torch.sigmoid(o) * torch.tanh(c)
             outputs.append(h)
         return torch.stack(outputs, dim=1), (h.unsqueeze(0), c.unsqueeze(0))
