@@ -26,11 +26,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from fedpriv.atomic import write_atomic
 from fedpriv.errors import ConfigError, OutputError
-from fedpriv.rundir import read_jsonl
+from fedpriv.rundir import read_jsonl, read_yaml_mapping
 
 BUDGET_KEYS = ("privacy.target_epsilon", "privacy.noise_multiplier")  # the x axis, not a line
 IGNORED_KEYS = ("run_dir",)
@@ -52,16 +51,6 @@ def _read_json(path: Path) -> dict:
         raise ConfigError(f"cannot read {path}: {err}") from None
     if not isinstance(out, dict):
         raise ConfigError(f"{path} is damaged: it does not hold a JSON object")
-    return out
-
-
-def _read_yaml(path: Path) -> dict:
-    try:
-        out = yaml.safe_load(path.read_text()) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"{path} is damaged: {str(err).splitlines()[0]}") from None
-    if not isinstance(out, dict):
-        raise ConfigError(f"{path} is damaged: it does not hold a config mapping")
     return out
 
 
@@ -103,7 +92,7 @@ def sweep_rows(runs: Iterable[Path]) -> tuple[list[str], list[dict[str, Any]]]:
         path = run / "config.yaml"
         if not path.exists():
             raise ConfigError(f"{run} has no config.yaml")
-        configs.append({k: v for k, v in _flatten(_read_yaml(path)).items() if k not in IGNORED_KEYS})
+        configs.append({k: v for k, v in _flatten(read_yaml_mapping(path)).items() if k not in IGNORED_KEYS})
     keys = sorted(set.intersection(*(set(c) for c in configs)))  # keys every run has
     swept = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
     rows = []
@@ -152,6 +141,22 @@ def _short(key: str) -> str:
 
 
 def sweep_plot(swept: list[str], rows: list[dict]) -> bytes:
+    """:func:`sweep_figure` as PNG bytes."""
+    return _png_and_close(sweep_figure(swept, rows))
+
+
+def curves_plot(run: Path) -> bytes:
+    """:func:`curves_figure` as PNG bytes."""
+    return _png_and_close(curves_figure(run))
+
+
+def _png_and_close(fig) -> bytes:
+    data = _png(fig)
+    _pyplot().close(fig)
+    return data
+
+
+def sweep_figure(swept: list[str], rows: list[dict]):
     """Final accuracy vs epsilon; one line per combination of the non-budget swept values. Non-private
     runs have no epsilon: they are drawn as horizontal reference lines labelled NOT PRIVATE."""
     plt = _pyplot()
@@ -183,12 +188,10 @@ def sweep_plot(swept: list[str], rows: list[dict]) -> bytes:
     ax.set_title(f"accuracy vs privacy budget\n({_mode_label(row['mode'] for row in rows)})", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    data = _png(fig)
-    plt.close(fig)
-    return data
+    return fig
 
 
-def curves_plot(run: Path) -> bytes:
+def curves_figure(run: Path):
     """Test accuracy, test loss and epsilon spent against the round (from metrics.jsonl: quantities
     the epsilon covers and test-set metrics only)."""
     plt = _pyplot()
@@ -217,9 +220,7 @@ def curves_plot(run: Path) -> bytes:
     for ax in axes:
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    data = _png(fig)
-    plt.close(fig)
-    return data
+    return fig
 
 
 def report(path: Path) -> list[Path]:

@@ -78,6 +78,17 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def read_yaml_mapping(path: Path) -> dict:
+    """A YAML file holding a mapping (config.yaml); anything else is a :class:`DamagedFileError`."""
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise DamagedFileError(f"{path} is damaged: {str(err).splitlines()[0]}") from None
+    if not isinstance(cfg, dict):
+        raise DamagedFileError(f"{path} is damaged: it does not hold a config mapping")
+    return cfg
+
+
 class RunDirectory:
     """Reads and writes the outputs of one run; ``lock()`` before writing anything."""
 
@@ -166,15 +177,7 @@ class RunDirectory:
 
     def read_config(self) -> dict | None:
         path = self.path / "config.yaml"
-        if not path.exists():
-            return None
-        try:
-            cfg = yaml.safe_load(path.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-            raise DamagedFileError(f"{path} is damaged: {str(err).splitlines()[0]}") from None
-        if not isinstance(cfg, dict):
-            raise DamagedFileError(f"{path} is damaged: it does not hold a config mapping")
-        return cfg
+        return read_yaml_mapping(path) if path.exists() else None
 
     def read_metrics(self) -> list[dict]:
         path = self.path / "metrics.jsonl"

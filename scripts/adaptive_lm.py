@@ -83,7 +83,7 @@ def preconditioner(out: Path, quantiles=(0.01, 0.1, 0.5, 0.9, 0.99), sample: int
         ckpt = out / name / "checkpoints" / "last.pt"
         if summary(out / name) is None or not ckpt.exists() or not name.split("-")[1].startswith(("post", "stp")):
             continue
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
         cfg = state["config"]["optimizer"]  # the run's own v̂, through the server's STP scale
         opt = DPAdaptive("adam", "stp", beta2=cfg["beta2"], eps=cfg["eps"], stp_eps=cfg.get("stp_eps"),
                          stp_normalize="rms")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import subprocess
 import sys
 
@@ -91,3 +92,27 @@ def test_tensorboard_scalars(tmp_path):
                        "accepted", "wall_s"}  # statistics of training users are not published (finding 5)
     assert [e.step for e in acc.Scalars("epsilon")] == [1, 2, 3]
     assert "privacy/randomness/text_summary" in acc.Tags()["tensors"]  # the mode, as text
+
+
+def test_plots_never_put_a_non_private_run_at_a_finite_epsilon(tmp_path):
+    """Finding 4: a noiseless-preconditioner run is plotted as NOT PRIVATE, with its mode named."""
+    from fedpriv import report
+    from fedpriv.runner import prepare
+    from server.app import run_local
+    from tests.conftest import compose_cfg
+
+    run_local(prepare(compose_cfg("+experiment=smoke", "progress=false", "rounds=2", "optimizer=adam_noiseless_precond",
+                                  run_dir=tmp_path / "sweep" / "0")))
+    run_local(prepare(compose_cfg("+experiment=smoke", "progress=false", "rounds=2", "optimizer=adam",
+                                  run_dir=tmp_path / "sweep" / "1")))
+    fig = report.curves_figure(tmp_path / "sweep" / "0")
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any("NOT PRIVATE" in t for t in texts) and not fig.axes[2].lines
+    assert "not for release" in fig._suptitle.get_text()
+    swept, rows = report.sweep_rows(report.find_runs(tmp_path / "sweep"))
+    assert [r["non_private"] for r in rows] == [True, False] and math.isinf(rows[0]["epsilon"])
+    fig = report.sweep_figure(swept, rows)
+    ax = fig.axes[0]
+    assert all(math.isfinite(x) for line in ax.lines if line.get_linestyle() != "--" for x in line.get_xdata())
+    assert any("NOT PRIVATE" in t.get_text() for t in ax.get_legend().get_texts())
+    assert "not for release" in ax.get_title()
