@@ -31,7 +31,7 @@ import json
 import math
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -128,10 +128,10 @@ def resolve_secure(cfg: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class RunRandomness:
-    """The run key and its mode (server side). ``key`` is secret in secure mode."""
+    """The run key and its mode (server side). ``key`` is secret in secure mode: never printed."""
 
-    key: bytes
-    mode: str
+    key: bytes = field(repr=False)
+    mode: str = RESEARCH
 
     @staticmethod
     def for_config(cfg: Mapping[str, Any]) -> "RunRandomness":
@@ -201,7 +201,7 @@ class NoiseStream:
 class ClientRandomness:
     """Where clients' generators come from: the research key (reproducible), or OS entropy."""
 
-    research: bytes | None  # the research key; None in secure mode
+    research: bytes | None = field(default=None, repr=False)  # the research key; None in secure mode
 
     @staticmethod
     def for_config(cfg: Mapping[str, Any]) -> "ClientRandomness":

@@ -105,20 +105,33 @@ class RunDirectory:
         if self._lock_fd is not None:
             return self
         existed = self.path.exists()
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as err:
-            raise RunDirectoryBusy(f"cannot use run directory {self.path}: {err.strerror or err}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise RunDirectoryBusy(f"run directory {self.path} is in use by another fedpriv run (it holds the "
-                                   "directory's lock): wait for it to finish, or use another run_dir") from None
+        for _ in range(3):
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError as err:
+                raise RunDirectoryBusy(f"cannot use run directory {self.path}: {err.strerror or err}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise RunDirectoryBusy(f"run directory {self.path} is in use by another fedpriv run (it holds the "
+                                       "directory's lock): wait for it to finish, or use another run_dir") from None
+            mine, there = os.fstat(fd), self._stat()
+            if there is not None and (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                break
+            os.close(fd)  # the directory was removed (and maybe recreated) between open and lock: again
+        else:
+            raise RunDirectoryBusy(f"run directory {self.path} keeps being removed and recreated: use another run_dir")
         self._lock_fd = fd
         self.created = self.created or not existed
         return self
+
+    def _stat(self) -> os.stat_result | None:
+        try:
+            return os.stat(self.path)
+        except OSError:
+            return None
 
     @property
     def locked(self) -> bool:

@@ -116,7 +116,9 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     opt_cfg = dict(cfg["optimizer"])
     optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
     check_adaptive(optimizer, cfg["mechanism"]["name"], uses_one_pass(cfg))
-    reason = getattr(optimizer, "non_private_reason", None)
+    reasons = [r for r in (getattr(optimizer, "non_private_reason", None), task.data.info.get("non_private_reason"))
+               if r]
+    reason = "; ".join(reasons) or None
     if reason:
         log.warning("NOT PRIVATE: %s; the run reports epsilon = inf", reason)
     target = privacy["target_epsilon"] if privacy.get("noise_multiplier") is None else None
@@ -141,9 +143,16 @@ def _resumable_checkpoint(run: RunDirectory, cfg: dict) -> dict | None:
     saved_cfg = run.read_config()
     checkpoint = run.load_checkpoint()
     if checkpoint is None:
-        if saved_cfg is not None and not cfg.get("resume"):
+        if saved_cfg is None:
+            return None
+        if run.read_metrics() or (run.path / "summary.json").exists():
+            raise ConfigError(f"run directory {run.path} holds the outputs of a run but no checkpoint, so it cannot "
+                              "be resumed (and is not overwritten): use another run_dir")
+        if not cfg.get("resume"):
             raise ConfigError(f"run directory {run.path} already holds a run: pass resume=true or another run_dir")
-        return None
+        if computing_config(saved_cfg) != computing_config(cfg):
+            raise ConfigError(f"cannot resume {run.path}: its config.yaml differs from this config")
+        return None  # it stopped before its first checkpoint: start it again
     if not cfg.get("resume"):
         raise ConfigError(f"run directory {run.path} already holds a checkpoint: pass resume=true or another run_dir")
     saved = checkpoint["config"]
@@ -252,7 +261,7 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
     started = time.perf_counter() - session.wall_s
     last_eval: dict[str, float] = {}
     bar = tqdm(range(session.start_round, rounds), total=rounds, initial=session.start_round,
-               desc="rounds", disable=not cfg.get("progress", True), dynamic_ncols=True,
+               desc=f"rounds ({session.randomness.mode} mode)", disable=not cfg.get("progress", True), dynamic_ncols=True,
                bar_format=None if diagnostics else "{desc}: {n_fmt}/{total_fmt} |{bar}|{postfix}")
     for r in bar:
         ledger.check_can_run(ledger.rounds_done + 1)
@@ -269,7 +278,6 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
         if (r + 1) % eval_every == 0 or r + 1 == rounds:
             last_eval = evaluate_params(session.task, server.model_params)
             row.update({f"test_{k}": v for k, v in last_eval.items()})
-            bar.set_postfix(acc=f"{last_eval['accuracy']:.3f}", eps=f"{epsilon:.3g}")
         wall_s = time.perf_counter() - started
         session.history.append(row)
         if diagnostics:
@@ -277,6 +285,8 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
         run.save_checkpoint(_checkpoint(session, r + 1, wall_s))  # durable before anything of round r+1 is out
         _publish(session)
         observe(row)
+        if "test_accuracy" in row:
+            bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", eps=f"{epsilon:.3g}")
     bar.close()
     observe.close()
     if not last_eval:  # resumed after the last round: evaluate the restored model

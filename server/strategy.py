@@ -42,6 +42,14 @@ def assign_users(cohort: np.ndarray, node_ids: Sequence[int]) -> dict[int, list[
     return out
 
 
+def error_kind(reason: str | None) -> str:
+    """The exception type of a node's error report, without its message (which may quote the
+    users' data): ``"ValueError"`` from ``"...\nValueError: shapes (3, 7) ..."``."""
+    last = (reason or "").strip().splitlines()[-1:] or [""]
+    kind = last[0].split(":", 1)[0].strip()
+    return kind if kind.replace(".", "").replace("_", "").isalnum() else "an error"
+
+
 class DPFedAvgStrategy:
     """Maps the sampled users of a round onto the available nodes and back."""
 
@@ -65,8 +73,8 @@ class DPFedAvgStrategy:
             if users is None:
                 continue  # an unknown or duplicate sender
             if reply.has_error():  # its users count as dropped (no count in the log: it depends on the cohort)
-                log.warning("node %s failed its users: %s", reply.metadata.src_node_id,
-                            reply.error.reason.strip().splitlines()[-1] if reply.error.reason else "no reason given")
+                log.warning("node %s failed its users (%s; its own log has the details)", reply.metadata.src_node_id,
+                            error_kind(reply.error.reason))
                 continue
             content = reply.content
             deltas = content.array_records.get("deltas")

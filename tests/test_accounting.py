@@ -452,3 +452,22 @@ def test_pld_refuses_up_front_when_its_grid_would_not_fit(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "limit 2 GB" in err[0] and "rdp" in err[0]
+
+
+def test_budget_check_agrees_with_calibration_to_the_last_bit():
+    """The planned run's epsilon, checked before round 1, is the number calibration computed."""
+    sampler = _poisson(0.05, 2000)
+    for accountant in (RDP, PLD):
+        mech = GaussianMechanism(1.0, clip_norm=1.0)
+        make = lambda s: mech.dp_event(sampler, 300, noise_multiplier=s)  # noqa: E731
+        mech.noise_multiplier = calibrate_noise_multiplier(make, 0.5 if accountant == PLD else 2.0, 1e-5, accountant)
+        ledger = PrivacyLedger(mech, sampler, 1e-5, accountant=accountant, target_epsilon=0.5 if accountant == PLD
+                               else 2.0, planned_rounds=300)
+        assert ledger.check_can_run(300) == compute_epsilon(mech.dp_event(sampler, 300), 1e-5, accountant, ADD_REMOVE)
+
+
+def test_pld_ledger_refuses_up_front_too():
+    """A fixed tiny noise multiplier with PLD (no calibration) is refused with the limit, not run out of memory."""
+    with pytest.raises(ConfigError, match="limit 2 GB"):
+        PrivacyLedger(GaussianMechanism(0.1, clip_norm=1.0), _poisson(1.0, 100), 1e-5, accountant=PLD,
+                      planned_rounds=1000).check_can_run(1000)

@@ -387,3 +387,39 @@ main()
 def test_errors_are_config_errors_for_the_cli():
     assert issubclass(DamagedFileError, ConfigError) and issubclass(RunDirectoryBusy, ConfigError)
     assert not issubclass(OutputError, ConfigError)
+
+
+def test_a_run_without_its_checkpoint_is_not_overwritten(tmp_path, finished_run, run_cli):
+    """An owner who removed the (secret) checkpoint before archiving keeps the published outputs."""
+    import shutil
+
+    run = _copy(finished_run, tmp_path / "r")
+    shutil.rmtree(run / "checkpoints")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    for extra in (("resume=true",), ()):
+        proc = run_cli(*SMOKE, f"run_dir={run}", *extra)
+        _one_error_line(proc, str(run))
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_a_private_vocabulary_makes_the_run_non_private(tmp_path, monkeypatch):
+    """A vocabulary counted on the private train split is not accounted: every output says inf."""
+    import fedpriv.task as task_module
+
+    real = task_module._load_words
+
+    def private_vocabulary(data_cfg):
+        data = real(data_cfg)
+        data.info["non_private_reason"] = "the word vocabulary was counted on the private train split"
+        return data
+
+    monkeypatch.setattr(task_module, "_load_words", private_vocabulary)
+    task_module._load_task.cache_clear()
+    try:
+        session = _run(tmp_path, "r", "seed=3")  # a task key of its own
+    finally:
+        task_module._load_task.cache_clear()
+    privacy = json.loads((tmp_path / "r" / "privacy.json").read_text())
+    assert privacy["epsilon"] is None and privacy["non_private"] is True
+    assert "private train split" in privacy["non_private_reason"]
+    assert session.ledger.reported_epsilon() == float("inf")

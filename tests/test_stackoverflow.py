@@ -322,6 +322,7 @@ def test_private_vocab_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
     # Train occurrences under the cap: i 11, how 3, to 3, a 3, list 3, do 1, sort 1 (ties by word).
     assert data.vocab.words == ("i", "a", "how")
     assert data.info["vocab_source"] == "private train split"
+    assert "private train split" in data.info["non_private_reason"]  # the run then reports epsilon = inf
     np.testing.assert_array_equal(data.users[1][1], [5, 4, 2, 6, 0, 0, 0])  # "to a": to=OOV=4, a=2
 
 
@@ -330,3 +331,4 @@ def test_word_count_file_beats_private_vocab(db: Path) -> None:
         warnings.simplefilter("error")
         data = load(db, allow_private_vocab=True)
     assert data.vocab.words == ("i", "how", "to", "a", "list")
+    assert "non_private_reason" not in data.info

@@ -196,9 +196,11 @@ class SelfComposition:
     ``epsilon(count)`` equals ``compute_epsilon(SelfComposedDpEvent(event, count), ...)``: dp_accounting
     builds the event's representation once — RDP: its vector over the orders, scaled by ``count``;
     PLD: its privacy loss distribution, composed with itself one more time per new round (from the
-    nearest smaller count kept, else by one FFT self-composition). This is how the ledger's
-    per-round epsilon costs one round, not the whole run, with either accountant. Falls back to the
-    full computation if dp_accounting stops exposing its representation.
+    nearest smaller count kept). A count far from every kept one (the planned run's, checked before
+    round 1; a resumed round) is computed exactly as calibration computes it, so the budget check
+    and calibration agree to the last bit. This is how the ledger's per-round epsilon costs one
+    round, not the whole run, with either accountant. Falls back to the full computation if
+    dp_accounting stops exposing its representation; PLD's memory limit applies as everywhere.
     """
 
     _KEEP = 3  # PLDs kept (the planned run's, and the latest rounds')
@@ -207,9 +209,9 @@ class SelfComposition:
     def __init__(self, event: dp_accounting.DpEvent, delta: float, accountant: str, relation: Relation) -> None:
         self.event, self.delta, self.accountant, self.relation = event, check_delta(delta), accountant, relation
         one = make_accountant(accountant, relation)
-        if one.supports(event):  # else every count goes to compute_epsilon, which says why it cannot
+        supported = one.supports(event)  # else every count goes to compute_epsilon, which says why it cannot
+        if supported:
             one.compose(event)
-        supported = one.supports(event)
         self._rdp = getattr(one, "_rdp", None) if accountant == RDP and supported else None  # dp_accounting 0.6.0
         self._orders = getattr(one, "_orders", None)
         pld = getattr(one, "_pld", None) if accountant == PLD and supported else None
@@ -218,7 +220,7 @@ class SelfComposition:
 
     def epsilon(self, count: int) -> float:
         """ε of ``count`` repetitions; the first value computed for a count is kept, so a count
-        computed once (the planned run's, by one self-composition) never changes afterwards."""
+        computed once (the planned run's, before round 1) never changes afterwards."""
         if count not in self._eps:
             self._eps[count] = self._compute(count)
         return self._eps[count]
@@ -230,20 +232,25 @@ class SelfComposition:
             from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon as rdp_epsilon
 
             return float(rdp_epsilon(self._orders, count * self._rdp, self.delta)[0])
+        composed = dp_accounting.SelfComposedDpEvent(self.event, count)
         if not self._plds:
-            return compute_epsilon(dp_accounting.SelfComposedDpEvent(self.event, count), self.delta,
-                                   self.accountant, self.relation)
-        base = max((c for c in self._plds if c <= count), default=1)
-        pld = self._plds[base]
+            return compute_epsilon(composed, self.delta, self.accountant, self.relation)
+        if (need := pld_bytes(composed)) > PLD_MEMORY_LIMIT:
+            raise AccountingTooCostly(f"the pld accountant would need ~{need / 2**30:.1f} GB for "
+                                      f"{describe_event(composed)} (limit {PLD_MEMORY_LIMIT / 2**30:.0f} GB); use rdp")
+        base = max(c for c in self._plds if c <= count)
         if count - base <= self._STEPS:
+            pld = self._plds[base]
             for _ in range(count - base):
                 pld = pld.compose(self._plds[1])
-        else:
-            pld = self._plds[1].self_compose(count)
+            value = float(pld.get_epsilon_for_delta(self.delta))
+        else:  # a jump (the planned run, a resumed round): exactly what calibration computed
+            value = compute_epsilon(composed, self.delta, self.accountant, self.relation)
+            pld = self._plds[1].self_compose(count)  # the base of the rounds after it
         self._plds[count] = pld
         while len(self._plds) > self._KEEP:
             del self._plds[min(c for c in self._plds if c != 1)]
-        return float(pld.get_epsilon_for_delta(self.delta))
+        return value
 
 
 # ---------------------------------------------------------------- calibration

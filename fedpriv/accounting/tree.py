@@ -33,9 +33,9 @@ log = logging.getLogger(__name__)
 
 NEG = -np.inf
 # What the exact dynamic program may cost, estimated up front, before it hands over to the
-# per-level bound: max-plus additions (about 1.5e9 a second here: 1.5e10 is ~10 s) and the bytes
-# of the tables it keeps.
-EXACT_WORK_LIMIT = 1.5e10
+# per-level bound: max-plus additions (about 7e8 a second here, in float64 — exact for every
+# integer below 2^53 — so 7e9 is ~10 s) and the bytes of the tables it keeps.
+EXACT_WORK_LIMIT = 7e9
 EXACT_MEMORY_LIMIT = 1 << 30
 
 
@@ -83,7 +83,7 @@ def _cost(h: int, fill: int, k: int, sep: int, need_lo: bool, need_hi: bool, see
         return 0.0, 0.0
     seen.add(key)
     d_lo, d_hi = _dims(h, sep, need_lo, need_hi)
-    size = 4.0 * (_count_cap(fill, k, sep) + 1) * d_lo * d_hi
+    size = 8.0 * (_count_cap(fill, k, sep) + 1) * d_lo * d_hi
     if h == 0:
         return 0.0, size
     half = 2 ** (h - 1)
@@ -98,7 +98,7 @@ def _cost(h: int, fill: int, k: int, sep: int, need_lo: bool, need_hi: bool, see
 
 def _leaf(inside: bool, k: int, sep: int) -> np.ndarray:
     cap = min(sep, 1)
-    table = np.full((_count_cap(int(inside), k, sep) + 1, cap + 1, cap + 1), NEG, dtype=np.float32)
+    table = np.full((_count_cap(int(inside), k, sep) + 1, cap + 1, cap + 1), NEG, dtype=np.float64)
     table[0, cap, cap] = 0.0  # no participation: the whole leaf is free
     if inside and k >= 1:
         table[1, 0, 0] = 1.0  # the leaf node itself is completed: c² = 1
@@ -120,7 +120,7 @@ def _combine(left: np.ndarray, right: np.ndarray, half: int, sep: int, k: int, c
     is the matching side of the child that feeds it)."""
     cap = min(sep, 2 * half)
     a_l, a_r = left.shape[0] - 1, right.shape[0] - 1
-    out = np.full((min(k, a_l + a_r) + 1, d_lo, d_hi), NEG, dtype=np.float32)
+    out = np.full((min(k, a_l + a_r) + 1, d_lo, d_hi), NEG, dtype=np.float64)
     a_l, a_r = min(a_l, k), min(a_r, k)
     lo_index = (lambda value: min(value, cap)) if d_lo > 1 else (lambda value: 0)
     hi_index = (lambda value: min(value, cap)) if d_hi > 1 else (lambda value: 0)
@@ -141,10 +141,10 @@ def _combine(left: np.ndarray, right: np.ndarray, half: int, sep: int, k: int, c
         need = np.maximum(sep - np.arange(width), 0)
         valid = need < right.shape[1]
         lefts = np.ascontiguousarray(left[1:].transpose(2, 0, 1))[:, :, :, None]  # [h, cl-1, lo, 1]
-        scratch = np.empty((a_l, left.shape[1], right.shape[2]), dtype=np.float32)
+        scratch = np.empty((a_l, left.shape[1], right.shape[2]), dtype=np.float64)
         for cr in range(1, a_r + 1):
             shifted = np.where(valid[:, None], suffix[cr - 1][np.minimum(need, right.shape[1] - 1)], NEG)  # [h, hi]
-            best = np.full((a_l, left.shape[1], right.shape[2]), NEG, dtype=np.float32)
+            best = np.full((a_l, left.shape[1], right.shape[2]), NEG, dtype=np.float64)
             for h in np.flatnonzero(valid):  # best[cl, lo, hi] = max_h left[cl, lo, h] + shifted[h, hi]
                 np.add(lefts[h], shifted[h], out=scratch)
                 np.maximum(best, scratch, out=best)
@@ -153,7 +153,7 @@ def _combine(left: np.ndarray, right: np.ndarray, half: int, sep: int, k: int, c
                 view = out[cr + 1:cr + top + 1, :n_lo, :n_hi]
                 np.maximum(view, best[:top], out=view)
     if completed:
-        out += (np.arange(out.shape[0], dtype=np.float32) ** 2)[:, None, None]
+        out += (np.arange(out.shape[0], dtype=np.float64) ** 2)[:, None, None]
     return out
 
 

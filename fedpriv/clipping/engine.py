@@ -381,10 +381,11 @@ class BookKeeping:
         self._audit(per_sample_loss, calls)
         self._in_backward = True
         try:
-            if calls and size > 1 and (not self._separability_checked or _ambiguous(calls, size)):
-                self._check_separable(per_sample_loss, calls)
+            check = bool(calls) and size > 1 and (not self._separability_checked or _ambiguous(calls, size))
             grads = torch.autograd.grad(per_sample_loss.sum(), [c.output for c in calls],
-                                        allow_unused=True) if calls else ()
+                                        allow_unused=True, retain_graph=check) if calls else ()
+            if check:
+                self._check_separable(per_sample_loss, calls, grads)
         finally:
             self._in_backward = False
         with torch.no_grad():
@@ -474,22 +475,34 @@ class BookKeeping:
             return True
         return 2 * steps * steps < p.numel()
 
-    def _check_separable(self, loss: Tensor, calls: list[_Call]) -> None:
-        """Fail if sample 0's loss depends on any other row of a hooked call's output.
+    def _check_separable(self, loss: Tensor, calls: list[_Call], grads: Sequence[Optional[Tensor]]) -> None:
+        """Fail if any sample's loss depends on another sample's row of a hooked call's output.
 
-        Per-sample clipping attributes row i of every call to sample i; that holds iff ℓ_0 has a
-        zero gradient on rows 1.. of every output (exact zeros: there is no path). One extra
-        backward of ℓ_0, run on the first backward of this engine and whenever a layer input has
-        the batch size in another dim too — the one case where the batch could be permuted with
-        that dim (a transpose) without any shape telling."""
-        self._separability_checked = True
-        probe = torch.autograd.grad(loss[0], [c.output for c in calls], allow_unused=True, retain_graph=True)
-        for call, g in zip(calls, probe):
-            if g is not None and bool(g[1:].ne(0).any()):
+        Per-sample clipping attributes row i of every call to sample i, which holds iff
+        ∂ℓ_j/∂y[i] = 0 for j ≠ i. Then for any weights w, ∂(Σ_j w_j ℓ_j)/∂y[i] = w_i ∂(Σ_j ℓ_j)/∂y[i]
+        row by row; with random w, any dependence across samples (a transpose of the batch, a
+        cumulative sum or mean over it) breaks that equality. One extra backward, run on the first
+        backward of this engine and whenever a layer input has the batch size in another dim too
+        (where a permutation of the batch with that dim keeps every shape). Dependence smaller than
+        the float32 tolerance (1e-3 relative) goes unnoticed."""
+        weights = torch.rand(loss.shape[0], generator=torch.Generator().manual_seed(0x5EED), dtype=loss.dtype,
+                             device=loss.device) + 0.5
+        probe = torch.autograd.grad((loss * weights).sum(), [c.output for c in calls], allow_unused=True)
+        for call, full, weighted in zip(calls, grads, probe):
+            if full is None and weighted is None:
+                continue
+            if full is None or weighted is None:
+                mismatch = True
+            else:
+                expected = full * weights.view((-1,) + (1,) * (full.dim() - 1))
+                scale = float(expected.norm() + weighted.norm())
+                mismatch = float((weighted - expected).norm()) > 1e-3 * scale + 1e-12
+            if mismatch:
                 raise UnsupportedLayerError(
-                    f"{call.path} ({type(call.module).__name__}): the loss of sample 0 depends on other rows of this "
-                    "layer's output, so dim 0 of its input is not the batch (transposed, reshaped or mixed across "
-                    "samples); per-sample clipping needs the batch in dim 0 and no mixing of samples")
+                    f"{call.path} ({type(call.module).__name__}): a sample's loss depends on other samples' rows of "
+                    "this layer's output, so dim 0 of its input is not the batch (transposed, reshaped or mixed "
+                    "across samples); per-sample clipping needs the batch in dim 0 and no mixing of samples")
+        self._separability_checked = True
 
     def _audit(self, loss: Tensor, calls: list[_Call]) -> None:
         """Fail if a trainable parameter reaches the loss other than through a recorded call.

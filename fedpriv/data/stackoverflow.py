@@ -584,6 +584,9 @@ def load_stackoverflow(
             "num_test": len(test),
             "vocab_size": len(words),
             "vocab_source": vocab_source,
+            **({"non_private_reason": "the word vocabulary was counted on the private train split "
+                                      "(data.allow_private_vocab=true): which words it holds is not accounted"}
+               if vocab_source == "private train split" else {}),
             "max_sentences_per_user": max_sentences_per_user,
             "client_index": indexed,
         },
