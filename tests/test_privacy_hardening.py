@@ -66,13 +66,12 @@ def test_secure_runs_with_one_seed_differ_in_noise_and_cohorts(tmp_path, run_cli
     assert a.randomness.secure and b.randomness.key != a.randomness.key
     assert any(not np.array_equal(a.server.sampler.sample(t), b.server.sampler.sample(t)) for t in range(3))
     assert not torch.equal(a.server.mechanism.noise(0, (16,)), b.server.mechanism.noise(0, (16,)))
-    outs = []
-    for name in ("c1", "c2"):
-        proc = run_cli(*SMOKE, "privacy.secure_rng=true", f"run_dir={tmp_path / name}")
-        assert proc.returncode == 0, proc.stderr
-        assert "[secure mode: randomness from the OS CSPRNG" in proc.stdout
-        outs.append(torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True))
-    assert not torch.equal(outs[0]["server"]["params"], outs[1]["server"]["params"])
+    run_local(a)
+    run_local(b)
+    assert not torch.equal(a.server.params, b.server.params)
+    proc = run_cli(*SMOKE, "privacy.secure_rng=true", f"run_dir={tmp_path / 'cli'}")
+    assert proc.returncode == 0, proc.stderr
+    assert "[secure mode: randomness from the OS CSPRNG" in proc.stdout
 
 
 def test_secure_key_is_only_in_the_owner_only_checkpoint(tmp_path):
@@ -310,7 +309,7 @@ def _copy(src, dst):
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "planted-pickle", "foreign"])
-def test_damaged_checkpoint_is_one_error_line_naming_it(tmp_path, finished_run, run_cli, damage):
+def test_damaged_checkpoint_is_one_error_naming_it(tmp_path, finished_run, damage):
     run = _copy(finished_run, tmp_path / "r")
     ckpt = run / "checkpoints" / "last.pt"
     marker = tmp_path / "pwned"
@@ -328,9 +327,17 @@ def test_damaged_checkpoint_is_one_error_line_naming_it(tmp_path, finished_run, 
         torch.save({"format": 2, "payload": Exploit()}, ckpt, pickle_protocol=pickle.HIGHEST_PROTOCOL)
     else:
         torch.save({"some": "other file"}, ckpt)
-    proc = run_cli(*SMOKE, f"run_dir={run}", "resume=true")
-    _one_error_line(proc, str(ckpt))
+    with pytest.raises(DamagedFileError, match=str(ckpt)) as err:
+        prepare(compose_cfg(*SMOKE, "resume=true", run_dir=run))
+    assert "\n" not in str(err.value)
     assert not marker.exists()  # weights_only: a planted checkpoint cannot run code
+
+
+def test_damaged_checkpoint_on_the_command_line(tmp_path, finished_run, run_cli):
+    run = _copy(finished_run, tmp_path / "r")
+    ckpt = run / "checkpoints" / "last.pt"
+    ckpt.write_bytes(os.urandom(4096))
+    _one_error_line(run_cli(*SMOKE, f"run_dir={run}", "resume=true"), str(ckpt))
 
 
 def test_damaged_config_is_one_error_line_naming_it(tmp_path, finished_run, run_cli):
