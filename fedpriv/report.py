@@ -29,7 +29,7 @@ from typing import Any
 
 from fedpriv.atomic import write_atomic
 from fedpriv.errors import ConfigError, OutputError
-from fedpriv.rundir import read_jsonl, read_yaml_mapping
+from fedpriv.rundir import read_jsonl, read_mapping
 
 BUDGET_KEYS = ("privacy.target_epsilon", "privacy.noise_multiplier")  # the x axis, not a line
 IGNORED_KEYS = ("run_dir",)
@@ -45,13 +45,7 @@ def _flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        out = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"cannot read {path}: {err}") from None
-    if not isinstance(out, dict):
-        raise ConfigError(f"{path} is damaged: it does not hold a JSON object")
-    return out
+    return read_mapping(path, json.loads)
 
 
 def read_metrics(run: Path) -> list[dict]:
@@ -92,7 +86,7 @@ def sweep_rows(runs: Iterable[Path]) -> tuple[list[str], list[dict[str, Any]]]:
         path = run / "config.yaml"
         if not path.exists():
             raise ConfigError(f"{run} has no config.yaml")
-        configs.append({k: v for k, v in _flatten(read_yaml_mapping(path)).items() if k not in IGNORED_KEYS})
+        configs.append({k: v for k, v in _flatten(read_mapping(path)).items() if k not in IGNORED_KEYS})
     keys = sorted(set.intersection(*(set(c) for c in configs)))  # keys every run has
     swept = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
     rows = []

@@ -26,6 +26,7 @@ import math
 import os
 import pickle
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,15 +79,20 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def read_yaml_mapping(path: Path) -> dict:
-    """A YAML file holding a mapping (config.yaml); anything else is a :class:`DamagedFileError`."""
+def read_mapping(path: Path, parse: Callable[[str], Any] = yaml.safe_load) -> dict:
+    """A file holding one mapping (config.yaml by default; ``parse=json.loads`` for summary.json);
+    unreadable, unparsable or anything but a mapping is a :class:`DamagedFileError` naming it."""
     try:
-        cfg = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DamagedFileError(f"cannot read {path}: {err}") from None
+    try:
+        out = parse(text)
+    except (ValueError, yaml.YAMLError) as err:  # json.JSONDecodeError is a ValueError
         raise DamagedFileError(f"{path} is damaged: {str(err).splitlines()[0]}") from None
-    if not isinstance(cfg, dict):
-        raise DamagedFileError(f"{path} is damaged: it does not hold a config mapping")
-    return cfg
+    if not isinstance(out, dict):
+        raise DamagedFileError(f"{path} is damaged: it does not hold a mapping")
+    return out
 
 
 class RunDirectory:
@@ -190,7 +196,7 @@ class RunDirectory:
 
     def read_config(self) -> dict | None:
         path = self.path / "config.yaml"
-        return read_yaml_mapping(path) if path.exists() else None
+        return read_mapping(path) if path.exists() else None
 
     def read_metrics(self) -> list[dict]:
         path = self.path / "metrics.jsonl"

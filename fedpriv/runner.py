@@ -150,19 +150,23 @@ def _resumable_checkpoint(run: RunDirectory, cfg: dict) -> dict | None:
                               "be resumed (and is not overwritten): use another run_dir")
         if not cfg.get("resume"):
             raise ConfigError(f"run directory {run.path} already holds a run: pass resume=true or another run_dir")
-        if computing_config(saved_cfg) != computing_config(cfg):
-            raise ConfigError(f"cannot resume {run.path}: its config.yaml differs from this config")
+        if diff := _config_diff(saved_cfg, cfg):
+            raise ConfigError(f"cannot resume {run.path}: config differs in {', '.join(diff)}")
         return None  # it stopped before its first checkpoint: start it again
     if not cfg.get("resume"):
         raise ConfigError(f"run directory {run.path} already holds a checkpoint: pass resume=true or another run_dir")
     saved = checkpoint["config"]
     if not isinstance(saved, dict):
         raise DamagedFileError(f"checkpoint {run.checkpoint_path} is damaged (its config is not a mapping)")
-    mine, theirs = computing_config(cfg), computing_config(saved)  # presentation keys may change on resume
-    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-    if diff:
+    if diff := _config_diff(saved, cfg):
         raise ConfigError(f"cannot resume {run.path}: config differs in {', '.join(diff)}")
     return checkpoint
+
+
+def _config_diff(saved: dict, cfg: dict) -> list[str]:
+    """Top-level keys whose computing values differ (presentation keys may change on resume)."""
+    mine, theirs = computing_config(cfg), computing_config(saved)
+    return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
 
 
 def _randomness(cfg: dict, checkpoint: dict | None, run: RunDirectory) -> RunRandomness:

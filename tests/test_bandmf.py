@@ -51,7 +51,7 @@ def test_strategy_cache_returns_the_same_matrix(tmp_path):
 
 
 def _plant(path, c):
-    """A cache file as fedpriv writes it, checksum included: the checksum proves nothing."""
+    """A cache file as fedpriv writes it, plus a consistent checksum: a checksum proves nothing."""
     import hashlib
 
     torch.save({"key": path.stem, "c": c, "sha256": hashlib.sha256(c.numpy().tobytes()).hexdigest()}, path)

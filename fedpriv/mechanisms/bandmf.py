@@ -36,7 +36,7 @@ from fedpriv.atomic import write_atomic
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.analysis import prefix_mse
-from fedpriv.mechanisms.gaussian import require_noise, trivial_event
+from fedpriv.mechanisms.gaussian import load_noise_state, noise_state, require_noise, trivial_event
 from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC, CYCLIC_POISSON, Sampler
 
@@ -166,7 +166,8 @@ def cached_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 50
     """:func:`optimize_strategy`, computed once per (kind, n, b, iterations) and kept on disk.
 
     The cache is not trusted: a stored matrix is used only if it passes :func:`strategy_problem`
-    (its own checksum proves nothing about its structure); otherwise it is recomputed, with a warning.
+    (a checksum beside it would prove nothing about its structure); otherwise it is recomputed,
+    with a warning.
     """
     key = f"v{CACHE_VERSION}-{kind}-n{n}-b{bands}-it{iterations}"
     path = cache_dir() / f"{key}.pt"
@@ -186,7 +187,7 @@ def cached_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 50
         raise RuntimeError(f"the optimized BandMF strategy is invalid ({problem})")
     path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
-    torch.save({"key": key, "c": c, "sha256": hashlib.sha256(c.numpy().tobytes()).hexdigest()}, buffer)
+    torch.save({"key": key, "c": c}, buffer)
     write_atomic(path, buffer.getvalue())
     return c
 
@@ -325,7 +326,7 @@ class BandMFMechanism:
 
     def state_dict(self) -> dict:
         return {"name": self.name, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
-                "rounds": self.rounds, "bands": self.bands, "noise": None if self._noise is None else self._noise.state_dict(),
+                "rounds": self.rounds, "bands": self.bands, "noise": noise_state(self._noise),
                 "history": list(self._history), "rounds_done": self.rounds_done,
                 "strategy_sha256": hashlib.sha256(self.strategy.numpy().tobytes()).hexdigest()}
 
@@ -337,7 +338,6 @@ class BandMFMechanism:
             raise ValueError("checkpoint's BandMF strategy differs from this run's (rounds, bands or matrix)")
         self.noise_multiplier = float(state["noise_multiplier"])
         self.clip_norm = float(state["clip_norm"])
-        if state["noise"] is not None:
-            require_noise(self._noise, self.name).load_state_dict(state["noise"])
+        load_noise_state(self._noise, state["noise"], self.name)
         self._history = list(state["history"])
         self.rounds_done = int(state["rounds_done"])

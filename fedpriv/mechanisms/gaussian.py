@@ -32,6 +32,17 @@ def require_noise(noise: NoiseStream | None, name: str) -> NoiseStream:
     return noise
 
 
+def noise_state(noise: NoiseStream | None) -> dict | None:
+    """A mechanism's stream position for its ``state_dict`` (None: an accounting-only mechanism)."""
+    return None if noise is None else noise.state_dict()
+
+
+def load_noise_state(noise: NoiseStream | None, state: dict | None, name: str) -> None:
+    """Restore the stream position :func:`noise_state` saved."""
+    if state is not None:
+        require_noise(noise, name).load_state_dict(state)
+
+
 def trivial_event(noise_multiplier: float, rounds: int) -> dp_accounting.DpEvent | None:
     """The event when no accounting is needed: non-private (σ = 0) or nothing released yet."""
     if noise_multiplier == 0.0:
@@ -112,12 +123,11 @@ class GaussianMechanism:
 
     def state_dict(self) -> dict:
         return {"name": self.name, "noise_multiplier": self.noise_multiplier,
-                "clip_norm": self.clip_norm, "noise": None if self._noise is None else self._noise.state_dict()}
+                "clip_norm": self.clip_norm, "noise": noise_state(self._noise)}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("name") != self.name:
             raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
         self.noise_multiplier = float(state["noise_multiplier"])
         self.clip_norm = float(state["clip_norm"])
-        if state["noise"] is not None:
-            require_noise(self._noise, self.name).load_state_dict(state["noise"])
+        load_noise_state(self._noise, state["noise"], self.name)

@@ -29,7 +29,7 @@ import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.gaussian import require_noise, trivial_event
+from fedpriv.mechanisms.gaussian import load_noise_state, noise_state, require_noise, trivial_event
 from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC, Sampler
 
@@ -176,7 +176,7 @@ class TreeMechanism:
     def state_dict(self) -> dict:
         return {"name": self.name, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
                 "estimator": self.estimator, "restart_every": self.restart_every,
-                "noise": None if self._noise is None else self._noise.state_dict(), "stack": list(self._tree.stack),
+                "noise": noise_state(self._noise), "stack": list(self._tree.stack),
                 "leaves": self._tree.leaves, "previous": self._previous, "rounds_done": self.rounds_done}
 
     def load_state_dict(self, state: dict) -> None:
@@ -187,8 +187,7 @@ class TreeMechanism:
                 raise ValueError(f"checkpoint's tree {key} {state[key]!r} differs from {getattr(self, key)!r}")
         self.noise_multiplier = float(state["noise_multiplier"])
         self.clip_norm = float(state["clip_norm"])
-        if state["noise"] is not None:
-            require_noise(self._noise, self.name).load_state_dict(state["noise"])
+        load_noise_state(self._noise, state["noise"], self.name)
         self._tree = TreeState()
         self._tree.stack = [(int(h), v) for h, v in state["stack"]]
         self._tree.leaves = int(state["leaves"])
