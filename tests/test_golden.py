@@ -1,0 +1,90 @@
+"""Golden outputs: a matrix of smoke runs must reproduce, bit for bit, what was frozen in
+tests/golden/ — privacy.json, metrics.jsonl (wall times dropped) and SHA-256 hashes of the final
+server parameters and released model — and the same combinations must still be refused.
+
+This is the oracle of refactoring: code may move, outputs may not. A golden file changes only in
+a commit that says why. To re-freeze after an intended change of outputs::
+
+    FEDPRIV_FREEZE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import compose_cfg
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+BASE = ("+experiment=smoke", "progress=false")
+MECHANISMS = ("gaussian", "tree", "bandmf")
+ALGORITHMS = ("dp_fedavg", "dp_fedsgd", "dpsgd")
+OPTIMIZERS = ("sgd", "dpadam_post", "dpadam_ime", "dpadam_stp")
+# name -> overrides beyond BASE
+CASES: dict[str, tuple[str, ...]] = {
+    f"{m}-{a}-{o}": (f"mechanism={m}", f"algorithm={a}", f"optimizer={o}", *(("mechanism.bands=2",) if m == "bandmf" else ()))
+    for m, a, o in itertools.product(MECHANISMS, ALGORITHMS, OPTIMIZERS)
+}
+CASES.update({
+    "gaussian-default-momentum": (),
+    "gaussian-pld": ("privacy.accountant=pld", "privacy.noise_multiplier=1.0"),
+    "gaussian-fixed": ("sampling=fixed",),
+    "gaussian-sigma": ("privacy.noise_multiplier=1.3", "ema_decay=0"),
+    "gaussian-fedsgd-loop": ("algorithm=dp_fedsgd", "algorithm.one_pass=false", "optimizer=dpadam_ime"),
+    "tree-ftrl": ("mechanism=tree", "optimizer=ftrl"),
+    "tree-ftrl-restart": ("mechanism=tree", "optimizer=ftrl", "mechanism.restart_every=2",
+                          "mechanism.estimator=plain"),
+    "bandmf-cyclic-momentum": ("mechanism=bandmf", "mechanism.bands=2", "sampling=cyclic"),
+    "gaussian-adagrad-bc": ("optimizer=dpadagrad_bc",),
+    "example-dp": ("client.dp=example", "client.example.steps=2"),
+    "public-pretrain": ("public.pretrain_steps=5", "public.pretrain_fraction=0.5"),
+    "mid-training": ("public.mid_training_round=2", "public.mid_training_score=private",
+                     "public.mid_training_steps=5", "public.mid_training_fraction=0.2"),
+})
+
+
+def _sha(tensor) -> str:
+    return hashlib.sha256(tensor.detach().contiguous().numpy().tobytes()).hexdigest()
+
+
+def run_case(overrides: tuple[str, ...], run_dir: Path) -> dict:
+    """The golden record of one in-process run (or ``{"refused": True}`` for a config error)."""
+    from fedpriv.errors import ConfigError
+    from fedpriv.runner import prepare
+    from server.app import run_local
+
+    cfg = compose_cfg(*BASE, *overrides, run_dir=run_dir)
+    try:
+        session = prepare(cfg)
+    except ConfigError:
+        return {"overrides": list(overrides), "refused": True}
+    run_local(session)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "overrides": list(overrides),
+        "refused": False,
+        "privacy": json.loads((run_dir / "privacy.json").read_text()),
+        "metrics": [{k: v for k, v in row.items() if "wall" not in k} for row in rows],
+        "params_sha256": _sha(session.server.params),
+        "released_sha256": _sha(session.server.model_params),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden(name: str, tmp_path: Path) -> None:
+    got = run_case(CASES[name], tmp_path / "run")
+    path = GOLDEN / f"{name}.json"
+    if os.environ.get("FEDPRIV_FREEZE_GOLDEN") == "1":
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    want = json.loads(path.read_text())
+    assert got == want, f"{name}: outputs differ from {path.name}"
+
+
+def test_every_golden_file_has_a_case() -> None:
+    assert sorted(p.stem for p in GOLDEN.glob("*.json")) == sorted(CASES)
