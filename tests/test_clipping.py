@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import copy
+import subprocess
+import sys
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -11,8 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedpriv.clipping import BookKeeping, UnsupportedLayerError
-from fedpriv.models import LSTMLanguageModel, TransformerLanguageModel
+from fedpriv.clipping import RULES, BookKeeping, LayerRule, UnsupportedLayerError, register_rule
+from fedpriv.clipping.contributions import Dense
+from fedpriv.models import LSTM, LSTMLanguageModel, TransformerLanguageModel
 
 MODES = ("ghost", "instantiate", "mixopt")
 PAD = 0
@@ -474,3 +479,90 @@ def test_argument_validation() -> None:
     bk = BookKeeping(model)
     with pytest.raises(ValueError, match="shape"):
         bk.backward(lm_loss(model, tokens(3, 5, 40)).sum())
+
+
+# ----------------------------------------------------------------------------- registry / layering
+
+CLIPPING_DIR = Path(__file__).resolve().parents[1] / "fedpriv" / "clipping"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module an ``import``/``from ... import`` in ``path`` names (relative ones resolved,
+    ``from pkg import name`` also as ``pkg.name``), plus string arguments of ``import_module``."""
+    package = path.parent.relative_to(CLIPPING_DIR.parents[1]).parts  # ('fedpriv', 'clipping', ...)
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(package[:len(package) - (node.level - 1)])
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                found.add(node.args[0].value)
+    return found
+
+
+def test_clipping_imports_no_model() -> None:
+    files = sorted(CLIPPING_DIR.rglob("*.py"))
+    assert {f.name for f in files} >= {"__init__.py", "engine.py", "rules.py"}
+    for path in files:
+        bad = sorted(m for m in _imported_modules(path) if m == "fedpriv.models" or m.startswith("fedpriv.models."))
+        assert not bad, f"{path.relative_to(CLIPPING_DIR.parent.parent)} imports {bad}"
+
+
+def test_importing_the_lstm_module_registers_its_rule() -> None:
+    script = ("import sys\n"
+              "import fedpriv.clipping as c\n"
+              "assert not [m for m in sys.modules if m.startswith('fedpriv.models')], 'clipping pulled in a model'\n"
+              "from fedpriv.models.lstm import LSTM\n"
+              "assert c.RULES[LSTM].prepare is not None and c.RULES[LSTM].params == ()\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=CLIPPING_DIR.parents[1], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_registry_fails_closed_for_unregistered_types() -> None:
+    class MyLinear(nn.Linear):  # exact-type matching: a subclass needs its own rule
+        pass
+
+    with pytest.raises(UnsupportedLayerError, match="inner.*MyLinear.*supported layers are .*nn.Linear"):
+        BookKeeping(WithModule(MyLinear(8, 8)))
+
+    class Gain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gain = nn.Parameter(torch.ones(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.gain
+
+    with pytest.raises(UnsupportedLayerError, match="gain"):
+        BookKeeping(Gain())
+    register_rule(Gain, LayerRule(lambda m, x, g: [(m.gain, Dense((g * x).reshape(x.shape[0], -1, 3).sum(1)))],
+                                  ("gain",), lambda m: 2))
+    try:
+        BookKeeping(Gain()).detach()  # registered: accepted
+    finally:
+        del RULES[Gain]
+    with pytest.raises(UnsupportedLayerError, match="gain"):
+        BookKeeping(Gain())  # unregistered again: refused again
+
+
+def test_lstm_subclass_without_its_own_rule_fails_closed() -> None:
+    class MyLSTM(LSTM):
+        pass
+
+    model = small_lstm()
+    model.lstm = MyLSTM(8, 12)
+    bk = BookKeeping(model)
+    assert not model.lstm.unrolled  # no rule for this exact type, so no prepare step
+    with pytest.raises(UnsupportedLayerError, match="lstm.hh.weight"):
+        bk.backward(lm_loss(model, tokens(3, 5, 40)))  # fused kernel: the audit catches it
+    bk.detach()

@@ -2,10 +2,12 @@
 
 ``BookKeeping(model, clip_norm, noise_multiplier, mode, generator)`` hooks a model built from
 supported layers (``RULES``); ``bk.backward(per_sample_loss, groups=None)`` sets clipped and noised
-gradients. Add a layer type with :func:`register_rule`.
+gradients. Add a layer type with :func:`register_rule` (model packages register their own
+composite modules' rules when imported; this package imports no model).
 """
 
 from fedpriv.clipping.engine import MODES, BookKeeping, UnsupportedLayerError
-from fedpriv.clipping.rules import RULES, LayerRule, register_rule
+from fedpriv.clipping.rules import HINTS, RULES, LayerRule, no_contributions, register_hint, register_rule
 
-__all__ = ["BookKeeping", "LayerRule", "MODES", "RULES", "UnsupportedLayerError", "register_rule"]
+__all__ = ["BookKeeping", "HINTS", "LayerRule", "MODES", "RULES", "UnsupportedLayerError", "no_contributions",
+           "register_hint", "register_rule"]

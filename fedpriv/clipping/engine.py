@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -50,9 +50,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
-from fedpriv.clipping.rules import RULES, LayerRule
+from fedpriv.clipping.rules import HINTS, RULES, LayerRule
 from fedpriv.errors import ConfigError
-from fedpriv.models.lstm import LSTM as FedLSTM
 
 MODES = ("ghost", "instantiate", "mixopt")
 _INSTANTIATE_BUDGET = 1 << 24  # floats of per-unit gradients held at once on the grouped path
@@ -67,25 +66,21 @@ class UnsupportedLayerError(ConfigError):
     """
 
 
-_SUPPORTED = "nn.Linear, nn.Embedding, nn.LayerNorm, nn.Conv1d, nn.Conv2d, fedpriv.models.LSTM"
-_HINTS: dict[type, str] = {
-    nn.LSTM: "use fedpriv.models.LSTM (gates are nn.Linear) instead of nn.LSTM",
-    nn.GRU: "build the recurrent cell from nn.Linear pieces (as fedpriv.models.LSTM does)",
-    nn.RNN: "build the recurrent cell from nn.Linear pieces (as fedpriv.models.LSTM does)",
-    nn.LSTMCell: "use fedpriv.models.LSTM, or nn.Linear gates, instead of nn.LSTMCell",
-    nn.GRUCell: "build the cell from nn.Linear pieces",
-    nn.RNNCell: "build the cell from nn.Linear pieces",
-    nn.MultiheadAttention: "use nn.Linear q/k/v and output projections with "
-                           "torch.nn.functional.scaled_dot_product_attention "
-                           "(as fedpriv.models.TransformerLanguageModel does)",
-}
+def _type_name(kind: type) -> str:
+    """``nn.Linear`` for torch.nn's own layers, else the full dotted name of the class."""
+    if getattr(nn, kind.__name__, None) is kind:
+        return f"nn.{kind.__name__}"
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _hint(module: nn.Module) -> str:
-    for kind, text in _HINTS.items():
-        if isinstance(module, kind):
-            return text
-    return (f"supported layers are {_SUPPORTED}; move the parameter into one of them, or add a "
+    """Advice for a module without a rule: the registered hint of the nearest class in its MRO,
+    else the list of types registered now."""
+    for kind in type(module).__mro__:
+        if kind in HINTS:
+            return HINTS[kind]
+    supported = ", ".join(_type_name(kind) for kind in RULES)
+    return (f"supported layers are {supported}; move the parameter into one of them, or add a "
             "rule with fedpriv.clipping.register_rule")
 
 
@@ -126,9 +121,10 @@ class BookKeeping:
     Raises :class:`UnsupportedLayerError` (a ``ValueError``) at construction for a trainable
     parameter owned by any module type without a rule (``nn.LSTM``, ``nn.MultiheadAttention``,
     ``nn.GRU``, a bare ``nn.Parameter`` on a custom module, ...) and for BatchNorm. Frozen
-    parameters are ignored and get no grad. Every ``fedpriv.models.LSTM`` inside ``model`` is
-    switched to ``unrolled=True`` (its ``ih`` and ``hh`` Linear calls become visible) until
-    :meth:`detach`. Use as a context manager to remove the hooks on exit.
+    parameters are ignored and get no grad. Every module whose rule has a ``prepare`` step is
+    prepared (e.g. a recurrent cell switched to its step-by-step forward, so that its gate Linear
+    calls are hooked) until :meth:`detach` undoes it. Use as a context manager to remove the hooks
+    on exit.
 
     Every forward with grad enabled since the last ``backward`` counts (two passes of the model
     in one loss are both clipped together); recorded tensors are dropped by ``backward``, by
@@ -162,10 +158,8 @@ class BookKeeping:
         self._shared_storages: set[int] = set()  # storages of shared calls' (expanded) outputs
         self._separability_checked = False
         self._in_backward = False
-        managed = self._inspect(model)
-        self._lstms = [(m, m.unrolled) for m in model.modules() if isinstance(m, FedLSTM)]
-        for m, _ in self._lstms:
-            m.unrolled = True
+        managed, to_prepare = self._inspect(model)
+        self._undo: list[Callable[[], None]] = [rule.prepare(module) for module, rule in to_prepare]
         self._handles = [model.register_forward_pre_hook(self._on_root, with_kwargs=True)]
         for path, module, rule in managed:
             hook = self._make_hook(path, rule)
@@ -174,19 +168,23 @@ class BookKeeping:
     # ------------------------------------------------------------------ set-up
 
     @staticmethod
-    def _inspect(model: nn.Module) -> list[tuple[str, nn.Module, LayerRule]]:
-        """Modules owning trainable parameters, each with its rule; raise for anything else."""
-        managed = []
+    def _inspect(model: nn.Module) -> tuple[list[tuple[str, nn.Module, LayerRule]],
+                                            list[tuple[nn.Module, LayerRule]]]:
+        """Modules owning trainable parameters, each with its rule, and the modules (trainable
+        or not) whose rule has a ``prepare`` step; raise for anything unsupported. Changes nothing."""
+        managed, to_prepare = [], []
         for path, module in model.named_modules():
             where = f"{path or '<model>'} ({type(module).__name__})"
             if isinstance(module, _BatchNorm):
                 raise UnsupportedLayerError(
                     f"{where}: batch statistics mix samples, so per-sample gradients are not "
                     "defined; use nn.LayerNorm")
+            rule = RULES.get(type(module))
+            if rule is not None and rule.prepare is not None:
+                to_prepare.append((module, rule))
             own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
             if not own:
                 continue
-            rule = RULES.get(type(module))
             if rule is None:
                 raise UnsupportedLayerError(
                     f"{where} owns trainable parameter(s) {', '.join(own)} that BookKeeping "
@@ -200,7 +198,7 @@ class BookKeeping:
             if problem:
                 raise UnsupportedLayerError(f"{where}: {problem}")
             managed.append((path, module, rule))
-        return managed
+        return managed, to_prepare
 
     def _make_hook(self, path: str, rule: LayerRule):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any):
@@ -208,13 +206,13 @@ class BookKeeping:
         return hook
 
     def detach(self) -> None:
-        """Remove all hooks, restore the LSTMs' ``unrolled`` flags, drop recorded tensors."""
+        """Remove all hooks, undo every module's ``prepare`` step, drop recorded tensors."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        for module, unrolled in self._lstms:
-            module.unrolled = unrolled
-        self._lstms = []
+        for undo in reversed(self._undo):
+            undo()
+        self._undo = []
         self.clear()
 
     def clear(self) -> None:

@@ -5,6 +5,12 @@ call's output, and returns ``[(parameter, contribution), ...]`` for the module's
 parameters (see :mod:`fedpriv.clipping.contributions` for the three forms). Adding a layer type
 is adding one function and one :func:`register_rule` line. Modules are matched by exact type: a
 subclass may change ``forward``, so it must be registered on its own.
+
+The registry is open: a module defined elsewhere (a model package) registers its own rule when
+it is imported, so this package depends on no model. A composite module whose parameters all
+live in registered submodules (a recurrent cell built from ``nn.Linear`` gates) registers a rule
+with no parameters of its own and a ``prepare`` step that makes every parameter use a hooked
+submodule call. :func:`register_hint` adds the advice given for a type that has no rule.
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ class LayerRule:
     input, as PyTorch itself reads it). ``index_input``: the input holds indices (Embedding), so
     it is batched only with at least as many dims as the model's index input (see the engine).
     ``check(module)``: a reason the configured module is unsupported, or None.
+    ``prepare(module)``: if given, run by the engine on every module of this type in the model
+    (trainable or not) after all checks pass and before any forward; it switches the module to a
+    forward in which each parameter is used only through calls of hooked submodules, and returns
+    a function that undoes the switch (run when the engine detaches).
     """
 
     contributions: Callable[[nn.Module, Tensor, Tensor], Contributions]
@@ -42,14 +52,28 @@ class LayerRule:
     min_batched_ndim: Callable[[nn.Module], int]
     index_input: bool = False
     check: Callable[[nn.Module], Optional[str]] = _no_problem
+    prepare: Optional[Callable[[nn.Module], Callable[[], None]]] = None
 
 
 RULES: dict[type, LayerRule] = {}
+HINTS: dict[type, str] = {}
 
 
 def register_rule(module_type: type, rule: LayerRule) -> None:
     """Register (or replace) the rule for modules whose type is exactly ``module_type``."""
     RULES[module_type] = rule
+
+
+def register_hint(module_type: type, hint: str) -> None:
+    """Register (or replace) the advice in the error for a trainable module of ``module_type``
+    (or a subclass; the nearest registered class in its MRO wins) that has no rule."""
+    HINTS[module_type] = hint
+
+
+def no_contributions(module: nn.Module, x: Tensor, g: Tensor) -> Contributions:
+    """Contributions of a composite module that owns no parameter itself (``params=()``): none;
+    its submodules' own rules cover every parameter."""
+    return []
 
 
 def _trainable(p: Optional[nn.Parameter]) -> bool:
@@ -173,3 +197,14 @@ register_rule(nn.Conv1d, LayerRule(conv_contributions, ("weight", "bias"), lambd
                                    check=_conv_problem))
 register_rule(nn.Conv2d, LayerRule(conv_contributions, ("weight", "bias"), lambda m: 4,
                                    check=_conv_problem))
+
+_RECURRENT = "build the recurrent cell from nn.Linear pieces, called once per time step"
+register_hint(nn.LSTM, _RECURRENT)
+register_hint(nn.GRU, _RECURRENT)
+register_hint(nn.RNN, _RECURRENT)
+register_hint(nn.LSTMCell, "build the cell from nn.Linear pieces")
+register_hint(nn.GRUCell, "build the cell from nn.Linear pieces")
+register_hint(nn.RNNCell, "build the cell from nn.Linear pieces")
+register_hint(nn.MultiheadAttention, "use nn.Linear q/k/v and output projections with "
+                                     "torch.nn.functional.scaled_dot_product_attention "
+                                     "(as fedpriv's transformer language model does)")

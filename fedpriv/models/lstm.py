@@ -10,21 +10,42 @@ both weight matrices are ``nn.Linear`` modules, per-sample clipping hooks see ev
 no hook needs the per-step Linear calls (``unrolled=False``, the default) the forward uses
 PyTorch's fused LSTM kernel on the very same parameters, which is numerically the same
 function and much faster.
+
+Importing this module registers :class:`LSTM` with :mod:`fedpriv.clipping`: a rule with no
+parameters of its own (``ih``/``hh`` are clipped by the ``nn.Linear`` rule) whose ``prepare``
+step sets ``unrolled=True`` while an engine is attached, so every gate call is a hooked call.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
+from fedpriv.clipping import LayerRule, no_contributions, register_hint, register_rule
+
 
 class LSTM(nn.Module):
-    """Drop-in for ``nn.LSTM(input_size, hidden_size, num_layers=1, batch_first=True)``."""
+    """Drop-in for ``nn.LSTM(input_size, hidden_size, num_layers=1, batch_first=True)``.
 
-    def __init__(self, input_size: int, hidden_size: int, bias: bool = True) -> None:
+    Arguments in ``nn.LSTM``'s order. ``num_layers`` and ``batch_first`` accept only the values
+    above (one layer; input ``[B, T, input_size]``); any other value raises ``ValueError``.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = True) -> None:
         super().__init__()
+        if isinstance(num_layers, bool) or num_layers != 1:
+            raise ValueError(f"fedpriv.models.LSTM supports only num_layers=1, got num_layers={num_layers!r}; "
+                             "stack several LSTM modules for a deeper network")
+        if batch_first is not True:
+            raise ValueError(f"fedpriv.models.LSTM supports only batch_first=True (input [B, T, input_size]), "
+                             f"got batch_first={batch_first!r}; transpose the input to batch-first")
         self.input_size = input_size
         self.hidden_size = hidden_size
+        self.num_layers = 1
+        self.batch_first = True
         self.ih = nn.Linear(input_size, 4 * hidden_size, bias=bias)
         self.hh = nn.Linear(hidden_size, 4 * hidden_size, bias=False)
         self.unrolled = False  # set True by engines that must see each Linear call
@@ -62,6 +83,25 @@ class LSTM(nn.Module):
             h = torch.sigmoid(o) * torch.tanh(c)
             outputs.append(h)
         return torch.stack(outputs, dim=1), (h.unsqueeze(0), c.unsqueeze(0))
+
+
+def _unroll(module: LSTM) -> Callable[[], None]:
+    """Clipping ``prepare`` step: the step-by-step forward, in which ``ih`` and ``hh`` are used
+    only through their own (hooked) ``nn.Linear`` calls; the returned undo restores the flag."""
+    before = module.unrolled
+    module.unrolled = True
+
+    def undo() -> None:
+        module.unrolled = before
+    return undo
+
+
+# The LSTM owns no parameter itself (min_batched_ndim 3: input [B, T, input_size]).
+register_rule(LSTM, LayerRule(no_contributions, (), lambda m: 3, prepare=_unroll))
+register_hint(nn.LSTM, "use fedpriv.models.LSTM (gates are nn.Linear) instead of nn.LSTM")
+register_hint(nn.GRU, "build the recurrent cell from nn.Linear pieces (as fedpriv.models.LSTM does)")
+register_hint(nn.RNN, "build the recurrent cell from nn.Linear pieces (as fedpriv.models.LSTM does)")
+register_hint(nn.LSTMCell, "use fedpriv.models.LSTM, or nn.Linear gates, instead of nn.LSTMCell")
 
 
 class LSTMLanguageModel(nn.Module):
