@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedpriv import schema
 from fedpriv.accounting import calibrate_noise_multiplier, compute_epsilon
-from fedpriv.clipping import MODES, BookKeeping
-from fedpriv.errors import ConfigError
+from fedpriv.clipping import BookKeeping
 from fedpriv.metrics import sequence_token_losses
 
 
@@ -68,36 +68,15 @@ def example_event(rate: float, noise_multiplier: float, steps: int) -> dp_accoun
 def resolve_example_dp(client: Mapping[str, Any], rounds: int, accountant: str = "rdp") -> ExampleDP | None:
     """``client.example`` as an :class:`ExampleDP` (σ_e calibrated when not given); None when
     ``client.dp`` is ``none``. Raises ``ConfigError`` for bad values."""
-    kind = client.get("dp", "none") or "none"
-    if kind == "none":
+    spec = schema.load(schema.Client, client, "client")  # types and ranges checked there
+    if spec.dp == "none":
         return None
-    if kind != "example":
-        raise ConfigError(f"unknown client.dp {kind!r} (choose one of: none, example)")
-    ex = dict(client.get("example") or {})
-    rate, steps, clip = ex.get("sampling_rate"), ex.get("steps"), ex.get("clip_norm")
-    delta, mode, denominator = ex.get("delta"), ex.get("mode", "mixopt"), ex.get("denominator")
-    if not isinstance(rate, (int, float)) or not 0 < rate <= 1:
-        raise ConfigError(f"client.example.sampling_rate must be in (0, 1], got {rate!r}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ConfigError(f"client.example.steps must be a positive integer, got {steps!r}")
-    if not isinstance(clip, (int, float)) or not 0 < clip < float("inf"):
-        raise ConfigError(f"client.example.clip_norm must be a positive number, got {clip!r}")
-    if not isinstance(delta, (int, float)) or not 0 < delta < 1:
-        raise ConfigError(f"client.example.delta must be in (0, 1), got {delta!r}")
-    if isinstance(denominator, bool) or not isinstance(denominator, (int, float)) or not 0 < denominator < float("inf"):
-        raise ConfigError(f"client.example.denominator must be a positive number (a fixed, public divisor of the "
-                          f"step), got {denominator!r}")
-    if mode not in MODES:
-        raise ConfigError(f"client.example.mode must be one of {', '.join(MODES)}, got {mode!r}")
-    sigma = ex.get("noise_multiplier")
+    ex = spec.example
+    rate, steps, clip, delta = ex.sampling_rate, ex.steps, ex.clip_norm, ex.delta
+    mode, denominator, sigma = ex.mode, ex.denominator, ex.noise_multiplier
     if sigma is None:
-        target = ex.get("target_epsilon")
-        if not isinstance(target, (int, float)) or not target > 0:
-            raise ConfigError(f"client.example.target_epsilon must be positive, got {target!r}")
-        sigma = calibrate_noise_multiplier(lambda s: example_event(rate, s, rounds * steps), float(target),
+        sigma = calibrate_noise_multiplier(lambda s: example_event(rate, s, rounds * steps), float(ex.target_epsilon),
                                            float(delta), accountant)
-    elif not isinstance(sigma, (int, float)) or sigma < 0:
-        raise ConfigError(f"client.example.noise_multiplier must be >= 0, got {sigma!r}")
     return ExampleDP(sampling_rate=float(rate), steps=steps, clip_norm=float(clip), noise_multiplier=float(sigma),
                      delta=float(delta), denominator=float(denominator), mode=mode)
 

@@ -150,6 +150,32 @@ def _png_and_close(fig) -> bytes:
     return data
 
 
+def epsilon_label(epsilon: float) -> str:
+    """An epsilon as a tick label: 3 significant digits, no exponent below 10⁶ (7.999 → ``8``,
+    9.999 → ``10``, 0.123456 → ``0.123``, 1234 → ``1230``): a calibrated run reads as its target."""
+    return f"{float(f'{epsilon:.3g}'):g}" if abs(epsilon) < 1e6 else f"{epsilon:.3g}"
+
+
+def epsilon_ticks(epsilons: Iterable[float], min_gap: float = 0.03) -> tuple[list[float], list[str]]:
+    """Ticks of the sweep plot's (log) epsilon axis: (positions, labels), one per distinct finite
+    positive epsilon, labelled by :func:`epsilon_label`. A tick whose label repeats the previous
+    kept one, or that lies closer to it than ``min_gap`` of the axis's log span, is dropped (the
+    smaller epsilon keeps its tick), so close values never print on top of each other."""
+    values = sorted({float(e) for e in epsilons if math.isfinite(e) and e > 0})
+    if not values:
+        return [], []
+    span = math.log10(values[-1]) - math.log10(values[0])
+    positions: list[float] = []
+    labels: list[str] = []
+    for value in values:
+        label = epsilon_label(value)
+        if positions and (label == labels[-1] or math.log10(value / positions[-1]) < min_gap * span):
+            continue
+        positions.append(value)
+        labels.append(label)
+    return positions, labels
+
+
 def sweep_figure(swept: list[str], rows: list[dict]):
     """Final accuracy vs epsilon; one line per combination of the non-budget swept values. Non-private
     runs have no epsilon: they are drawn as horizontal reference lines labelled NOT PRIVATE."""
@@ -170,13 +196,13 @@ def sweep_figure(swept: list[str], rows: list[dict]):
     for label, accuracy in references:
         ax.axhline(accuracy, linestyle="--", color="gray", label=label)
     ax.set_xscale("log")
-    budgets = sorted({round(row["epsilon"], 3) for row in rows if math.isfinite(row["epsilon"])})
-    if budgets:  # plain tick labels at the budgets, not 2×10⁰
+    positions, labels = epsilon_ticks(row["epsilon"] for row in rows)
+    if positions:  # plain tick labels at the budgets, not 2×10⁰
         from matplotlib.ticker import NullFormatter, NullLocator
 
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
+        ax.set_xticks(positions, labels)
     ax.set_xlabel("epsilon (as reported by each run's accountant)")
     ax.set_ylabel("final test accuracy")
     ax.set_title(f"accuracy vs privacy budget\n({_mode_label(row['mode'] for row in rows)})", fontsize=9)

@@ -90,8 +90,8 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
     error, removes it only if it created it and it is still empty. ``sampling=auto`` and
     ``privacy.secure_rng=null`` are resolved here, so config.yaml names what the run does.
     """
+    validate(cfg)  # before resolving: `secure_rng=abc` is an error, not a truthy value
     resolve_config(cfg)
-    validate(cfg)
     own = run is None
     run = run if run is not None else RunDirectory(cfg["run_dir"]).lock()
     try:
@@ -144,6 +144,9 @@ def _resumable_checkpoint(run: RunDirectory, cfg: dict) -> dict | None:
     checkpoint = run.load_checkpoint()
     if checkpoint is None:
         if saved_cfg is None:
+            if cfg.get("resume"):
+                raise ConfigError(f"resume=true, but run directory {run.path} holds no run to resume "
+                                  "(check run_dir)")
             return None
         if run.read_metrics() or (run.path / "summary.json").exists():
             raise ConfigError(f"run directory {run.path} holds the outputs of a run but no checkpoint, so it cannot "
@@ -221,7 +224,7 @@ def privacy_unit(cfg: dict) -> str:
 def uses_one_pass(cfg: dict) -> bool:
     """Whether the in-process backend computes a round's clipped sum in one batched BK pass."""
     algorithm = cfg["algorithm"]
-    return algorithm["name"] == "dpsgd" or (algorithm["name"] == "dp_fedsgd" and bool(algorithm.get("one_pass", True)))
+    return algorithm["name"] == "dpsgd" or (algorithm["name"] == "dp_fedsgd" and bool(algorithm["one_pass"]))
 
 
 def one_pass_round_fn(session: RunSession) -> RoundFn:
@@ -229,8 +232,8 @@ def one_pass_round_fn(session: RunSession) -> RoundFn:
     (DP-FedSGD's cohort, or DP-SGD's Poisson batch); equal to the per-client loop's clipped sum."""
     task, algorithm = session.task, session.cfg["algorithm"]
     clipper = CohortClipper(copy.deepcopy(task.client_model), session.server.clip_norm, task.local.lr,
-                            task.data.vocab.pad_id, mode=algorithm.get("clipping_mode", "mixopt"),
-                            max_rows=int(algorithm.get("max_rows", 512)))
+                            task.data.vocab.pad_id, mode=algorithm["clipping_mode"],
+                            max_rows=int(algorithm["max_rows"]))
 
     def round_fn(round_idx: int, cohort: np.ndarray) -> CohortSum:
         del round_idx  # one full-batch step: no data order to seed
@@ -251,6 +254,30 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
         return _train(session, round_fn)
     finally:
         session.run.unlock()
+
+
+def interrupted_message(run: RunDirectory, overrides: list[str]) -> str:
+    """The one line the CLI prints when a run is interrupted (Ctrl-C): the round the run
+    directory's checkpoint holds — what ``resume=true`` continues from; the work of an unfinished
+    round is lost — and the command that resumes it (``overrides``: the run's command-line
+    overrides, whose ``resume`` and ``run_dir`` it replaces)."""
+    import shlex
+
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("resume", "run_dir")]
+    command = " ".join(["python -m fedpriv.simulate", *map(shlex.quote, kept)])
+    where = f"run_dir={shlex.quote(str(run.path))}"
+    try:
+        checkpoint = run.load_checkpoint()
+        started = checkpoint is not None or run.read_config() is not None
+    except DamagedFileError as err:
+        return f"error: interrupted; {err}"
+    if checkpoint is not None:
+        total = (checkpoint.get("config") or {}).get("rounds", "?")
+        return (f"error: interrupted; the last checkpoint is after round {checkpoint['round']} of {total}: "
+                f"resume from it with: {command} resume=true {where}")
+    if started:  # training had started (config.yaml is written): resume=true starts it again
+        return f"error: interrupted before the first checkpoint: start again with: {command} resume=true {where}"
+    return f"error: interrupted before training started: start again with: {command} {where}"
 
 
 def _train(session: RunSession, round_fn: RoundFn) -> dict:
@@ -385,8 +412,13 @@ def format_result(summary: dict) -> str:
     return (f"{accuracy}, loss {final['loss']:.4f}\n"
             f"{summary.get('privacy_unit', 'user')}-level epsilon {eps_text} at delta {summary['privacy']['delta']:g} "
             f"({summary['privacy']['accountant']}, {summary['privacy']['neighboring_relation']}), "
-            f"noise multiplier {summary['privacy']['noise_multiplier']:.4g}, {summary['rounds']} rounds "
+            f"noise multiplier {summary['privacy']['noise_multiplier']:.4g}, {_rounds_text(summary['rounds'])} "
             f"[{mode}]{_example_line(summary, mode)}")
+
+
+def _rounds_text(rounds: int) -> str:
+    """``1 round``, ``3 rounds``."""
+    return f"{rounds} round{'' if rounds == 1 else 's'}"
 
 
 def _example_line(summary: dict, mode: str) -> str:

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 from fedpriv.compose import CONFIG_DIR
-GROUPS = ("experiment", "data", "model", "algorithm", "mechanism", "optimizer", "backend")
 
 
 def _fail(message: str) -> None:
@@ -23,19 +22,16 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def check_group_overrides(args: list[str]) -> None:
-    """Reject ``group=option`` overrides naming a config file that does not exist (one line, exit 2)."""
-    for arg in args:
-        if "=" not in arg or arg.startswith("-"):
-            continue
-        key, value = arg.split("=", 1)
-        key = key.lstrip("+~")
-        if key not in GROUPS:
-            continue
-        for option in value.split(","):
-            if option and not (CONFIG_DIR / key / f"{option}.yaml").exists():
-                known = sorted(p.stem for p in (CONFIG_DIR / key).glob("*.yaml"))
-                _fail(f"unknown {key} {option!r} (choose one of: {', '.join(known)})")
+def check_args(args: list[str]) -> None:
+    """Validate the command line before Hydra creates anything (one ``error:`` line, exit 2):
+    unknown options, keys (with the closest valid one), types and ranges of every sweep member."""
+    from fedpriv.compose import check_overrides
+    from fedpriv.errors import ConfigError
+
+    try:
+        check_overrides(args, multirun=bool({"-m", "--multirun"} & set(args)))
+    except ConfigError as err:
+        _fail(str(err))
 
 
 # Run directories named on the command line that existed before Hydra created anything: a failed
@@ -76,6 +72,9 @@ def _run(cfg) -> None:
     except (ConfigError, PrivacyBudgetExceeded) as err:
         run.abandon()
         _fail(str(err))
+    except KeyboardInterrupt:  # during setup: leave no empty directory behind
+        run.abandon()
+        raise
     except Exception as err:  # OmegaConf errors: missing mandatory value, bad interpolation
         if type(err).__module__.startswith("omegaconf"):
             run.abandon()
@@ -86,6 +85,22 @@ def _run(cfg) -> None:
     except OutputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C: the last checkpoint is left as it is, for resume=true
+        summary = None
+    if summary is None:  # outside the handler, so the progress bar is closed before the line below
+        from fedpriv.runner import interrupted_message
+
+        run.unlock()  # train() released it already, unless Ctrl-C reached Flower's engine outside train()
+        print(interrupted_message(run, list(HydraConfig.get().overrides.task)), file=sys.stderr)
+        import threading
+
+        if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
+            # backend=flower: its ServerApp thread waits for replies from the stopped engine, and
+            # would keep the process from exiting; no file is half-written (every write is atomic)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+        sys.exit(130)
     print(format_result(summary))
     print(f"outputs in {run_dir}")
 
@@ -94,11 +109,19 @@ def main() -> None:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
-    check_group_overrides(sys.argv[1:])
+    check_args(sys.argv[1:])
     _note_preexisting(sys.argv[1:])
     import hydra
 
-    hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(_run)()
+    from fedpriv.schema import register
+
+    register()
+
+    try:
+        hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(_run)()
+    except KeyboardInterrupt:  # before training started (Ctrl-C during training is handled in _run)
+        print("error: interrupted before training started; no round was run", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

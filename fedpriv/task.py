@@ -65,33 +65,33 @@ def load_dataset(data_cfg: Mapping[str, Any]) -> FederatedDataset:
 
 
 def _load_words(data_cfg: Mapping[str, Any]) -> FederatedDataset:
-    name = data_cfg.get("name")
+    name = data_cfg["name"]
     if name == "synthetic":
         from fedpriv.data.synthetic import SyntheticConfig, generate
 
-        fields = dict(data_cfg.get("synthetic") or {})
-        return generate(SyntheticConfig(seq_len=int(data_cfg.get("seq_len", 20)),
-                                        seed=int(data_cfg.get("seed", 0)), **fields))
+        fields = dict(data_cfg["synthetic"] or {})
+        return generate(SyntheticConfig(seq_len=int(data_cfg["seq_len"]),
+                                        seed=int(data_cfg["seed"]), **fields))
     if name == "stackoverflow":
         from fedpriv.data.stackoverflow import load_stackoverflow
 
-        if not data_cfg.get("path"):
+        if not data_cfg["path"]:
             raise ConfigError("data.path is not set: point it at TFF's stackoverflow.sqlite")
         return load_stackoverflow(
-            data_cfg["path"], vocab_path=data_cfg.get("vocab_path"),
-            vocab_size=int(data_cfg.get("vocab_size", 10000)), seq_len=int(data_cfg.get("seq_len", 20)),
-            max_sentences_per_user=int(data_cfg.get("max_sentences_per_user", 256)),
-            max_users=data_cfg.get("max_users"), max_test_sentences=int(data_cfg.get("max_test_sentences", 10000)),
-            seed=int(data_cfg.get("seed", 0)), allow_private_vocab=bool(data_cfg.get("allow_private_vocab", False)))
+            data_cfg["path"], vocab_path=data_cfg["vocab_path"],
+            vocab_size=int(data_cfg["vocab_size"]), seq_len=int(data_cfg["seq_len"]),
+            max_sentences_per_user=int(data_cfg["max_sentences_per_user"]),
+            max_users=data_cfg["max_users"], max_test_sentences=int(data_cfg["max_test_sentences"]),
+            seed=int(data_cfg["seed"]), allow_private_vocab=bool(data_cfg["allow_private_vocab"]))
     raise ConfigError(f"unknown dataset {name!r} (choose one of: stackoverflow, synthetic)")
 
 
 def _model(model_cfg: Mapping[str, Any], data: FederatedDataset, seed: int) -> nn.Module:
     kwargs = {k: v for k, v in model_cfg.items() if k != "name"}
-    if model_cfg.get("name") == "transformer":
+    if model_cfg["name"] == "transformer":
         kwargs.setdefault("max_len", data.seq_len)
     torch.manual_seed(seed)
-    return build_model(str(model_cfg.get("name")), data.vocab.size, pad_id=data.vocab.pad_id, **kwargs)
+    return build_model(str(model_cfg["name"]), data.vocab.size, pad_id=data.vocab.pad_id, **kwargs)
 
 
 def task_key(cfg: Mapping[str, Any]) -> str:
@@ -109,18 +109,16 @@ def _load_task(key: str) -> Task:
     seed = int(cfg["seed"])
     client_model = _model(cfg["model"], data, seed)
     eval_model = _model(cfg["model"], data, seed)
-    client = cfg.get("client") or {}
-    algorithm = (cfg.get("algorithm") or {}).get("name", "dp_fedavg")
+    client = cfg["client"]
+    algorithm = cfg["algorithm"]["name"]
     if algorithm in ("dp_fedsgd", "dpsgd"):  # one full-batch gradient step per unit
-        local = LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client.get("lr", 0.5)), max_steps=1)
+        local = LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client["lr"]), max_steps=1)
     else:
-        local = LocalConfig(epochs=int(client.get("epochs", 1)), batch_size=int(client.get("batch_size", 16)),
-                            lr=float(client.get("lr", 0.5)), max_steps=client.get("max_steps"))
-    example_dp = resolve_example_dp(client, int(cfg.get("rounds") or 1), cfg["privacy"].get("accountant") or "rdp")
+        local = LocalConfig(epochs=int(client["epochs"]), batch_size=int(client["batch_size"]),
+                            lr=float(client["lr"]), max_steps=client["max_steps"])
+    example_dp = resolve_example_dp(client, int(cfg["rounds"]), cfg["privacy"]["accountant"])
     bk = None
     if example_dp is not None:
-        if algorithm != "dp_fedavg":
-            raise ConfigError(f"client.dp=example needs algorithm=dp_fedavg (local DP-SGD steps), not {algorithm}")
         local = dataclasses.replace(local, dp=example_dp)
         bk = BookKeeping(client_model, clip_norm=example_dp.clip_norm,
                          noise_multiplier=example_dp.noise_multiplier, mode=example_dp.mode)

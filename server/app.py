@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 
 import numpy as np
 from flwr.app import Context
@@ -92,19 +93,43 @@ def run_local(session: RunSession) -> dict:
     return train(session, grid_round_fn(session, grid, 1, None))
 
 
+def _not_run_simulation_deprecation(record: logging.LogRecord) -> bool:
+    """Flower's notice, on every run, that ``run_simulation`` (what ``backend=flower`` is) is deprecated."""
+    return "The `run_simulation` function is deprecated" not in record.getMessage()
+
+
+def quiet_library_logs() -> None:
+    """Quiet by default under Flower's engine too: Flower's INFO chatter, its notice that
+    ``run_simulation`` is deprecated, and Ray's own messages off; Flower's other warnings and
+    errors kept. Importing flwr resets its logger to DEBUG, so this runs after the import.
+    fedpriv's loggers are not touched (its warnings still print)."""
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.setLevel(logging.WARNING)
+    if _not_run_simulation_deprecation not in flwr_log.filters:
+        flwr_log.addFilter(_not_run_simulation_deprecation)
+    # Ray's own logger: here, and by ray.init(logging_level=...) when the engine starts (importing Ray resets it)
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
+
+
 def run_flower_simulation(session: RunSession) -> dict:
     """``backend=flower``: the same apps under ``flwr.simulation.run_simulation`` (Ray)."""
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     from flwr.simulation import run_simulation
 
+    quiet_library_logs()
     backend = session.cfg["backend"]
-    num_nodes = int(backend.get("num_supernodes", 2))
+    num_nodes = int(backend["num_supernodes"])
     result: dict = {}
     run_simulation(server_app=make_server_app(session, num_nodes, result),
                    client_app=make_client_app(session.cfg), num_supernodes=num_nodes,
-                   backend_config={"client_resources": {"num_cpus": float(backend.get("client_cpus", 1))},
-                                   "init_args": {"num_cpus": int(backend.get("num_cpus", 2)),
-                                                 "include_dashboard": False}})
+                   backend_config={"client_resources": {"num_cpus": float(backend["client_cpus"])},
+                                   "init_args": {"num_cpus": int(backend["num_cpus"]),
+                                                 "include_dashboard": False,
+                                                 # ray.init: Ray's own logger in this process; the
+                                                 # workers' output (fedpriv's warnings from clients
+                                                 # included) still reaches the console
+                                                 "logging_level": "ERROR", "log_to_driver": True}})
     if "summary" not in result:
         raise RuntimeError("Flower simulation ended without a result (see the log above)")
     return result["summary"]

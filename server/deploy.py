@@ -31,8 +31,8 @@ def main(grid: Grid, context: Context) -> None:
     cfg["verbose"] = True
     session = prepare(cfg)
     backend = cfg["backend"]
-    summary = train(session, grid_round_fn(session, grid, int(backend["num_supernodes"]), backend.get("round_timeout"),
-                                           node_wait=float(backend.get("node_wait_timeout", 120)),
-                                           skip_rounds=int(backend.get("skip_rounds", 10))))
+    summary = train(session, grid_round_fn(session, grid, int(backend["num_supernodes"]), backend["round_timeout"],
+                                           node_wait=float(backend["node_wait_timeout"]),
+                                           skip_rounds=int(backend["skip_rounds"])))
     print(format_result(summary), flush=True)
     print(f"outputs in {cfg['run_dir']}", flush=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from typing import Any, Callable, NoReturn, Sequence
@@ -25,6 +26,7 @@ from fedpriv.accounting.accountant import (ACCOUNTANTS, RDP, calibrate_noise_mul
                                            check_delta, check_epsilon, compute_epsilon,
                                            relation_name)
 from fedpriv.accounting.ledger import json_epsilon
+from fedpriv.console import console_handler
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
@@ -195,7 +197,11 @@ def _human(args: argparse.Namespace, out: dict[str, Any]) -> str:
         tail = "; " + ", ".join(f"sum of sensitivity^2 {t['sum_sensitivity_sq']} ({t['method']})" for t in trees)
     return (f"{head}epsilon = {eps} at delta = {args.delta:g} ({args.accountant} accountant, "
             f"{out['neighboring_relation']} neighbouring, {args.mechanism} mechanism, "
-            f"{_sampling_text(args)}, {args.rounds} rounds{tail})")
+            f"{_sampling_text(args)}, {_plural(args.rounds, 'round')}{tail})")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _sampling_text(args: argparse.Namespace) -> str:
@@ -205,11 +211,23 @@ def _sampling_text(args: argparse.Namespace) -> str:
         return f"{args.sampling} sampling q = {args.sampling_rate:g}"
     if args.population is not None and args.cohort is not None:
         return f"cyclic sampling of {args.cohort} from {args.population}"
-    return (f"at most {args.participations or 1} participation(s)"
+    return (f"at most {_plural(args.participations or 1, 'participation')}"
             + (f" >= {args.min_separation} rounds apart" if args.min_separation is not None else ""))
 
 
+def quiet_logging() -> None:
+    """Only the result on the console. dp_accounting's RDP code logs an absl warning for every
+    order that does not converge (~30 per calibration): dropped. absl's first log call would also
+    give the root logger Python's default ``WARNING:name:`` handler; instead (when nothing has
+    configured logging yet) fedpriv's own warnings, e.g. a tree sensitivity bound used instead of
+    the exact value, print on stderr as ``warning: ...``."""
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    if not logging.root.handlers:
+        logging.root.addHandler(console_handler(sys.stderr))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_logging()
     args = build_parser().parse_args(argv)
     try:
         _validate(args)

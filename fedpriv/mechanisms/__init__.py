@@ -15,6 +15,7 @@ from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.tree import TreeMechanism
 from fedpriv.randomness import NoiseStream
+from fedpriv.schema import load
 
 Mechanism = GaussianMechanism | TreeMechanism | BandMFMechanism
 MECHANISM_NAMES = ("bandmf", "gaussian", "tree")
@@ -24,20 +25,16 @@ def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: 
                     noise: NoiseStream | None = None, rounds: int | None = None) -> Mechanism:
     """The mechanism named by ``cfg['name']`` with its options from ``cfg`` (the Hydra group), its
     draws from ``noise`` (None: accounting only); ``rounds`` sizes BandMF's strategy."""
-    name = cfg.get("name")
-    if name == "gaussian":
+    spec = load("mechanism", dict(cfg))
+    if spec.name == "gaussian":
         return GaussianMechanism(noise_multiplier, clip_norm, noise=noise)
-    if name == "tree":
-        return TreeMechanism(noise_multiplier, clip_norm, noise=noise,
-                             estimator=cfg.get("estimator", "efficient"), restart_every=cfg.get("restart_every"),
-                             rounds=int(rounds) if rounds else None)
-    if name == "bandmf":
-        if not rounds:
-            raise ConfigError("the BandMF mechanism needs the number of rounds")
-        return BandMFMechanism(noise_multiplier, clip_norm, rounds=int(rounds), bands=cfg.get("bands"), noise=noise,
-                               kind=cfg.get("strategy", "auto"),
-                               iterations=int(cfg.get("iterations", 500)))
-    raise ConfigError(f"unknown mechanism {name!r} (choose one of: {', '.join(MECHANISM_NAMES)})")
+    if spec.name == "tree":
+        return TreeMechanism(noise_multiplier, clip_norm, noise=noise, estimator=spec.estimator,
+                             restart_every=spec.restart_every, rounds=int(rounds) if rounds else None)
+    if not rounds:
+        raise ConfigError("the BandMF mechanism needs the number of rounds")
+    return BandMFMechanism(noise_multiplier, clip_norm, rounds=int(rounds), bands=spec.bands, noise=noise,
+                           kind=spec.strategy, iterations=spec.iterations)
 
 
 __all__ = ["BandMFMechanism", "GaussianMechanism", "MECHANISM_NAMES", "Mechanism", "TreeMechanism", "build_mechanism"]

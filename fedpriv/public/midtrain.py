@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedpriv.errors import ConfigError
@@ -28,27 +27,20 @@ from fedpriv.models import set_flat_params
 from fedpriv.public.distill import TopKSubset
 from fedpriv.public.matching import matching_stats, select_top, sequence_logprob
 from fedpriv.public.pretrain import pretrain
-
-SCORES = ("ratio", "sum", "private")
-
+from fedpriv.schema import Public, load
 
 def check_mid_training(public_cfg: Mapping[str, Any], rounds: int) -> int | None:
     """The mid-training round T' (after T' rounds), validated; None when off; ``"half"``: T // 2."""
-    at = public_cfg.get("mid_training_round")
+    public = load(Public, public_cfg, "public")
+    at = public.mid_training_round
     if at is None:
         return None
     if at == "half":
         at = rounds // 2
-    if isinstance(at, bool) or not isinstance(at, int) or not 1 <= at < rounds:
+    if not 1 <= at < rounds:
         raise ConfigError(f"public.mid_training_round must be 'half' or an integer in [1, rounds-1={rounds - 1}], got {at!r}")
-    fraction = public_cfg.get("mid_training_fraction")
-    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-        raise ConfigError(f"public.mid_training_fraction must be in (0, 1], got {fraction!r}")
-    if public_cfg.get("mid_training_score") not in SCORES:
-        raise ConfigError(f"public.mid_training_score must be one of {', '.join(SCORES)}, "
-                          f"got {public_cfg.get('mid_training_score')!r}")
-    if public_cfg.get("mid_training_score") != "private" and (public_cfg.get("teacher") or "none") == "none":
-        raise ConfigError(f"public.mid_training_score={public_cfg.get('mid_training_score')} needs a public teacher "
+    if public.mid_training_score != "private" and public.teacher == "none":
+        raise ConfigError(f"public.mid_training_score={public.mid_training_score} needs a public teacher "
                           "(public.teacher=embedded); use mid_training_score=private for the p_priv-only ablation")
     return at
 
@@ -57,6 +49,7 @@ def mid_train(task, public, params: torch.Tensor, public_cfg: Mapping[str, Any],
               seed: int) -> tuple[torch.Tensor, dict]:
     """Select public samples by score and train ``params`` on them; returns (params, stats).
     ``public`` holds the run's teacher and its top-k corpus (:class:`~fedpriv.public.setup.PublicArtifacts`)."""
+    cfg = load(Public, public_cfg, "public")
     pool = task.data.public
     if pool is None:
         raise ConfigError(f"mid-training needs a public corpus; dataset {task.data.name!r} has none")
@@ -64,19 +57,19 @@ def mid_train(task, public, params: torch.Tensor, public_cfg: Mapping[str, Any],
     model = task.eval_model
     set_flat_params(model, params)
     score = sequence_logprob(model, pool.sentences, pad)
-    kind = public_cfg.get("mid_training_score", "ratio")
+    kind = cfg.mid_training_score
     if kind != "private":
         sign = -1.0 if kind == "ratio" else 1.0
         score = score + sign * sequence_logprob(public.teacher, pool.sentences, pad)
-    selected = select_top(score, float(public_cfg["mid_training_fraction"]))
-    stats: dict[str, Any] = {"selected": float(len(selected)), "score": public_cfg.get("mid_training_score")}
+    selected = select_top(score, cfg.mid_training_fraction)
+    stats: dict[str, Any] = {"selected": float(len(selected)), "score": cfg.mid_training_score}
     if pool.topics is not None:
         stats.update(matching_stats(selected, pool.topics, pool.private_topics))
     topk = TopKSubset(public.topk, selected) if public.topk is not None else None
-    new_params, train_stats = pretrain(model, pool.sentences[selected], int(public_cfg.get("mid_training_steps", 200)),
-                                       int(public_cfg.get("pretrain_batch_size", 64)),
-                                       float(public_cfg.get("mid_training_lr", 0.1)), seed + 1, pad, topk=topk,
-                                       beta=float(public_cfg.get("distill_beta", 1.0)),
-                                       temperature=float(public_cfg.get("distill_temperature", 1.0)))
+    new_params, train_stats = pretrain(model, pool.sentences[selected], cfg.mid_training_steps,
+                                       cfg.pretrain_batch_size,
+                                       cfg.mid_training_lr, seed + 1, pad, topk=topk,
+                                       beta=cfg.distill_beta,
+                                       temperature=cfg.distill_temperature)
     stats.update({"public_sentences_used": train_stats["public_sentences_used"]})
     return new_params, stats

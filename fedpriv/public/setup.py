@@ -4,6 +4,7 @@ the round-0 pre-trained initial model. Public data only: no privacy cost."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from torch import nn
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
 from fedpriv.models import set_flat_params
+from fedpriv.schema import Public, load
 from fedpriv.public.distill import TopKCorpus, TopKSubset, teacher_fingerprint, write_topk
 
 
@@ -29,7 +31,8 @@ class PublicArtifacts:
 def _teacher(public_cfg: Mapping[str, Any], data, seed: int) -> nn.Module | None:
     """The embedded teacher (trained on the public corpus, cached), a local Hugging Face LM
     (``hf``), or None for ``teacher=none``."""
-    kind = public_cfg.get("teacher") or "none"
+    public = load(Public, public_cfg, "public")
+    kind = public.teacher
     if kind == "none":
         return None
     if kind == "hf":
@@ -37,7 +40,7 @@ def _teacher(public_cfg: Mapping[str, Any], data, seed: int) -> nn.Module | None
 
         if not isinstance(data.tokenizer, HFTokenizer):
             raise ConfigError("public.teacher=hf needs data.tokenizer=hf: the student must use the teacher's tokenizer")
-        return HFTeacher.load(public_cfg.get("teacher_path"), data.tokenizer)
+        return HFTeacher.load(public.teacher_path, data.tokenizer)
     if kind != "embedded":
         raise ConfigError(f"unknown public.teacher {kind!r} (choose one of: embedded, hf, none)")
     if data.public is None:
@@ -45,14 +48,14 @@ def _teacher(public_cfg: Mapping[str, Any], data, seed: int) -> nn.Module | None
     from fedpriv.public.teacher import embedded_teacher
 
     return embedded_teacher(data.public.sentences, data.vocab.size, data.seq_len,
-                            public_cfg.get("teacher_model") or {}, int(public_cfg.get("teacher_steps", 500)),
-                            int(public_cfg.get("teacher_batch_size", 64)), float(public_cfg.get("teacher_lr", 1e-3)),
+                            dataclasses.asdict(public.teacher_model), public.teacher_steps,
+                            public.teacher_batch_size, public.teacher_lr,
                             seed, data.vocab.pad_id)
 
 
 def _topk_corpus(teacher: nn.Module, public_cfg: Mapping[str, Any], data) -> TopKCorpus:
     """The teacher's top-k logits for the whole public corpus, written once to the cache."""
-    k = int(public_cfg.get("distill_k", 10))
+    k = load(Public, public_cfg, "public").distill_k
     out = cache_root() / "distill" / f"{teacher_fingerprint(teacher)[:24]}-k{k}"
     return TopKCorpus(write_topk(teacher, data.public.sentences, k, out))
 
@@ -71,8 +74,9 @@ def prepare_public(public_cfg: Mapping[str, Any], task, seed: int) -> PublicArti
     """Teacher, top-k corpus and initial model for ``task``; the teacher is built only when
     pre-training or mid-training will use it."""
     data = task.data
-    pretrain_steps = int(public_cfg.get("pretrain_steps") or 0)
-    used = pretrain_steps > 0 or public_cfg.get("mid_training_round") is not None
+    public = load(Public, public_cfg, "public")
+    pretrain_steps = public.pretrain_steps
+    used = pretrain_steps > 0 or public.mid_training_round is not None
     teacher = _teacher(public_cfg, data, seed) if used else None
     topk = _topk_corpus(teacher, public_cfg, data) if teacher is not None else None
     out = PublicArtifacts(initial_params=task.initial_params, teacher=teacher, topk=topk)
@@ -81,14 +85,14 @@ def prepare_public(public_cfg: Mapping[str, Any], task, seed: int) -> PublicArti
             raise ConfigError(f"public.pretrain_steps needs a public corpus; dataset {data.name!r} has none")
         from fedpriv.public.pretrain import pretrain
 
-        rows = pretrain_subset(len(data.public.sentences), float(public_cfg.get("pretrain_fraction", 1.0)), seed)
+        rows = pretrain_subset(len(data.public.sentences), public.pretrain_fraction, seed)
         model = task.eval_model  # the server's replica; reset to the task's initial model first
         set_flat_params(model, task.initial_params)
         out.initial_params, out.stats = pretrain(
-            model, data.public.sentences[rows], pretrain_steps, int(public_cfg.get("pretrain_batch_size", 64)),
-            float(public_cfg.get("pretrain_lr", 0.5)), seed, data.vocab.pad_id,
-            topk=TopKSubset(topk, rows) if topk is not None else None, beta=float(public_cfg.get("distill_beta", 1.0)),
-            temperature=float(public_cfg.get("distill_temperature", 1.0)))
+            model, data.public.sentences[rows], pretrain_steps, public.pretrain_batch_size,
+            public.pretrain_lr, seed, data.vocab.pad_id,
+            topk=TopKSubset(topk, rows) if topk is not None else None, beta=public.distill_beta,
+            temperature=public.distill_temperature)
         out.stats["public_pool"] = float(len(rows))
         if topk is not None:
             out.stats["distill_k"] = float(topk.k)

@@ -1,0 +1,33 @@
+"""How fedpriv's log records read on the console (``configs/hydra/job_logging/fedpriv.yaml``, and
+the ``python -m fedpriv.accounting`` calculator).
+
+Informational lines (the ``verbose=true`` round lines) are printed as they are; a warning reads
+``warning: <message>`` and an error ``error: <message>``, like the one-line errors the CLIs print.
+"""
+
+from __future__ import annotations
+
+import logging
+
+
+class ConsoleFormatter(logging.Formatter):
+    """``%(message)s`` for INFO and below; ``warning: `` / ``error: `` in front of the rest."""
+
+    def __init__(self, fmt: str = "%(message)s", datefmt: str | None = None) -> None:
+        super().__init__(fmt, datefmt)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.levelno >= logging.ERROR:
+            return f"error: {text}"
+        if record.levelno >= logging.WARNING:
+            return f"warning: {text}"
+        return text
+
+
+def console_handler(stream=None, level: int = logging.NOTSET) -> logging.Handler:
+    """A stream handler (stderr by default) with :class:`ConsoleFormatter`."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(ConsoleFormatter())
+    handler.setLevel(level)
+    return handler

@@ -1,0 +1,78 @@
+"""Public-data stages as hooks of the run loop, which names none of them.
+
+A stage sees only public data and DP releases, so whatever it does is post-processing (no ledger
+entry; tested). Hooks:
+
+* ``initial_params(θ₀) → θ₀'`` — before round 1 (public pre-training, with distillation when a
+  teacher exists);
+* ``after_round(t, θ̂_t) → (θ' | None, fields)`` — after round t's release θ̂_t; a new θ' becomes
+  the server's model through ``DPFedAvg.reset`` (which re-anchors the optimizer, e.g. FTRL's
+  origin); ``fields`` join round t's metrics row (distribution-matching mid-training at T');
+* ``summary(history) → dict`` — the stage's keys of summary.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from fedpriv.public.midtrain import check_mid_training, mid_train
+from fedpriv.public.setup import PublicArtifacts, prepare_public
+
+
+class Stage:
+    """A public-data stage; every hook defaults to doing nothing."""
+
+    def initial_params(self, params: torch.Tensor) -> torch.Tensor:
+        return params
+
+    def after_round(self, round_done: int, released: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
+        return None, {}
+
+    def summary(self, history: list[dict]) -> dict:
+        return {}
+
+
+class PublicPretraining(Stage):
+    """Round-0 pre-training on the public corpus (done by :func:`prepare_public`, whose model it
+    hands over); its statistics go to summary.json's ``public``."""
+
+    def __init__(self, artifacts: PublicArtifacts) -> None:
+        self.artifacts = artifacts
+
+    def initial_params(self, params: torch.Tensor) -> torch.Tensor:
+        return self.artifacts.initial_params
+
+    def summary(self, history: list[dict]) -> dict:
+        return {"public": self.artifacts.stats} if self.artifacts.stats else {}
+
+
+class MidTraining(Stage):
+    """Distribution-matching mid-training after round T' (fedpriv/public/midtrain.py)."""
+
+    FIELD = "distribution_matching"
+
+    def __init__(self, task, artifacts: PublicArtifacts, at: int, public_cfg: Mapping[str, Any], seed: int) -> None:
+        self.task, self.artifacts, self.at, self.public_cfg, self.seed = task, artifacts, at, public_cfg, seed
+
+    def after_round(self, round_done: int, released: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
+        if round_done != self.at:
+            return None, {}
+        params, stats = mid_train(self.task, self.artifacts, released, self.public_cfg, self.seed)
+        return params, {self.FIELD: stats}
+
+    def summary(self, history: list[dict]) -> dict:
+        return {k: v for row in history for k, v in row.items() if k == self.FIELD}
+
+
+def build_stages(public_cfg: Mapping[str, Any], task, seed: int, rounds: int) -> list[Stage]:
+    """The stages ``public_cfg`` asks for, validated and built once (teacher and top-k corpus
+    only when a stage uses them)."""
+    at = check_mid_training(public_cfg, rounds)
+    artifacts = prepare_public(public_cfg, task, seed)
+    stages: list[Stage] = [PublicPretraining(artifacts)]
+    if at is not None:
+        stages.append(MidTraining(task, artifacts, at, public_cfg, seed))
+    return stages

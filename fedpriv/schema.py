@@ -1,0 +1,672 @@
+"""The typed run configuration: one dataclass per config group — and per option of the groups
+that choose between implementations (data, model, algorithm, mechanism, optimizer, backend) —
+holding the only copy of every default and the checks of its own fields.
+
+The dataclasses are registered with Hydra's ConfigStore (:func:`register`): the options of a
+group *are* ConfigStore entries, so YAML under configs/ keeps only experiments and the defaults
+list. :func:`parse` turns a composed config (a plain dict) into a :class:`RunConfig`, refusing
+
+* an unknown or misspelt key, naming it and the closest valid key;
+* a value of the wrong type — strictly: ``3.0`` is not an int, ``"no"`` is not a bool, ``"abc"``
+  is not a number (nothing is coerced, so a typo never turns into a truthy value);
+* a value out of its range, and combinations no run supports;
+
+each as one :class:`~fedpriv.errors.ConfigError` line (exit 2 on the CLI), before anything is
+written. The dict the run computes with is left exactly as composed: its research key (a hash of
+the config) is what the run's reproducibility rests on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+from fedpriv.errors import ConfigError
+
+
+# --- field checks ---------------------------------------------------------------------------------
+
+def _fail(path: str, message: str, value: Any) -> typing.NoReturn:
+    raise ConfigError(f"{path} must be {message}, got {value!r}")
+
+
+def positive(section: Any, *names: str, path: str) -> None:
+    """Each named field is > 0 (``None`` allowed where the type is Optional)."""
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and not value > 0:
+            _fail(f"{path}.{name}" if path else name, "> 0", value)
+
+
+def nonnegative(section: Any, *names: str, path: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and not value >= 0:
+            _fail(f"{path}.{name}" if path else name, ">= 0", value)
+
+
+def in_unit_interval(section: Any, name: str, path: str, closed_right: bool = True, open_left: bool = True) -> None:
+    value = getattr(section, name)
+    ok = (value > 0 if open_left else value >= 0) and (value <= 1 if closed_right else value < 1)
+    if not ok:
+        _fail(f"{path}.{name}" if path else name,
+              f"in {'(' if open_left else '['}0, 1{']' if closed_right else ')'}", value)
+
+
+# --- sections --------------------------------------------------------------------------------------
+
+@dataclass
+class Section:
+    """A config node: dataclass fields are its keys; ``check`` validates their values."""
+
+    def check(self, path: str) -> None:  # noqa: B027 — most sections need no range checks
+        """Range and consistency checks of this section's own fields (types are already checked)."""
+
+
+@dataclass
+class ExampleDP(Section):
+    """``client.example``: example-level DP-SGD on each client (fedpriv/local_dp.py states the math)."""
+
+    sampling_rate: float = 0.25  # each local step Poisson-samples each of the client's rows with this rate
+    steps: int = 4  # DP-SGD steps per round
+    clip_norm: float = 1.0  # per-example gradient bound
+    noise_multiplier: Optional[float] = None  # set directly, or null to calibrate to target_epsilon
+    target_epsilon: float = 8.0  # example-level epsilon after `rounds` rounds (client assumed in every round)
+    delta: float = 1.0e-6
+    denominator: float = 6.0  # fixed, public divisor of each step's noisy clipped sum
+    mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
+
+    def check(self, path: str) -> None:
+        in_unit_interval(self, "sampling_rate", path)
+        positive(self, "steps", "clip_norm", "target_epsilon", "denominator", path=path)
+        nonnegative(self, "noise_multiplier", path=path)
+        in_unit_interval(self, "delta", path, closed_right=False)
+
+
+@dataclass
+class Client(Section):
+    """``client``: local training of each sampled user."""
+
+    epochs: int = 1
+    batch_size: int = 16
+    lr: float = 1.0
+    max_steps: Optional[int] = 2  # cap on local steps per round (null: full epochs)
+    dp: Literal["none", "example"] = "none"  # example: local steps are example-level DP-SGD through Book-Keeping
+    example: ExampleDP = field(default_factory=ExampleDP)
+
+    def check(self, path: str) -> None:
+        positive(self, "epochs", "batch_size", "lr", "max_steps", path=path)
+
+
+@dataclass
+class TeacherModel(Section):
+    """``public.teacher_model``: the embedded teacher transformer (bigger than the default student)."""
+
+    d_model: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    ff_dim: int = 512
+
+    def check(self, path: str) -> None:
+        positive(self, "d_model", "num_layers", "num_heads", "ff_dim", path=path)
+        if self.d_model % self.num_heads:
+            raise ConfigError(f"{path}.d_model ({self.d_model}) must be divisible by {path}.num_heads "
+                              f"({self.num_heads})")
+
+
+@dataclass
+class Public(Section):
+    """``public``: public data (no privacy cost), see fedpriv/public/."""
+
+    pretrain_steps: int = 0  # >0: SGD steps on the public corpus before round 1
+    pretrain_batch_size: int = 64
+    pretrain_lr: float = 0.5
+    pretrain_fraction: float = 1.0  # share of the public pool pre-training draws from (seeded subset)
+    teacher: Literal["none", "embedded", "hf"] = "none"
+    teacher_path: Optional[str] = None  # teacher=hf: local directory with the model and tokenizer (never downloaded)
+    teacher_model: TeacherModel = field(default_factory=TeacherModel)
+    teacher_steps: int = 500
+    teacher_batch_size: int = 64
+    teacher_lr: float = 0.001
+    distill_k: int = 10  # top-k teacher logits kept per position
+    distill_beta: float = 1.0  # loss = CE + beta * CE(teacher top-k at temperature t, student at t)
+    distill_temperature: float = 1.0
+    mid_training_round: Union[int, Literal["half"], None] = None  # T' (half: rounds/2; null: off)
+    mid_training_fraction: float = 0.05  # share of the public pool kept by score
+    mid_training_score: Literal["ratio", "sum", "private"] = "ratio"
+    mid_training_steps: int = 200
+    mid_training_lr: float = 0.1
+
+    def check(self, path: str) -> None:
+        nonnegative(self, "pretrain_steps", "teacher_steps", "mid_training_steps", "distill_beta", path=path)
+        positive(self, "pretrain_batch_size", "pretrain_lr", "teacher_batch_size", "teacher_lr", "distill_k",
+                 "distill_temperature", "mid_training_lr", path=path)
+        in_unit_interval(self, "pretrain_fraction", path)
+        in_unit_interval(self, "mid_training_fraction", path)
+
+
+@dataclass
+class Privacy(Section):
+    """``privacy``: the user-level guarantee and how its randomness is drawn."""
+
+    target_epsilon: Optional[float] = 8.0  # calibrate the noise multiplier to this epsilon after `rounds` rounds
+    delta: float = 1.0e-5
+    noise_multiplier: Optional[float] = None  # a fixed multiplier instead of a target (0: non-private)
+    clip_norm: float = 0.5  # user-level L2 bound on each client delta
+    accountant: Literal["rdp", "pld"] = "rdp"
+    secure_rng: Optional[bool] = None  # true: secure mode; false: research mode; null: secure for deployments
+
+    def check(self, path: str) -> None:
+        if self.noise_multiplier is None:
+            if self.target_epsilon is None:
+                raise ConfigError(f"{path}.target_epsilon or {path}.noise_multiplier must be set")
+            positive(self, "target_epsilon", path=path)
+        nonnegative(self, "noise_multiplier", path=path)
+        in_unit_interval(self, "delta", path, closed_right=False)
+        positive(self, "clip_norm", path=path)
+        for name in ("target_epsilon", "noise_multiplier", "clip_norm"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                _fail(f"{path}.{name}", "finite", value)
+
+
+# --- options of the polymorphic groups --------------------------------------------------------------
+
+@dataclass
+class Option(Section):
+    """An option of a config group; ``name`` selects the implementation."""
+
+    name: str = ""
+
+
+@dataclass
+class TextPipeline(Option):
+    """The keys every dataset shares: the public corpus and the tokenizer (fedpriv/data/text_pipeline.py)."""
+
+    path: Optional[str] = None
+    seq_len: int = 20
+    seed: int = 0
+    public_source: Literal["embedded", "c4", "text", "none"] = "none"
+    public_path: Optional[str] = None  # c4: local c4-*.json.gz shard(s), a directory or glob; text: .txt/.jsonl/.json(.gz)
+    public_max_sentences: int = 20000
+    public_text_field: str = "text"  # JSON field holding the text (text source)
+    tokenizer: Literal["word", "sentencepiece", "hf"] = "word"  # sentencepiece: trained on the public corpus only
+    tokenizer_path: Optional[str] = "${public.teacher_path}"  # tokenizer=hf: its directory (default: the teacher's)
+    sp_vocab_size: int = 2000
+    sp_model_type: Literal["bpe", "unigram"] = "bpe"
+    sp_seq_len: Optional[int] = None  # subword tokens per row (null: 2 x seq_len)
+
+    def check(self, path: str) -> None:
+        positive(self, "seq_len", "public_max_sentences", "sp_vocab_size", "sp_seq_len", path=path)
+        nonnegative(self, "seed", path=path)
+
+
+@dataclass
+class SyntheticParams(Section):
+    """``data.synthetic``: the embedded generator's knobs (fedpriv/data/synthetic.py)."""
+
+    vocab_size: int = 3000
+    num_users: int = 10000
+    num_topics: int = 20
+    num_public_topics: int = 10
+    mean_sentences: float = 25.0
+    max_sentences_per_user: int = 256
+    num_test: int = 4000
+    num_public: int = 20000
+    public_private_fraction: float = 0.2
+
+    def check(self, path: str) -> None:
+        positive(self, "vocab_size", "num_users", "num_topics", "num_public_topics", "mean_sentences",
+                 "max_sentences_per_user", "num_test", path=path)
+        nonnegative(self, "num_public", path=path)
+        in_unit_interval(self, "public_private_fraction", path, open_left=False)
+
+
+@dataclass
+class SyntheticData(TextPipeline):
+    name: str = "synthetic"
+    public_source: Literal["embedded", "c4", "text", "none"] = "embedded"
+    synthetic: SyntheticParams = field(default_factory=SyntheticParams)
+
+
+@dataclass
+class StackOverflowData(TextPipeline):
+    """TFF's StackOverflow (a local sqlite file; never downloaded)."""
+
+    name: str = "stackoverflow"
+    path: Optional[str] = "data/stackoverflow.sqlite"  # stackoverflow.word_count beside it
+    vocab_path: Optional[str] = None
+    vocab_size: int = 10000
+    max_sentences_per_user: int = 256
+    max_users: Optional[int] = None
+    max_test_sentences: int = 10000
+    allow_private_vocab: bool = False
+
+    def check(self, path: str) -> None:
+        super().check(path)
+        positive(self, "vocab_size", "max_sentences_per_user", "max_users", "max_test_sentences", path=path)
+
+
+@dataclass
+class LSTMModel(Option):
+    name: str = "lstm"
+    embed_dim: int = 64
+    hidden_size: int = 128
+    projection_dim: int = 64
+
+    def check(self, path: str) -> None:
+        positive(self, "embed_dim", "hidden_size", "projection_dim", path=path)
+
+
+@dataclass
+class TransformerModel(Option):
+    name: str = "transformer"
+    d_model: int = 96
+    num_layers: int = 3
+    num_heads: int = 8
+    ff_dim: int = 1536
+
+    def check(self, path: str) -> None:
+        positive(self, "d_model", "num_layers", "num_heads", "ff_dim", path=path)
+        if self.d_model % self.num_heads:
+            raise ConfigError(f"{path}.d_model ({self.d_model}) must be divisible by {path}.num_heads "
+                              f"({self.num_heads})")
+
+
+@dataclass
+class FedAvg(Option):
+    """DP-FedAvg: local epochs on each sampled user, user-level clipping of the delta."""
+
+    name: str = "dp_fedavg"
+
+
+@dataclass
+class FedSGD(Option):
+    """DP-FedSGD: one full-batch gradient step per sampled user; one batched BK pass when one_pass."""
+
+    name: str = "dp_fedsgd"
+    one_pass: bool = True
+    clipping_mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
+    max_rows: int = 512  # rows per batched backward (whole users per chunk)
+
+    def check(self, path: str) -> None:
+        positive(self, "max_rows", path=path)
+
+
+@dataclass
+class DPSGD(Option):
+    """Central DP-SGD on the pooled examples (example-level accounting)."""
+
+    name: str = "dpsgd"
+    clipping_mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
+    max_rows: int = 512
+
+    def check(self, path: str) -> None:
+        positive(self, "max_rows", path=path)
+
+
+@dataclass
+class GaussianNoise(Option):
+    name: str = "gaussian"
+
+
+@dataclass
+class TreeNoise(Option):
+    """DP-FTRL tree aggregation (needs sampling=cyclic)."""
+
+    name: str = "tree"
+    estimator: Literal["plain", "efficient"] = "efficient"  # efficient: Honaker's inverse-variance node estimates
+    restart_every: Optional[int] = None  # start a new tree every k rounds (null: one tree)
+
+    def check(self, path: str) -> None:
+        positive(self, "restart_every", path=path)
+
+
+@dataclass
+class BandMFNoise(Option):
+    """Banded matrix-factorization noise (sampling cyclic or cyclic_poisson)."""
+
+    name: str = "bandmf"
+    bands: int = 16
+    strategy: Literal["auto", "general", "toeplitz"] = "auto"  # auto: toeplitz above 512 rounds
+    iterations: int = 500  # L-BFGS iterations of the strategy optimization
+
+    def check(self, path: str) -> None:
+        positive(self, "bands", "iterations", path=path)
+
+
+@dataclass
+class SGDOptimizer(Option):
+    """``θ ← θ + η_t Δ̄`` (fedpriv/optim/server.py)."""
+
+    name: str = "sgd"
+    lr: float = 1.0
+    schedule: Literal["constant", "cosine"] = "constant"  # cosine: decay to 0 over the run's rounds
+
+    def check(self, path: str) -> None:
+        positive(self, "lr", path=path)
+
+
+@dataclass
+class MomentumOptimizer(SGDOptimizer):
+    name: str = "momentum"
+    momentum: float = 0.9
+    schedule: Literal["constant", "cosine"] = "cosine"
+
+    def check(self, path: str) -> None:
+        super().check(path)
+        in_unit_interval(self, "momentum", path, closed_right=False, open_left=False)
+
+
+@dataclass
+class FTRLOptimizer(Option):
+    """DP-FTRL(M): θ_t = θ_0 + lr · m_t over the running sum of privatized updates."""
+
+    name: str = "ftrl"
+    lr: float = 0.1
+    momentum: float = 0.9
+
+    def check(self, path: str) -> None:
+        positive(self, "lr", path=path)
+        in_unit_interval(self, "momentum", path, closed_right=False, open_left=False)
+
+
+@dataclass
+class AdamOptimizer(Option):
+    """``adam``: DP-Adam on the privatized update (= dpadam_post)."""
+
+    name: str = "adam"
+    lr: float = 0.01
+    beta1: float = 0.9  # adam only
+    beta2: float = 0.999  # adam only
+    eps: float = 0.001
+
+    def check(self, path: str) -> None:
+        positive(self, "lr", "eps", path=path)
+        in_unit_interval(self, "beta1", path, closed_right=False, open_left=False)
+        in_unit_interval(self, "beta2", path, closed_right=False, open_left=False)
+
+
+@dataclass
+class AdaptiveOptimizer(AdamOptimizer):
+    """The DP adaptive variants (fedpriv/optim/adaptive.py states the math)."""
+
+    floor: float = 1.0e-12  # floor of the second moment where it can be negative (bc, ime)
+    ime_fraction: float = 0.5  # ime: share rho of the noise budget for the squares
+
+    def check(self, path: str) -> None:
+        super().check(path)
+        positive(self, "floor", path=path)
+        in_unit_interval(self, "ime_fraction", path, closed_right=False)
+
+
+@dataclass
+class STPOptimizer(AdaptiveOptimizer):
+    stp_normalize: Literal["rms", "none"] = "rms"  # divide s_t by its RMS so clip_norm keeps its scale
+    stp_eps: Optional[float] = None  # s_t = 1/(sqrt(v_hat) + stp_eps); null = eps
+
+    def check(self, path: str) -> None:
+        super().check(path)
+        positive(self, "stp_eps", path=path)
+
+
+@dataclass
+class LocalBackend(Option):
+    name: str = "local"
+
+
+@dataclass
+class FlowerBackend(Option):
+    """Flower's simulation engine (Ray)."""
+
+    name: str = "flower"
+    num_supernodes: int = 2
+    client_cpus: float = 1
+    num_cpus: int = 2
+    round_timeout: Optional[float] = None
+
+    def check(self, path: str) -> None:
+        positive(self, "num_supernodes", "client_cpus", "num_cpus", "round_timeout", path=path)
+
+
+@dataclass
+class DeploymentBackend(Option):
+    """A real Flower deployment (``flwr run`` against a SuperLink)."""
+
+    name: str = "deployment"
+    num_supernodes: int = 2  # wait for this many nodes before round 1
+    node_wait_timeout: float = 120  # seconds to wait for them (then start with those connected, at least one)
+    round_timeout: float = 60  # seconds a round waits for replies; late or lost replies count as dropped
+    skip_rounds: int = 10  # a node that missed a round's deadline gets no users for this many rounds
+
+    def check(self, path: str) -> None:
+        positive(self, "num_supernodes", "node_wait_timeout", "round_timeout", path=path)
+        nonnegative(self, "skip_rounds", path=path)
+
+
+def _adaptive_options() -> dict[str, Option]:
+    out: dict[str, Option] = {"adam": AdamOptimizer()}
+    for rule, lr in (("adam", 0.01), ("adagrad", 0.1)):
+        for variant in ("post", "bc", "ime"):
+            out[f"dp{rule}_{variant}"] = AdaptiveOptimizer(name=f"dp{rule}_{variant}", lr=lr)
+        out[f"dp{rule}_stp"] = STPOptimizer(name=f"dp{rule}_stp", lr=lr)
+        out[f"{rule}_noiseless_precond"] = AdaptiveOptimizer(name=f"{rule}_noiseless_precond", lr=lr)
+    return out
+
+
+# group -> option name -> its defaults (the ConfigStore entries)
+OPTIONS: dict[str, dict[str, Option]] = {
+    "data": {"synthetic": SyntheticData(), "stackoverflow": StackOverflowData()},
+    "model": {"lstm": LSTMModel(), "transformer": TransformerModel(),
+              # the smoke experiment's sizes: one preset per architecture, so `model=` still switches
+              "lstm_tiny": LSTMModel(embed_dim=16, hidden_size=32, projection_dim=16),
+              "transformer_tiny": TransformerModel(d_model=32, num_layers=2, num_heads=4, ff_dim=64)},
+    "algorithm": {"dp_fedavg": FedAvg(), "dp_fedsgd": FedSGD(), "dpsgd": DPSGD()},
+    "mechanism": {"gaussian": GaussianNoise(), "tree": TreeNoise(), "bandmf": BandMFNoise()},
+    "optimizer": {"sgd": SGDOptimizer(), "momentum": MomentumOptimizer(), "ftrl": FTRLOptimizer(),
+                  **_adaptive_options()},
+    "backend": {"local": LocalBackend(), "flower": FlowerBackend(), "deployment": DeploymentBackend()},
+}
+GROUPS = tuple(OPTIONS)
+# the default option of each group (config.yaml's defaults list names the same)
+DEFAULT_OPTIONS = {"data": "synthetic", "model": "lstm", "algorithm": "dp_fedavg", "mechanism": "gaussian",
+                   "optimizer": "momentum", "backend": "local"}
+
+
+def option_class(group: str, name: Any, path: str) -> type[Option]:
+    """The dataclass of the option whose ``name`` is ``name`` (several presets may share one)."""
+    classes = {opt.name: type(opt) for opt in OPTIONS[group].values()}
+    if name not in classes:
+        raise ConfigError(f"unknown {path}.name {name!r} (choose one of: {', '.join(sorted(classes))})")
+    return classes[name]
+
+
+@dataclass
+class RunConfig(Section):
+    """The whole run. Top-level keys, the fixed sections, and one option per group."""
+
+    seed: int = 0
+    rounds: int = 220
+    cohort_size: int = 150
+    sampling: Literal["auto", "poisson", "fixed", "cyclic", "cyclic_poisson"] = "auto"
+    ema_decay: float = 0.95  # >0: release/evaluate the EMA of the server iterates (post-processing); 0: off
+    eval_every: Optional[int] = 20  # evaluate on the test set every k rounds (and after the last); null: last only
+    resume: bool = False  # true: continue the run in run_dir from its last checkpoint
+    progress: bool = True
+    verbose: bool = False  # one structured log line per round
+    diagnostics: bool = True  # research mode only: statistics of training users (NOT covered by epsilon)
+    tensorboard: bool = False
+    run_dir: str = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
+    client: Client = field(default_factory=Client)
+    public: Public = field(default_factory=Public)
+    privacy: Privacy = field(default_factory=Privacy)
+    data: TextPipeline = field(default_factory=SyntheticData)
+    model: Option = field(default_factory=LSTMModel)
+    algorithm: Option = field(default_factory=FedAvg)
+    mechanism: Option = field(default_factory=GaussianNoise)
+    optimizer: Option = field(default_factory=MomentumOptimizer)
+    backend: Option = field(default_factory=LocalBackend)
+
+    def check(self, path: str = "") -> None:
+        nonnegative(self, "seed", path=path)
+        positive(self, "rounds", "cohort_size", "eval_every", path=path)
+        in_unit_interval(self, "ema_decay", path, closed_right=False, open_left=False)
+        if self.algorithm.name == "dpsgd" and self.backend.name != "local":
+            raise ConfigError("algorithm=dpsgd is central (pooled data, no clients): use backend=local")
+        if self.client.dp == "example" and self.algorithm.name != "dp_fedavg":
+            raise ConfigError(f"client.dp=example needs algorithm=dp_fedavg (local DP-SGD steps), "
+                              f"not {self.algorithm.name}")
+
+
+# --- parsing ---------------------------------------------------------------------------------------
+
+def _type_name(tp: Any) -> str:
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if typing.get_origin(tp) is Literal:
+        return "one of: " + ", ".join(str(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _value(value: Any, tp: Any, path: str) -> Any:
+    """``value`` checked against the annotation ``tp`` (no coercion; dataclasses parsed)."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _value(value, arg, path)
+            except ConfigError as err:
+                errors.append(err)
+        names = [_type_name(a) for a in args if a is not type(None)] + (["null"] if type(None) in args else [])
+        raise ConfigError(f"{path} must be {' or '.join(names)}, got {value!r}")
+    if origin is Literal:
+        if value not in typing.get_args(tp) or isinstance(value, bool):
+            raise ConfigError(f"unknown {path} {value!r} (choose one of: "
+                              f"{', '.join(str(a) for a in typing.get_args(tp))})")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(path, "true or false", value)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(path, "an integer", value)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
+                                                                              and math.isnan(value)):
+            _fail(path, "a number", value)
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(path, "a string", value)
+        return value
+    if tp is Any:
+        return value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _section(value, tp, path)
+    raise TypeError(f"schema: unsupported annotation {tp!r} at {path}")
+
+
+def unknown_key(path: str, key: str, known: list[str]) -> ConfigError:
+    """The error for an unknown ``key`` under ``path``, naming the closest of the ``known`` keys."""
+    full = f"{path}.{key}" if path else key
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f" (did you mean '{f'{path}.{close[0]}' if path else close[0]}'?)" if close else ""
+    return ConfigError(f"unknown config key '{full}'{hint}")
+
+
+def _section(data: Any, cls: type, path: str) -> Any:
+    if not isinstance(data, dict):
+        _fail(path or "the config", "a mapping", data)
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise unknown_key(path, str(key), names)
+    kwargs = {}
+    for name in names:
+        sub = f"{path}.{name}" if path else name
+        if name not in data:
+            continue  # its default
+        tp = hints[name]
+        if name in OPTIONS and cls is RunConfig:  # a group: the option its `name` selects
+            if not isinstance(data[name], dict):
+                _fail(sub, "a mapping", data[name])
+            tp = option_class(name, data[name].get("name"), sub)
+        kwargs[name] = _value(data[name], tp, sub)
+    section = cls(**kwargs)
+    section.check(path)
+    return section
+
+
+def parse(plain: dict) -> RunConfig:
+    """The typed, validated view of a composed config (``ConfigError`` on the first problem)."""
+    return _section(plain, RunConfig, "")
+
+
+def as_dict(section: Section) -> dict:
+    """The plain-dict form of a section (what Hydra composes and the run computes with)."""
+    return dataclasses.asdict(section)
+
+
+def register() -> None:
+    """Register every group option, and the top-level defaults as ``fedpriv_defaults``, with
+    Hydra's ConfigStore (plain-dict nodes: types are checked by :func:`parse`, with fedpriv's
+    messages). Idempotent."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    top = {k: v for k, v in as_dict(RunConfig()).items() if k not in OPTIONS}
+    store.store(name="fedpriv_defaults", node=top)
+    for group, options in OPTIONS.items():
+        for name, option in options.items():
+            store.store(group=group, name=name, node=as_dict(option))
+
+
+def known_keys(path: str) -> list[str] | None:
+    """The valid keys under the node at dotted ``path`` ("" for the top level; for a group, those
+    of any of its options), or None when ``path`` names no section."""
+    cls: Any = RunConfig
+    classes = [cls]
+    for part in [p for p in path.split(".") if p]:
+        nxt = []
+        for c in classes:
+            if c is RunConfig and part in OPTIONS:
+                nxt += list({type(o) for o in OPTIONS[part].values()})
+                continue
+            hints = typing.get_type_hints(c)
+            tp = hints.get(part)
+            if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+                nxt.append(tp)
+        if not nxt:
+            return None
+        classes = nxt
+    return sorted({f.name for c in classes for f in dataclasses.fields(c)})
+
+
+def load(kind: type[Section] | str, data: Any, path: str = "") -> Any:
+    """One section from a plain mapping, checked and with its defaults: ``kind`` is a section
+    class (``load(Public, cfg["public"], "public")``) or a group name, whose option the mapping's
+    ``name`` selects (``load("mechanism", {"name": "tree"})``)."""
+    if isinstance(kind, str):
+        path = path or kind
+        if not isinstance(data, dict):
+            _fail(path, "a mapping", data)
+        kind = option_class(kind, data.get("name"), path)
+    return _section(dict(data) if data is not None else {}, kind, path)

@@ -1,0 +1,157 @@
+"""What the CLIs print: `warning:` prefixes, one line on Ctrl-C (exit 130, resumable), a quiet
+accounting calculator, plurals, and sweep-plot epsilon ticks that never overprint."""
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+
+SMOKE = ("+experiment=smoke", "progress=false")
+
+
+def _env() -> dict:
+    return {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+
+
+# --- 1. warnings read `warning: ...`; info lines stay as they are ------------------------------
+
+def test_cli_warnings_have_a_prefix_and_info_lines_do_not(run_cli, tmp_path):
+    # delta 0.05 >= 1/N for the smoke corpus's 40 users: fedpriv.config warns
+    proc = run_cli(*SMOKE, "rounds=1", "privacy.delta=0.05", "verbose=true", f"run_dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    warnings = [line for line in lines if "privacy.delta=0.05 >= 1/N" in line]
+    assert warnings and all(line.startswith("warning: privacy.delta=0.05 >= 1/N") for line in warnings), lines
+    assert any(line.startswith("round=1 epsilon=") for line in lines), lines  # verbose line: no prefix
+    assert any(line.startswith("final accuracy ") for line in lines), lines
+    assert any(" 1 round [" in line for line in lines), lines  # and the plural (4.)
+
+
+def test_console_formatter_prefixes_by_level():
+    import logging
+
+    from fedpriv.console import ConsoleFormatter
+
+    fmt = ConsoleFormatter()
+
+    def record(level: int) -> logging.LogRecord:
+        return logging.LogRecord("fedpriv.x", level, __file__, 1, "a %s", ("b",), None)
+
+    assert fmt.format(record(logging.INFO)) == "a b"
+    assert fmt.format(record(logging.WARNING)) == "warning: a b"
+    assert fmt.format(record(logging.ERROR)) == "error: a b"
+
+
+# --- 2. Ctrl-C: one line, exit 130, the checkpoint resumes --------------------------------------
+
+def test_sigint_prints_one_line_exits_130_and_resumes(tmp_path):
+    from fedpriv.rundir import RunDirectory
+
+    run_dir = tmp_path / "run"
+    rounds = 12  # 0.05-1 s a round on 2 cores: far from done when its first checkpoint lands; resumed in < 20 s
+    args = [*SMOKE, f"rounds={rounds}", f"run_dir={run_dir}"]
+    proc = subprocess.Popen([sys.executable, "-m", "fedpriv.simulate", *args], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoint = run_dir / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 60
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (stdout, stderr)
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted"), stderr
+    assert "Traceback" not in stdout + stderr
+    run = RunDirectory(run_dir)
+    state = run.load_checkpoint()  # intact
+    done = int(state["round"])
+    assert 1 <= done < rounds
+    assert f"the last checkpoint is after round {done} of {rounds}" in lines[0], lines[0]
+    run.lock()  # the lock was released
+    run.unlock()
+
+    command = shlex.split(lines[0].split("resume from it with: ", 1)[1])
+    assert command[:3] == ["python", "-m", "fedpriv.simulate"], command
+    assert "resume=true" in command and f"run_dir={run_dir}" in command, command
+    assert set(args) - {f"run_dir={run_dir}"} <= set(command), command
+    resumed = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                             timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{rounds} rounds [" in resumed.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == rounds
+
+
+# --- 3. the accounting calculator prints only its result ----------------------------------------
+
+def test_accounting_cli_prints_only_the_result():
+    # the README's example: dp_accounting's RDP code logs ~27 absl convergence warnings for it
+    proc = subprocess.run([sys.executable, "-m", "fedpriv.accounting", "noise", "--target-epsilon", "8",
+                           "--sampling-rate", "0.0333", "--rounds", "150", "--delta", "1e-5", "--json"],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1
+    assert json.loads(lines[0])["epsilon"] <= 8
+
+
+def test_accounting_cli_plural(capsys):
+    from fedpriv.accounting.__main__ import main
+
+    for rounds, text in ((1, "1 round)"), (3, "3 rounds)")):
+        assert main(["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.01", "--rounds", str(rounds),
+                     "--delta", "1e-5"]) == 0
+        assert capsys.readouterr().out.rstrip().endswith(text)
+
+
+# --- 4. "1 round", "3 rounds" -----------------------------------------------------------------------
+
+def _summary(rounds: int) -> dict:
+    return {"final": {"accuracy": 0.1, "loss": 4.0}, "rounds": rounds, "privacy_unit": "user",
+            "privacy": {"epsilon": 2.0, "delta": 1e-5, "accountant": "rdp",
+                        "neighboring_relation": "add_or_remove_one", "noise_multiplier": 1.0,
+                        "randomness": {"mode": "research", "note": "reproducible"}}}
+
+
+@pytest.mark.parametrize("rounds, text", [(1, ", 1 round ["), (3, ", 3 rounds ["), (0, ", 0 rounds [")])
+def test_result_line_plural(rounds, text):
+    from fedpriv.runner import format_result
+
+    assert text in format_result(_summary(rounds))
+
+
+# --- 5. sweep.png: epsilon ticks that never overprint --------------------------------------------
+
+def test_epsilon_ticks_round_and_drop_close_values():
+    from fedpriv.report import epsilon_ticks
+
+    positions, labels = epsilon_ticks([9.999, 10.0, 1.9998, 4.0001, 7.999, 7.999])
+    assert labels == ["2", "4", "8", "10"]
+    assert positions == [1.9998, 4.0001, 7.999, 9.999]
+    assert epsilon_ticks([0.123456, 123.456])[1] == ["0.123", "123"]
+    # two distinct budgets close on the axis (< 3% of its log span apart): one tick
+    assert epsilon_ticks([1.0, 1.05, 100.0])[1] == ["1", "100"]
+    assert epsilon_ticks([3.0])[1] == ["3"]
+    assert epsilon_ticks([float("inf"), float("nan")]) == ([], [])
+
+
+def test_sweep_figure_uses_the_deduplicated_ticks():
+    from fedpriv.report import _pyplot, sweep_figure
+
+    rows = [{"privacy.target_epsilon": t, "final_accuracy": 0.1 + 0.01 * i, "epsilon": e, "non_private": False,
+             "mode": "research"} for i, (t, e) in enumerate([(10, 9.999), (10.001, 10.0), (2, 1.9998)])]
+    fig = sweep_figure(["privacy.target_epsilon"], rows)
+    try:
+        labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+        assert labels == ["2", "10"]
+    finally:
+        _pyplot().close(fig)
