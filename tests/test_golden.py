@@ -2,7 +2,7 @@
 tests/golden/ — privacy.json, metrics.jsonl (wall times dropped) and SHA-256 hashes of the final
 server parameters and released model — and the same combinations must still be refused.
 
-This is the oracle of refactoring: code may move, outputs may not. A golden file changes only in
+Runs on one torch thread: results depend on the thread count. This is the oracle of refactoring: code may move, outputs may not. A golden file changes only in
 a commit that says why. To re-freeze after an intended change of outputs::
 
     FEDPRIV_FREEZE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py
@@ -46,6 +46,18 @@ CASES.update({
     "mid-training": ("public.mid_training_round=2", "public.mid_training_score=private",
                      "public.mid_training_steps=5", "public.mid_training_fraction=0.2"),
 })
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Float reductions depend on torch's thread count, so the oracle runs on one thread (which
+    is also what the whole suite runs on: several test modules set it at import)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _sha(tensor) -> str:
