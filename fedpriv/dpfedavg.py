@@ -56,6 +56,14 @@ class DPFedAvg:
         """
         return self.ema if self.ema_decay else self.params
 
+    def reset(self, params: torch.Tensor) -> None:
+        """Make ``params`` the server's model (a public-data stage's output): the iterate and the
+        EMA restart from it and the optimizer re-anchors (:meth:`ServerFTRL.reset`); the only way,
+        besides a round, that the server's parameters change."""
+        self.params = params.clone()
+        self.ema = params.clone()
+        self.optimizer.reset(self.params)
+
     def cohort(self, round_idx: int) -> np.ndarray:
         return self.sampler.sample(round_idx)
 

@@ -35,8 +35,7 @@ from fedpriv.models import set_flat_params
 from fedpriv.optim import build_server_optimizer
 from fedpriv.optim.adaptive import check_adaptive
 from fedpriv.observe import RoundObserver, check_observability
-from fedpriv.public.midtrain import check_mid_training, mid_train
-from fedpriv.public.setup import PublicArtifacts, prepare_public
+from fedpriv.public.stages import Stage, build_stages
 from fedpriv.randomness import RESEARCH_NOTE, ClientRandomness, RunRandomness, computing_config, research_key
 from fedpriv.rundir import CHECKPOINT_FORMAT, RunDirectory
 from fedpriv.sampling import make_sampler
@@ -68,7 +67,7 @@ class RunSession:
     task: Task
     server: DPFedAvg
     ledger: PrivacyLedger
-    public: PublicArtifacts
+    stages: list[Stage]  # public-data hooks (fedpriv/public/stages.py): the loop names none
     randomness: RunRandomness
     start_round: int = 0
     wall_s: float = 0.0
@@ -126,12 +125,13 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
                            planned_rounds=int(cfg["rounds"]), non_private_reason=reason,
                            randomness=randomness.describe())
     ledger.check_can_run(int(cfg["rounds"]))
-    check_mid_training(cfg.get("public") or {}, int(cfg["rounds"]))
     check_observability(cfg)
-    public = prepare_public(cfg.get("public") or {}, task, int(cfg["seed"]))
-    server = DPFedAvg(public.initial_params, sampler, mechanism, privacy["clip_norm"], optimizer,
-                      ema_decay=float(cfg.get("ema_decay") or 0.0))
-    session = RunSession(cfg=cfg, run=run, task=task, server=server, ledger=ledger, public=public,
+    stages = build_stages(cfg["public"], task, int(cfg["seed"]), int(cfg["rounds"]))
+    initial = task.initial_params
+    for stage in stages:
+        initial = stage.initial_params(initial)
+    server = DPFedAvg(initial, sampler, mechanism, privacy["clip_norm"], optimizer, ema_decay=float(cfg["ema_decay"]))
+    session = RunSession(cfg=cfg, run=run, task=task, server=server, ledger=ledger, stages=stages,
                          randomness=randomness)
     if checkpoint is not None:
         _restore(session, checkpoint)
@@ -284,7 +284,6 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
     cfg, run, server, ledger = session.cfg, session.run, session.server, session.ledger
     rounds = int(cfg["rounds"])
     eval_every = int(cfg.get("eval_every") or rounds)
-    mid_round = check_mid_training(cfg.get("public") or {}, rounds)
     diagnostics = session.diagnostics_enabled
     run.write_config(cfg)
     _publish(session)  # a resumed run: whatever its last checkpoint holds that a crash kept from the files
@@ -301,11 +300,11 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
         ledger.record_round(r)
         epsilon = ledger.reported_epsilon()
         row = {"round": r + 1, **_epsilon_fields(epsilon), "mode": session.randomness.mode, **released}
-        if mid_round == r + 1:  # post-processing of the DP model with public data: no ledger entry
-            server.params, row["distribution_matching"] = mid_train(session.task, session.public,
-                                                                    server.model_params, cfg["public"],
-                                                                    int(cfg["seed"]))
-            server.ema = server.params.clone()
+        for stage in session.stages:  # public data and the release only: post-processing, no ledger entry
+            params, fields = stage.after_round(r + 1, server.model_params)
+            if params is not None:
+                server.reset(params)
+            row.update(fields)
         if (r + 1) % eval_every == 0 or r + 1 == rounds:
             last_eval = evaluate_params(session.task, server.model_params)
             row.update({f"test_{k}": v for k, v in last_eval.items()})
@@ -361,8 +360,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
         "optimizer": cfg["optimizer"]["name"], "backend": cfg["backend"]["name"],
         "clip_norm": cfg["privacy"]["clip_norm"], "cohort_size": cfg["cohort_size"],
         **_example_privacy(session),
-        **({"public": session.public.stats} if session.public.stats else {}),
-        **{k: v for row in session.history for k, v in row.items() if k == "distribution_matching"},
+        **{k: v for stage in session.stages for k, v in stage.summary(session.history).items()},
     }
 
 

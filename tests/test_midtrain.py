@@ -85,3 +85,37 @@ def test_mid_training_round_half_and_experiment_config(tmp_path):
     assert check_mid_training(public, 5) == 2
     with pytest.raises(Exception, match="mid_training_round"):
         check_mid_training({**public, "mid_training_round": "third"}, 220)
+
+
+def test_ftrl_reset_reanchors_at_the_new_model():
+    from fedpriv.optim.server import ServerFTRL
+
+    opt = ServerFTRL(lr=0.5, momentum=0.9)
+    theta = torch.zeros(4)
+    for _ in range(3):
+        theta = opt.step(theta, torch.ones(4))
+    new = torch.full((4,), 7.0)
+    opt.reset(new)
+    torch.testing.assert_close(opt.step(theta, torch.zeros(4)), new, rtol=0, atol=0)
+    torch.testing.assert_close(opt.step(new, torch.ones(4)), new + 0.5 * torch.ones(4), rtol=0, atol=0)
+
+
+def test_mid_training_with_ftrl_keeps_the_mid_trained_model(tmp_path, monkeypatch):
+    """`+experiment=mid_training optimizer=ftrl`: the rounds after T' continue from the
+    mid-trained model (FTRL used to return theta_0 + lr * m_t, discarding it)."""
+    import fedpriv.public.stages as stages
+
+    marker = {}
+
+    def fake_mid_train(task, artifacts, params, public_cfg, seed):
+        marker["params"] = torch.full_like(params, 0.125)
+        return marker["params"], {"selected": 1.0}
+
+    monkeypatch.setattr(stages, "mid_train", fake_mid_train)
+    cfg = compose_cfg("+experiment=smoke", "optimizer=ftrl", "optimizer.lr=1e-9", "mechanism=tree", "ema_decay=0",
+                      "public.mid_training_round=2", "public.mid_training_score=private", "progress=false",
+                      run_dir=tmp_path / "run")
+    session = prepare(cfg)
+    run_local(session)
+    final = session.server.params
+    assert (final - marker["params"]).abs().max() < 1e-6  # round 3 moved it by lr * m_3 only

@@ -36,7 +36,7 @@ def test_pretraining_costs_no_privacy(tmp_path):
     plain = prepare(compose_cfg(*common, run_dir=tmp_path / "plain"))
     run_local(plain)
     pre = prepare(compose_cfg(*common, "public.pretrain_steps=20", run_dir=tmp_path / "pre"))
-    assert not torch.equal(pre.public.initial_params, plain.public.initial_params)
+    assert not torch.equal(pre.server.params, plain.task.initial_params)  # round 1 starts pre-trained
     run_local(pre)
     a = json.loads((tmp_path / "plain" / "privacy.json").read_text())
     b = json.loads((tmp_path / "pre" / "privacy.json").read_text())
@@ -57,12 +57,12 @@ def test_pretraining_with_embedded_teacher_distillation(tmp_path):
                       "public.teacher_model.num_heads=2", "public.teacher_model.ff_dim=32",
                       run_dir=tmp_path / "run")
     session = prepare(cfg)
-    assert session.public.stats["distill_k"] == 4
+    assert session.stages[0].artifacts.stats["distill_k"] == 4
     corpora = list(Path(os.environ["FEDPRIV_CACHE"]).glob("distill/*-k4/index.json"))
     assert corpora, "the top-k corpus was written to the cache"
     plain = prepare(compose_cfg("+experiment=smoke", "progress=false", "public.pretrain_steps=10",
                                 run_dir=tmp_path / "plain"))
-    assert not torch.equal(session.public.initial_params, plain.public.initial_params)
+    assert not torch.equal(session.server.params, plain.server.params)  # distillation changed pre-training
 
 
 def test_pretrain_subset_is_seeded_sorted_and_sized():
@@ -86,15 +86,15 @@ def test_one_percent_with_distillation_uses_only_the_subset(tmp_path):
                       "public.teacher_model.ff_dim=32", run_dir=tmp_path / "run")
     assert cfg["public"]["teacher"] == "embedded"
     session = prepare(cfg)
-    stats = session.public.stats
+    stats = session.stages[0].artifacts.stats
     assert stats["public_pool"] == 10 and stats["public_sentences_used"] == 10  # ceil(0.05 * 200)
     # the same subset of rows, from the same teacher top-k corpus, by hand
     rows = pretrain_subset(200, 0.05, int(cfg["seed"]))
     from fedpriv.public.distill import TopKSubset
 
-    sub = TopKSubset(session.public.topk, rows)
+    sub = TopKSubset(session.stages[0].artifacts.topk, rows)
     ids, values = sub.get(np.arange(10))
-    full_ids, full_values = session.public.topk.get(rows)
+    full_ids, full_values = session.stages[0].artifacts.topk.get(rows)
     assert torch.equal(ids, full_ids) and torch.equal(values, full_values)
 
 

@@ -186,6 +186,10 @@ class DPAdaptive:
         step = m_hat / (v_hat.sqrt() + self.eps)
         return params - self.lr * step, stats
 
+    def reset(self, params: torch.Tensor) -> None:
+        """A new iterate from outside (a public stage): the update reads θ from the caller, so the
+        moment estimates continue."""
+
     def state_dict(self) -> dict:
         return {"m": self.m, "v": self.v, "t": self.t, "noise_var_sum": self.noise_var_sum}
 

@@ -39,6 +39,10 @@ class ServerSGD:
         self.t += 1
         return params + lr * update
 
+    def reset(self, params: torch.Tensor) -> None:
+        """A new iterate from outside (a public stage): SGD reads θ from the caller at every step,
+        so the momentum buffer and the schedule simply continue."""
+
     def state_dict(self) -> dict:
         return {"buffer": self.buffer, "t": self.t}
 
@@ -64,10 +68,20 @@ class ServerFTRL:
 
     def step(self, params: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
         if self.origin is None:
-            self.origin, self.total, self.buffer = params.clone(), torch.zeros_like(update), torch.zeros_like(update)
+            self.origin = params.clone()
+        if self.total is None:
+            self.total, self.buffer = torch.zeros_like(update), torch.zeros_like(update)
         self.total = self.total + update
         self.buffer = self.momentum * self.buffer + self.total
         return self.origin + self.lr * self.buffer
+
+    def reset(self, params: torch.Tensor) -> None:
+        """Re-anchor at ``params`` (a public stage's model): θ_0 ← params and the running sums
+        restart, so θ_t = params + η m_t over the releases after the reset. Without it FTRL's
+        ``θ_0 + η m_t`` would silently discard the new model (post-processing either way)."""
+        self.origin = params.clone()
+        if self.total is not None:
+            self.total, self.buffer = torch.zeros_like(self.total), torch.zeros_like(self.buffer)
 
     def state_dict(self) -> dict:
         return {"origin": self.origin, "total": self.total, "buffer": self.buffer}
