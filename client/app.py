@@ -15,7 +15,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from client.codec import decode, train_reply_content
+from fedpriv.codec import decode, train_reply_content
 from fedpriv.config import client_diagnostics_enabled, resolve_config
 from fedpriv.randomness import ClientRandomness
 from fedpriv.runner import client_update

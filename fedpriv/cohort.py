@@ -40,6 +40,13 @@ class CohortSum:
     norms: torch.Tensor
     train_loss: float
 
+    def add_to(self, agg, expected: set[int], round_idx: int) -> tuple[set[int], list[float]]:
+        """Add this sum to the round's aggregate; it must cover exactly the cohort."""
+        if sorted(int(u) for u in self.users) != sorted(expected):
+            raise ValueError(f"round {round_idx}: the one-pass sum does not cover exactly the cohort")
+        agg.add_clipped_sum(self.total, self.norms)
+        return set(expected), [self.train_loss]
+
 
 def pack_chunks(sizes: Sequence[int], max_rows: int) -> list[list[int]]:
     """Consecutive runs of unit indices whose row counts add up to at most ``max_rows``

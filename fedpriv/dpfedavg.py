@@ -1,10 +1,15 @@
 """DP-FedAvg on the server, independent of any transport: sample, clip, noise, optimize.
 
-One round t:
+One round t flows one way:
 1. ``cohort(t)`` — the sampler's draw (the sampling the accountant assumes);
-2. clients return deltas; ``apply_round`` clips each to C (user-level sensitivity), rejects
-   non-finite or malformed ones, sums, adds the mechanism's noise z_t, divides by the fixed
-   expected cohort size, and hands the result to the server optimizer (post-processing).
+2. the round's replies (client deltas, or a one-pass clipped sum) are added to a
+   :class:`~fedpriv.aggregation.RoundAggregate`: each delta clipped to C (user-level
+   sensitivity), non-finite or malformed ones rejected, summed in user order;
+3. :func:`fedpriv.queries.privatize` adds the mechanism's noise z_t and divides by the fixed
+   expected cohort size — the queries the optimizer declared once in its query plan;
+4. the server optimizer steps on the release (post-processing).
+The only thing that reaches upstream is the plan (declared before round 1) and, for a
+pre-clip-scaled plan, ``s_t``, computed from earlier releases only.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from fedpriv.aggregation import RoundAggregate
 from fedpriv.cohort import CohortSum
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import Mechanism
-from fedpriv.optim.adaptive import DPAdaptive, RoundRelease
 from fedpriv.optim.server import ServerOptimizer
+from fedpriv.queries import privatize
 from fedpriv.sampling import Sampler
 
 
@@ -30,6 +35,28 @@ class ClientUpdate:
     user: int
     delta: torch.Tensor | None
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+class ClientReplies:
+    """The replies of a round's clients (what the grid returned), added in user order so the sum
+    does not depend on arrival order. Users of the cohort with no reply count as dropped; replies
+    from users outside the cohort, duplicates and malformed ones are rejected."""
+
+    def __init__(self, updates: list[ClientUpdate]) -> None:
+        self.updates = list(updates)
+
+    def add_to(self, agg: RoundAggregate, expected: set[int], round_idx: int) -> tuple[set[int], list[float]]:
+        seen: set[int] = set()
+        for update in sorted(self.updates, key=lambda u: u.user):
+            if update.user not in expected or update.user in seen:
+                agg.rejected += 1
+                continue
+            seen.add(update.user)  # it replied: a malformed reply is rejected, not dropped
+            if update.delta is None:
+                agg.rejected += 1
+            else:
+                agg.add(update.delta)
+        return seen, [u.metrics["train_loss"] for u in self.updates if "train_loss" in u.metrics]
 
 
 class DPFedAvg:
@@ -82,65 +109,21 @@ class DPFedAvg:
         ledger does NOT cover (realised cohort size, dropped, rejected, clipped fraction, median
         unclipped norm, clients' training loss), for the research-only diagnostics file.
         """
-        opt = self.optimizer
-        adaptive = isinstance(opt, DPAdaptive)
-        scale = opt.client_scale() if adaptive else None
-        agg = RoundAggregate.zeros(self.params.numel(), self.clip_norm, squares=adaptive and opt.needs_squares,
-                                   scale=scale)
+        opt, plan = self.optimizer, self.optimizer.query_plan
+        scale = opt.pre_clip_scale() if plan.pre_clip_scale else None  # from earlier releases only
+        agg = RoundAggregate.zeros(self.params.numel(), self.clip_norm, squares=plan.squares, scale=scale)
         expected = {int(u) for u in cohort}
-        seen: set[int] = set()
-        if isinstance(updates, CohortSum):
-            if sorted(int(u) for u in updates.users) != sorted(expected):
-                raise ValueError(f"round {round_idx}: the one-pass sum does not cover exactly the cohort")
-            agg.add_clipped_sum(updates.total, updates.norms)
-            seen = expected
-            losses = [updates.train_loss]
-        else:
-            for update in sorted(updates, key=lambda u: u.user):
-                if update.user not in expected or update.user in seen:
-                    agg.rejected += 1
-                    continue
-                seen.add(update.user)  # it replied: a malformed reply is rejected, not dropped
-                if update.delta is None:
-                    agg.rejected += 1
-                else:
-                    agg.add(update.delta)
-            losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
+        replies = updates if isinstance(updates, CohortSum) else ClientReplies(updates)
+        seen, losses = replies.add_to(agg, expected, round_idx)
         noise = self.mechanism.noise(round_idx, self.params.shape)
-        extra: dict[str, float] = {}
-        if adaptive:
-            self.params, extra = opt.step_release(self.params, self._release(opt, agg, noise, scale))
-        else:
-            self.params = opt.step(self.params, agg.privatize(noise, self.sampler.expected_cohort))
+        release = privatize(agg, noise, plan, self.mechanism, self.sampler.expected_cohort, scale)
+        self.params, extra = opt.step_release(self.params, release)
         if self.ema_decay:
             self.ema = self.ema_decay * self.ema + (1.0 - self.ema_decay) * self.params
         if not diagnostics:
             return extra, {}
         return extra, {"cohort_size": float(len(cohort)), "dropped": float(len(expected - seen)), **agg.stats(),
                        "train_loss": float(np.mean(losses)) if losses else float("nan")}
-
-    def _release(self, opt: DPAdaptive, agg: RoundAggregate, noise: torch.Tensor,
-                 scale: torch.Tensor | None) -> RoundRelease:
-        """What an adaptive optimizer sees of the round (``fedpriv.optim.adaptive`` states the math):
-        the update with its share σ/√(1−ρ) of the noise under IME, divided by ``s_t`` under STP;
-        the update's noise std (BC); the privatized squares with multiplier σ/√ρ on sensitivity
-        C² (IME); the noiseless average (the non-private baseline only)."""
-        denominator = self.sampler.expected_cohort
-        update_factor, squares_factor = opt.noise_split()
-        update = agg.privatize(noise * update_factor, denominator)
-        if scale is not None:
-            update = update / scale
-        release = RoundRelease(update=update)
-        if opt.needs_noise_std:
-            release.noise_std = self.mechanism.std * update_factor / denominator
-        if opt.needs_squares:
-            sigma = self.mechanism.noise_multiplier
-            squares_noise = (self.mechanism.unit_noise(agg.squares.shape) * (sigma * squares_factor * self.clip_norm ** 2)
-                             if sigma else torch.zeros_like(agg.squares))
-            release.squares = (agg.squares + squares_noise) / denominator
-        if opt.non_private_reason:
-            release.noiseless = agg.total / denominator
-        return release
 
     def state_dict(self) -> dict:
         return {"params": self.params, "ema": self.ema, "optimizer": self.optimizer.state_dict(),

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpriv.data.federated import Vocabulary
-from fedpriv.public.tokenizers import next_word_accuracy
+from fedpriv.text.vocabulary import Vocabulary
+from fedpriv.text.tokenizers import next_word_accuracy
 
 
 def target_logits(model: nn.Module, rows: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +58,7 @@ def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: 
              word_of: np.ndarray | None = None) -> dict[str, float]:
     """Accuracy (both variants), loss and perplexity of ``model`` on ``rows`` [N, seq_len+1]; with
     ``word_of`` (the word index of each target, subword tokenizers) also ``word_accuracy``: the
-    share of words all of whose tokens are predicted right (:func:`~fedpriv.public.tokenizers.next_word_accuracy`)."""
+    share of words all of whose tokens are predicted right (:func:`~fedpriv.text.tokenizers.next_word_accuracy`)."""
     was_training = model.training
     model.eval()
     excluded = torch.tensor(vocab.excluded_from_accuracy())

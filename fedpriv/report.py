@@ -29,7 +29,7 @@ from typing import Any
 
 from fedpriv.atomic import write_atomic
 from fedpriv.errors import ConfigError, OutputError
-from fedpriv.rundir import read_jsonl, read_mapping
+from fedpriv.rundir import RunDirectory, read_mapping
 
 BUDGET_KEYS = ("privacy.target_epsilon", "privacy.noise_multiplier")  # the x axis, not a line
 IGNORED_KEYS = ("run_dir",)
@@ -46,13 +46,6 @@ def _flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
 
 def _read_json(path: Path) -> dict:
     return read_mapping(path, json.loads)
-
-
-def read_metrics(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    if not path.exists():
-        raise ConfigError(f"{run} has no metrics.jsonl")
-    return read_jsonl(path)
 
 
 def _mode_label(modes: Iterable[str]) -> str:
@@ -83,10 +76,10 @@ def sweep_rows(runs: Iterable[Path]) -> tuple[list[str], list[dict[str, Any]]]:
     runs = list(runs)
     configs = []
     for run in runs:
-        path = run / "config.yaml"
-        if not path.exists():
+        cfg = RunDirectory(run).read_config()
+        if cfg is None:
             raise ConfigError(f"{run} has no config.yaml")
-        configs.append({k: v for k, v in _flatten(read_mapping(path)).items() if k not in IGNORED_KEYS})
+        configs.append({k: v for k, v in _flatten(cfg).items() if k not in IGNORED_KEYS})
     keys = sorted(set.intersection(*(set(c) for c in configs)))  # keys every run has
     swept = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
     rows = []
@@ -215,9 +208,9 @@ def curves_figure(run: Path):
     """Test accuracy, test loss and epsilon spent against the round (from metrics.jsonl: quantities
     the epsilon covers and test-set metrics only)."""
     plt = _pyplot()
-    rows = read_metrics(run)
+    rows = RunDirectory(run).read_metrics()
     if not rows:
-        raise ConfigError(f"{run}/metrics.jsonl has no rounds")
+        raise ConfigError(f"{run}/metrics.jsonl is missing or has no rounds")
     privacy = _read_json(run / "summary.json").get("privacy") or {}
     evals = [r for r in rows if "test_accuracy" in r]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))

@@ -55,8 +55,19 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def json_text(value: Any, indent: int | None = None) -> str:
+    """The one JSON encoding of fedpriv's outputs (files and ``--json`` printouts): strict JSON,
+    non-finite floats written by :func:`json_safe`."""
+    return json.dumps(json_safe(value), indent=indent, allow_nan=False)
+
+
 def jsonl(rows: list[dict]) -> bytes:
-    return "".join(json.dumps(json_safe(r)) + "\n" for r in rows).encode()
+    return "".join(json_text(r) + "\n" for r in rows).encode()
+
+
+def write_json(path: str | os.PathLike, value: Any, indent: int | None = 2) -> None:
+    """Write ``value`` as :func:`json_text` (plus a final newline) with :func:`write_atomic`."""
+    write_atomic(path, (json_text(value, indent) + "\n").encode())
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -170,7 +181,7 @@ class RunDirectory:
     # ------------------------------------------------------------ writes
 
     def write_json(self, name: str, obj: dict) -> None:
-        write_atomic(self.path / name, (json.dumps(json_safe(obj), indent=2) + "\n").encode())
+        write_json(self.path / name, obj)
 
     def write_config(self, cfg: dict) -> None:
         write_atomic(self.path / "config.yaml", yaml.safe_dump(cfg, sort_keys=False).encode())

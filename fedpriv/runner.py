@@ -13,7 +13,6 @@ republishes from the checkpoint whatever the crash kept from being written.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -25,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
-from fedpriv.cohort import CohortClipper, CohortSum
+from fedpriv.cohort import CohortSum  # noqa: F401 (RoundFn)
 from fedpriv.config import diagnostics_enabled, resolve_config, validate, validate_against_data
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
@@ -33,13 +32,12 @@ from fedpriv.mechanisms import Mechanism, build_mechanism
 from fedpriv.metrics import evaluate
 from fedpriv.models import set_flat_params
 from fedpriv.optim import build_server_optimizer
-from fedpriv.optim.adaptive import check_adaptive
 from fedpriv.observe import RoundObserver, check_observability
 from fedpriv.public.stages import Stage, build_stages
 from fedpriv.randomness import RESEARCH_NOTE, ClientRandomness, RunRandomness, computing_config, research_key
 from fedpriv.rundir import CHECKPOINT_FORMAT, RunDirectory
 from fedpriv.sampling import make_sampler
-from fedpriv.task import EXAMPLE_LEVEL_ALGORITHMS, Task, load_task
+from fedpriv.task import Task, load_task
 from fedpriv.training import local_update
 
 
@@ -105,7 +103,7 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     checkpoint = _resumable_checkpoint(run, cfg)
     randomness = _randomness(cfg, checkpoint, run)
     task = load_task(cfg)
-    validate_against_data(cfg, len(task.units), privacy_unit(cfg))
+    validate_against_data(cfg, len(task.units), task.algorithm.privacy_unit)
     privacy = cfg["privacy"]
     sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), randomness.subkey("sampling"),
                            groups=(cfg.get("mechanism") or {}).get("bands"))
@@ -114,7 +112,7 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     mechanism.noise_multiplier = _noise_multiplier(cfg, mechanism, sampler)
     opt_cfg = dict(cfg["optimizer"])
     optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
-    check_adaptive(optimizer, cfg["mechanism"]["name"], uses_one_pass(cfg))
+    optimizer.query_plan.check(cfg["optimizer"]["name"], mechanism, task.algorithm.per_unit_deltas)
     reasons = [r for r in (getattr(optimizer, "non_private_reason", None), task.data.info.get("non_private_reason"))
                if r]
     reason = "; ".join(reasons) or None
@@ -214,32 +212,6 @@ def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int, r
                                   rng.generator(round_idx, user), task.data.vocab.pad_id, bk=task.bk,
                                   diagnostics=diagnostics)
     return ClientUpdate(user=user, delta=delta, metrics=metrics)
-
-
-def privacy_unit(cfg: dict) -> str:
-    """What one sampled, clipped contribution is: a ``user`` (federated) or an ``example`` (dpsgd)."""
-    return "example" if cfg["algorithm"]["name"] in EXAMPLE_LEVEL_ALGORITHMS else "user"
-
-
-def uses_one_pass(cfg: dict) -> bool:
-    """Whether the in-process backend computes a round's clipped sum in one batched BK pass."""
-    algorithm = cfg["algorithm"]
-    return algorithm["name"] == "dpsgd" or (algorithm["name"] == "dp_fedsgd" and bool(algorithm["one_pass"]))
-
-
-def one_pass_round_fn(session: RunSession) -> RoundFn:
-    """A round whose units each take one gradient step, clipped together by one BK pass per chunk
-    (DP-FedSGD's cohort, or DP-SGD's Poisson batch); equal to the per-client loop's clipped sum."""
-    task, algorithm = session.task, session.cfg["algorithm"]
-    clipper = CohortClipper(copy.deepcopy(task.client_model), session.server.clip_norm, task.local.lr,
-                            task.data.vocab.pad_id, mode=algorithm["clipping_mode"],
-                            max_rows=int(algorithm["max_rows"]))
-
-    def round_fn(round_idx: int, cohort: np.ndarray) -> CohortSum:
-        del round_idx  # one full-batch step: no data order to seed
-        return clipper.clipped_sum(session.server.params, cohort, lambda u: task.units[u])
-
-    return round_fn
 
 
 def evaluate_params(task: Task, params: torch.Tensor) -> dict[str, float]:
@@ -355,7 +327,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
         **({"wall_s": wall_s} if session.diagnostics_enabled else {}),  # timing depends on the cohorts
         "ceiling_accuracy": data.ceiling_accuracy,
         "unigram_accuracy": data.unigram_accuracy,
-        "dataset": data.name, "num_users": data.num_users, "privacy_unit": privacy_unit(cfg),
+        "dataset": data.name, "num_users": data.num_users, "privacy_unit": session.task.algorithm.privacy_unit,
         "model": cfg["model"]["name"], "algorithm": cfg["algorithm"]["name"],
         "optimizer": cfg["optimizer"]["name"], "backend": cfg["backend"]["name"],
         "clip_norm": cfg["privacy"]["clip_norm"], "cohort_size": cfg["cohort_size"],

@@ -24,7 +24,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from fedpriv.errors import ConfigError
 
@@ -182,6 +182,8 @@ class Option(Section):
     """An option of a config group; ``name`` selects the implementation."""
 
     name: str = ""
+    central: ClassVar[bool] = False
+    local_training: ClassVar[bool] = False
 
 
 @dataclass
@@ -282,6 +284,7 @@ class TransformerModel(Option):
 class FedAvg(Option):
     """DP-FedAvg: local epochs on each sampled user, user-level clipping of the delta."""
 
+    local_training: ClassVar[bool] = True  # clients run local steps (client.dp=example applies to them)
     name: str = "dp_fedavg"
 
 
@@ -302,6 +305,7 @@ class FedSGD(Option):
 class DPSGD(Option):
     """Central DP-SGD on the pooled examples (example-level accounting)."""
 
+    central: ClassVar[bool] = True  # pooled data, no clients: in-process only
     name: str = "dpsgd"
     clipping_mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
     max_rows: int = 512
@@ -516,9 +520,9 @@ class RunConfig(Section):
         nonnegative(self, "seed", path=path)
         positive(self, "rounds", "cohort_size", "eval_every", path=path)
         in_unit_interval(self, "ema_decay", path, closed_right=False, open_left=False)
-        if self.algorithm.name == "dpsgd" and self.backend.name != "local":
-            raise ConfigError("algorithm=dpsgd is central (pooled data, no clients): use backend=local")
-        if self.client.dp == "example" and self.algorithm.name != "dp_fedavg":
+        if self.algorithm.central and not isinstance(self.backend, LocalBackend):
+            raise ConfigError(f"algorithm={self.algorithm.name} is central (pooled data, no clients): use backend=local")
+        if self.client.dp == "example" and not self.algorithm.local_training:
             raise ConfigError(f"client.dp=example needs algorithm=dp_fedavg (local DP-SGD steps), "
                               f"not {self.algorithm.name}")
 

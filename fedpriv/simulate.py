@@ -53,7 +53,7 @@ def _run(cfg) -> None:
     from fedpriv.errors import ConfigError, OutputError, PrivacyBudgetExceeded
     from fedpriv.rundir import RunDirectory
     from fedpriv.runner import format_result, prepare
-    from server.app import BACKENDS
+    from fedpriv.backends import backend
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     run = RunDirectory(run_dir)
@@ -81,7 +81,7 @@ def _run(cfg) -> None:
             _fail(str(err).splitlines()[0])
         raise
     try:
-        summary = BACKENDS[plain["backend"]["name"]](session)
+        summary = backend(plain["backend"]["name"])(session)
     except OutputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

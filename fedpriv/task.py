@@ -6,7 +6,6 @@ backend builds the data once and every Flower worker process builds it once.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from collections.abc import Mapping, Sequence
@@ -17,29 +16,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedpriv import schema
+from fedpriv.algorithms import Algorithm, build_algorithm
 from fedpriv.clipping import BookKeeping
 from fedpriv.data.federated import FederatedDataset
 from fedpriv.errors import ConfigError
 from fedpriv.models import build_model, get_flat_params
-from fedpriv.local_dp import resolve_example_dp
 from fedpriv.training import LocalConfig
-
-
-# Algorithms whose privacy unit (and sampling unit) is one example of the pooled data.
-EXAMPLE_LEVEL_ALGORITHMS = ("dpsgd",)
-
-
-class PooledExamples(Sequence):
-    """The pooled training rows of all users, one example per unit: ``units[i]`` is row i as [1, L]."""
-
-    def __init__(self, users: Sequence[np.ndarray]) -> None:
-        self.rows = np.concatenate([np.asarray(users[u]) for u in range(len(users))])
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        return self.rows[i:i + 1]
 
 
 @dataclass
@@ -53,6 +36,7 @@ class Task:
     eval_model: nn.Module  # the replica the server evaluates with
     initial_params: torch.Tensor
     local: LocalConfig
+    algorithm: Algorithm  # privacy unit, local steps, batched rounds (fedpriv/algorithms.py)
     bk: BookKeeping | None = None  # hooks client_model when clients run example-level DP-SGD
 
 
@@ -109,22 +93,13 @@ def _load_task(key: str) -> Task:
     seed = int(cfg["seed"])
     client_model = _model(cfg["model"], data, seed)
     eval_model = _model(cfg["model"], data, seed)
-    client = cfg["client"]
-    algorithm = cfg["algorithm"]["name"]
-    if algorithm in ("dp_fedsgd", "dpsgd"):  # one full-batch gradient step per unit
-        local = LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client["lr"]), max_steps=1)
-    else:
-        local = LocalConfig(epochs=int(client["epochs"]), batch_size=int(client["batch_size"]),
-                            lr=float(client["lr"]), max_steps=client["max_steps"])
-    example_dp = resolve_example_dp(client, int(cfg["rounds"]), cfg["privacy"]["accountant"])
-    bk = None
-    if example_dp is not None:
-        local = dataclasses.replace(local, dp=example_dp)
-        bk = BookKeeping(client_model, clip_norm=example_dp.clip_norm,
-                         noise_multiplier=example_dp.noise_multiplier, mode=example_dp.mode)
-    units = PooledExamples(data.users) if algorithm in EXAMPLE_LEVEL_ALGORITHMS else data.users
+    algorithm = build_algorithm(cfg)
+    local = algorithm.local_config(schema.load(schema.Client, cfg["client"], "client"), int(cfg["rounds"]),
+                                   cfg["privacy"]["accountant"])
+    bk = algorithm.client_engine(client_model, local)
+    units = algorithm.units(data.users)
     return Task(data=data, units=units, bk=bk, client_model=client_model, eval_model=eval_model,
-                initial_params=get_flat_params(client_model), local=local)
+                initial_params=get_flat_params(client_model), local=local, algorithm=algorithm)
 
 
 def load_task(cfg: Mapping[str, Any]) -> Task:

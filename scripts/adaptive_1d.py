@@ -25,7 +25,6 @@ coordinate-wise).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpriv.optim.adaptive import DPAdaptive, RoundRelease  # noqa: E402
+from fedpriv.rundir import json_text  # noqa: E402
 
 W_STAR = 2.0
 LRS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
@@ -97,7 +97,7 @@ def main() -> None:
                             "stderr": float(losses.std() / math.sqrt(len(losses))),
                             "grid": {f"lr={lr:g},eps={eps:g}": float(v.mean()) for (lr, eps), v in grid.items()}}
     if args.json:
-        print(json.dumps({"setup": vars(args), "results": results}, indent=2))
+        print(json_text({"setup": vars(args), "results": results}, indent=2))
         return
     print(f"sparse 1-D logistic regression, DP-AdaGrad, {args.trials} trials x {args.samples} samples, "
           f"sigma {args.sigma}, clip 1 (excess loss at the best lr, mean +- stderr)")

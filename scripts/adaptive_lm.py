@@ -20,12 +20,13 @@ for ``post`` and ``stp``, whose step divides by exactly that ``√v̂`` (``bc``/
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiment_runs import run_once, summary  # noqa: E402
+from experiment_runs import run_once, summary  # noqa: E402  (also puts the checkout on sys.path)
+
+from fedpriv.rundir import RunDirectory, write_json  # noqa: E402
 
 RUNS = {"gaussian": ("post", "bc", "ime", "stp", "stp_raw"), "bandmf": ("post", "stp")}
 LABELS = {"stp_raw": "dpadam_stp, raw s_t"}  # stp_raw: optimizer.stp_normalize=none
@@ -46,10 +47,6 @@ def label(variant: str) -> str:
     return LABELS.get(variant, f"dpadam_{variant}")
 
 
-def metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
 def table(out: Path) -> str:
     lines = ["| mechanism | variant | final accuracy | test loss | ε | mean v_negative_fraction |",
              "|---|---|---|---|---|---|"]
@@ -58,7 +55,7 @@ def table(out: Path) -> str:
         if s is None:
             continue
         mechanism, variant = name.split("-")
-        neg = [r["v_negative_fraction"] for r in metrics(out / name) if "v_negative_fraction" in r]
+        neg = [r["v_negative_fraction"] for r in RunDirectory(out / name).read_metrics() if "v_negative_fraction" in r]
         neg_text = f"{sum(neg) / len(neg):.3f}" if neg else "—"
         lines.append(f"| {mechanism} | {label(variant)} | {s['final']['accuracy']:.4f} | {s['final']['loss']:.3f} | "
                      f"{s['privacy']['epsilon']:.3f} | {neg_text} |")
@@ -67,7 +64,8 @@ def table(out: Path) -> str:
 
 def curves(out: Path) -> dict[str, list[list[float]]]:
     """{run: [[round, test accuracy], ...]} of the finished runs."""
-    return {name: [[r["round"], r["test_accuracy"]] for r in metrics(out / name) if "test_accuracy" in r]
+    return {name: [[r["round"], r["test_accuracy"]] for r in RunDirectory(out / name).read_metrics()
+                   if "test_accuracy" in r]
             for name in names() if summary(out / name) is not None}
 
 
@@ -80,10 +78,11 @@ def preconditioner(out: Path, quantiles=(0.01, 0.1, 0.5, 0.9, 0.99), sample: int
     lines = ["| run | √v̂ quantiles (1, 10, 50, 90, 99 %) | s/RMS(s) quantiles | max s / min s |", "|---|---|---|---|"]
     q = torch.tensor(quantiles, dtype=torch.float64)
     for name in names():
-        ckpt = out / name / "checkpoints" / "last.pt"
-        if summary(out / name) is None or not ckpt.exists() or not name.split("-")[1].startswith(("post", "stp")):
+        run = RunDirectory(out / name)
+        if (summary(run.path) is None or not run.checkpoint_path.exists()
+                or not name.split("-")[1].startswith(("post", "stp"))):
             continue
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        state = run.load_checkpoint()
         cfg = state["config"]["optimizer"]  # the run's own v̂, through the server's STP scale
         opt = DPAdaptive("adam", "stp", beta2=cfg["beta2"], eps=cfg["eps"], stp_eps=cfg.get("stp_eps"),
                          stp_normalize="rms")
@@ -137,7 +136,7 @@ def main() -> None:
     if args.precond:
         print(preconditioner(args.out))
     if args.curves:
-        args.curves.write_text(json.dumps(curves(args.out)) + "\n")
+        write_json(args.curves, curves(args.out), indent=None)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ stepped through its Linear gates, the form every per-sample method needs.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import resource
 import statistics
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedpriv.clipping import BookKeeping  # noqa: E402
 from fedpriv.models import LSTMLanguageModel, TransformerLanguageModel  # noqa: E402
+from fedpriv.rundir import write_json  # noqa: E402
 
 VOCAB = 10000
 CONFIGS = {
@@ -294,9 +294,9 @@ def main() -> None:
         mem_text = f"{mem:12.0f} {row['memory_ratio']:9.2f}" if mem and base_mem else f"{'-':>12s} {'-':>9s}"
         print(f"{mode:24s} {med:9.4f} {med / base:6.2f} {mem_text}")
     if args.json:
-        args.json.write_text(json.dumps({"model": args.model, "steps": args.steps, "threads": args.threads,
-                                         "torch": torch.__version__, "machine": platform.machine(),
-                                         "config": CONFIGS[args.model], "results": rows}, indent=2))
+        write_json(args.json, {"model": args.model, "steps": args.steps, "threads": args.threads,
+                               "torch": torch.__version__, "machine": platform.machine(),
+                               "config": CONFIGS[args.model], "results": rows})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -25,20 +24,12 @@ sys.path.insert(0, str(ROOT))
 
 from fedpriv.aggregation import clip_factor  # noqa: E402
 from fedpriv.cohort import CohortClipper  # noqa: E402
+from fedpriv.compose import compose_config  # noqa: E402
 from fedpriv.randomness import ClientRandomness, key_from_seed  # noqa: E402
+from fedpriv.rundir import write_json  # noqa: E402
 from fedpriv.runner import client_update  # noqa: E402
 from fedpriv.sampling import make_sampler  # noqa: E402
 from fedpriv.task import load_task  # noqa: E402
-
-
-def compose(overrides: list[str]) -> dict:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = hydra_compose("config", overrides=["algorithm=dp_fedsgd", *overrides])
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def main() -> None:
@@ -52,7 +43,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = compose(args.overrides)
+    cfg = compose_config(["algorithm=dp_fedsgd", *args.overrides])
     task = load_task(cfg)
     if args.user_rows:
         task.units = [rows[: args.user_rows] for rows in task.units]
@@ -93,7 +84,7 @@ def main() -> None:
     print(f"per-client loop:          {med_loop:.3f} s/round = {result['loop_users_per_s']:.0f} users/s")
     print(f"speed-up {result['speedup']:.2f}x (sums agree to 1e-4 relative every round)")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ afterwards in the same process (Ray start-up excluded: its first round is droppe
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -26,8 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def compose(run_dir: Path, args: argparse.Namespace, *extra: str) -> dict:
-    from hydra import compose as hcompose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from fedpriv.compose import compose_config
 
     overrides = ["rounds=%d" % (args.rounds + 1), "cohort_size=100", "sampling=fixed", "progress=false",
                  "eval_every=1000", "privacy.noise_multiplier=1.0", "privacy.clip_norm=1.0",
@@ -36,10 +34,7 @@ def compose(run_dir: Path, args: argparse.Namespace, *extra: str) -> dict:
                  "model.embed_dim=96", "model.hidden_size=670", "model.projection_dim=96",
                  "client.batch_size=16", "client.epochs=1",
                  f"client.max_steps={args.steps if args.steps else 'null'}", *extra]
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = OmegaConf.to_container(hcompose("config", overrides=overrides), resolve=True)
-    cfg["run_dir"] = str(run_dir)
-    return cfg
+    return compose_config(overrides, run_dir)
 
 
 def main() -> None:
@@ -54,6 +49,7 @@ def main() -> None:
 
     from client.app import make_client_app
     from fedpriv.randomness import ClientRandomness
+    from fedpriv.rundir import json_text, write_json
     from fedpriv.runner import client_update, prepare
     from server.app import grid_round_fn, run_flower_simulation
     from server.grid import LocalGrid
@@ -92,9 +88,9 @@ def main() -> None:
         result["flower_ratio_to_compute"] = result["flower"] / result["compute"]
     result.update({"rounds": args.rounds, "clients_per_round": 100, "local_steps": args.steps,
                    "params": int(task.initial_params.numel()), "torch_threads": torch.get_num_threads()})
-    print(json.dumps(result, indent=2))
+    print(json_text(result, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -124,13 +124,17 @@ PIDS+=($!); echo "flwr-run $!" >>"$OUT/logs/pids"
 RUN_PID=$!
 wait "$RUN_PID" || true  # `flwr run --stream` exits 0 even when the run failed: judge by the outputs
 
-if "$BIN/python" - "$OUT/summary.json" "$ROUNDS" <<'PY'
+if "$BIN/python" - "$ROOT" "$OUT/summary.json" "$ROUNDS" <<'PY'
 import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from fedpriv.errors import ConfigError
+from fedpriv.rundir import read_mapping
 try:
-    summary = json.load(open(sys.argv[1]))
-except OSError:
+    summary = read_mapping(Path(sys.argv[2]), json.loads)
+except ConfigError:  # missing, unreadable or damaged
     sys.exit(1)
-sys.exit(0 if summary.get("rounds") == int(sys.argv[2]) else 1)
+sys.exit(0 if summary.get("rounds") == int(sys.argv[3]) else 1)
 PY
 then
     grep -E "^(final|user-level|example-level)" "$OUT/logs/flwr-run.log" || true

@@ -9,6 +9,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+from fedpriv.rundir import read_mapping  # noqa: E402
+
 
 def run_once(path: Path, overrides: Sequence[str]) -> Path:
     """``python -m fedpriv.simulate OVERRIDES run_dir=PATH`` unless PATH already holds a finished run."""
@@ -22,4 +25,4 @@ def run_once(path: Path, overrides: Sequence[str]) -> Path:
 def summary(path: Path) -> dict | None:
     """The run's summary.json, or None while it has not finished."""
     f = path / "summary.json"
-    return json.loads(f.read_text()) if f.exists() else None
+    return read_mapping(f, json.loads) if f.exists() else None

@@ -15,9 +15,9 @@ import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from client.app import make_client_app
+from fedpriv.backends import client_app_factory
 from fedpriv.dpfedavg import ClientUpdate
-from fedpriv.runner import RoundFn, RunSession, one_pass_round_fn, train, uses_one_pass
+from fedpriv.runner import RoundFn, RunSession, train
 from server.grid import LocalGrid
 from server.strategy import DPFedAvgStrategy
 
@@ -87,9 +87,10 @@ def make_server_app(session: RunSession, num_nodes: int, result: dict) -> Server
 def run_local(session: RunSession) -> dict:
     """``backend=local``: ServerApp loop over an in-process grid of one node, or the one-pass
     batched round (DP-FedSGD, DP-SGD) where the algorithm allows it."""
-    if uses_one_pass(session.cfg):
-        return train(session, one_pass_round_fn(session))
-    grid = LocalGrid(make_client_app(session.cfg), num_nodes=1)
+    batched = session.task.algorithm.batched_round(session)
+    if batched is not None:
+        return train(session, batched)
+    grid = LocalGrid(client_app_factory()(session.cfg), num_nodes=1)
     return train(session, grid_round_fn(session, grid, 1, None))
 
 
@@ -122,7 +123,7 @@ def run_flower_simulation(session: RunSession) -> dict:
     num_nodes = int(backend["num_supernodes"])
     result: dict = {}
     run_simulation(server_app=make_server_app(session, num_nodes, result),
-                   client_app=make_client_app(session.cfg), num_supernodes=num_nodes,
+                   client_app=client_app_factory()(session.cfg), num_supernodes=num_nodes,
                    backend_config={"client_resources": {"num_cpus": float(backend["client_cpus"])},
                                    "init_args": {"num_cpus": int(backend["num_cpus"]),
                                                  "include_dashboard": False,
@@ -134,5 +135,3 @@ def run_flower_simulation(session: RunSession) -> dict:
         raise RuntimeError("Flower simulation ended without a result (see the log above)")
     return result["summary"]
 
-
-BACKENDS = {"local": run_local, "flower": run_flower_simulation}

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from client.codec import decode, encode
+from fedpriv.codec import decode, encode
 from fedpriv.dpfedavg import ClientUpdate
 
 log = logging.getLogger(__name__)

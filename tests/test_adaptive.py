@@ -14,6 +14,7 @@ from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.optim import DPAdaptive, build_server_optimizer
+from fedpriv.rundir import read_jsonl
 from fedpriv.runner import prepare
 from fedpriv.sampling import make_sampler
 from fedpriv.randomness import NoiseStream, key_from_seed
@@ -189,7 +190,7 @@ def test_every_variant_runs_names_itself_and_keeps_the_ledger(tmp_path, name, ad
     summary = run_local(session)
     assert summary["optimizer"] == name
     ledger = json.loads((tmp_path / "run" / "privacy.json").read_text())
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert ("v_negative_fraction" in rows[0]) == ("_bc" in name or "_ime" in name)
     if "noiseless" in name:
         # non-private in every file (finding 4): no finite epsilon in privacy.json, summary.json or
@@ -230,3 +231,25 @@ def test_unsupported_combinations_exit_2(run_cli, tmp_path, args, message):
     proc = run_cli("+experiment=smoke", *args, f"run_dir={tmp_path / 'r'}")
     assert proc.returncode == 2 and message in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_query_plan_joint_query_is_the_accounted_gaussian():
+    """IME's pair is one Gaussian query with multiplier sigma; a split that is not fails closed."""
+    import math
+
+    from fedpriv.errors import ConfigError
+    from fedpriv.mechanisms import GaussianMechanism, TreeMechanism
+    from fedpriv.queries import QueryPlan, joint_noise_multiplier
+
+    for rho in (0.1, 0.5, 0.9):
+        assert math.isclose(joint_noise_multiplier(1.7, 1 / math.sqrt(1 - rho), 1 / math.sqrt(rho)), 1.7,
+                            rel_tol=1e-12)
+    gaussian, tree = GaussianMechanism(1.0, 1.0), TreeMechanism(1.0, 1.0)
+    QueryPlan(update_noise_factor=math.sqrt(2), squares_noise_factor=math.sqrt(2)).check("x", gaussian, True)
+    with pytest.raises(ConfigError, match="not one Gaussian query"):
+        QueryPlan(update_noise_factor=1.0, squares_noise_factor=1.0).check("x", gaussian, True)
+    with pytest.raises(ConfigError, match="independent Gaussian noise"):
+        QueryPlan(update_noise_factor=math.sqrt(2), squares_noise_factor=math.sqrt(2)).check("x", tree, True)
+    with pytest.raises(ConfigError, match="each user's delta"):
+        QueryPlan(pre_clip_scale=True).check("x", gaussian, False)
+    QueryPlan().check("x", tree, False)  # the default plan: any mechanism, any algorithm

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedpriv.rundir import RunDirectory
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "deploy_local.sh"
@@ -45,10 +46,6 @@ def assert_all_stopped(out: Path) -> None:
         pytest.fail(f"{name} (process group {pid}) is still running")
 
 
-def read_metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
 def test_deployed_run_equals_in_process_run(tmp_path):
     """Research mode (asked for explicitly: deployments default to secure) reproduces the in-process
     run bit for bit."""
@@ -61,7 +58,8 @@ def test_deployed_run_equals_in_process_run(tmp_path):
     assert summary["privacy"]["randomness"]["mode"] == "research"
     # deployments compute no statistics of training users, in any mode
     assert not (out / "diagnostics.jsonl").exists() and "wall_s" not in summary
-    assert all(set(row) <= {"round", "epsilon", "mode"} or "test_accuracy" in row for row in read_metrics(out))
+    rows = RunDirectory(out).read_metrics()
+    assert all(set(row) <= {"round", "epsilon", "mode"} or "test_accuracy" in row for row in rows)
     assert "insecure" in (out / "logs" / "superlink.log").read_text().lower()
     # the same experiment in process
     from fedpriv.runner import prepare
@@ -99,7 +97,7 @@ def test_killed_supernode_round_finishes_within_the_timeout(tmp_path):
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
-        while not ((out / "metrics.jsonl").exists() and read_metrics(out)):
+        while not RunDirectory(out).read_metrics():
             assert proc.poll() is None, proc.communicate()[1]
             assert time.monotonic() < deadline, "round 1 never finished"
             time.sleep(0.5)
@@ -110,7 +108,7 @@ def test_killed_supernode_round_finishes_within_the_timeout(tmp_path):
             proc.kill()
     assert proc.returncode == 0, stderr + (out / "logs" / "flwr-run.log").read_text()[-3000:]
     assert_all_stopped(out)
-    rows = read_metrics(out)
+    rows = RunDirectory(out).read_metrics()
     assert [r["round"] for r in rows] == [1, 2, 3, 4]
     assert not any("dropped" in r for r in rows)
     log = (out / "logs" / "flwr-run.log").read_text()

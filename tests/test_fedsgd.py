@@ -75,14 +75,11 @@ def test_pack_chunks_keeps_units_whole():
 
 
 def _run(cfg):
-    from fedpriv.runner import one_pass_round_fn, prepare, train
+    from fedpriv.runner import prepare
     from server.app import run_local
 
     session = prepare(cfg)
-    if cfg["algorithm"]["name"] == "dp_fedsgd" and not cfg["algorithm"]["one_pass"]:
-        run_local(session)
-    else:
-        train(session, one_pass_round_fn(session))
+    run_local(session)  # the batched round where the algorithm has one (one_pass), else the client loop
     return session
 
 

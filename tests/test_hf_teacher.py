@@ -12,8 +12,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: E402
 
-from fedpriv.public.hf import HFTeacher, HFTokenizer  # noqa: E402
-from fedpriv.public.tokenizers import UNKNOWN_WORD, encode_rows  # noqa: E402
+from fedpriv.public.hf import HFTeacher  # noqa: E402
+from fedpriv.text.hf_tokenizer import HFTokenizer  # noqa: E402
+from fedpriv.text.tokenizers import UNKNOWN_WORD, encode_rows  # noqa: E402
 
 WORDS = " ".join(f"w{i}" for i in range(1, 301))  # the smoke experiment's synthetic words
 

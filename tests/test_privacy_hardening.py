@@ -15,6 +15,7 @@ import torch
 
 from client.app import make_client_app
 from fedpriv.errors import ConfigError, DamagedFileError, OutputError, RunDirectoryBusy
+from fedpriv.rundir import read_jsonl
 from fedpriv.runner import prepare, train
 from server.app import grid_round_fn, run_local
 from server.grid import LocalGrid
@@ -115,7 +116,7 @@ def test_client_randomness_is_fresh_in_secure_mode():
 def _reply(cfg, users=(0, 1)):
     from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-    from client.codec import encode
+    from fedpriv.codec import encode
     from fedpriv.task import load_task
 
     params = load_task(cfg).initial_params
@@ -138,10 +139,10 @@ def test_replies_carry_the_delta_and_nothing_data_dependent(tmp_path, overrides,
 
 def test_metrics_hold_only_covered_quantities_and_diagnostics_are_labelled(tmp_path):
     _run(tmp_path, "r")
-    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(tmp_path / "r" / "metrics.jsonl")
     for row in rows:
         assert set(row) - COVERED <= {k for k in row if k.startswith("test_")}, row
-    diagnostics = [json.loads(x) for x in (tmp_path / "r" / "diagnostics.jsonl").read_text().splitlines()]
+    diagnostics = read_jsonl(tmp_path / "r" / "diagnostics.jsonl")
     assert len(diagnostics) == len(rows)
     assert all("NOT covered by the epsilon" in d["note"] for d in diagnostics)
     assert {"cohort_size", "clipped_fraction", "median_update_norm", "train_loss", "dropped", "rejected"} \
@@ -200,8 +201,7 @@ def test_nothing_of_a_round_is_published_before_its_checkpoint(tmp_path, monkeyp
     monkeypatch.setattr(RunDirectory, "save_checkpoint", crash_on_round_two)
     with pytest.raises(Crash):
         run_local(session)
-    rows = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["round"] for r in rows] == [1]
+    assert [r["round"] for r in read_jsonl(tmp_path / "r" / "metrics.jsonl")] == [1]
     assert json.loads((tmp_path / "r" / "privacy.json").read_text())["rounds"] == 1
 
 
@@ -273,7 +273,7 @@ def test_a_refused_second_run_touches_nothing_of_the_live_one(tmp_path, run_cli)
         worker.join(120)
     assert (tmp_path / "r" / "checkpoints" / "last.pt").exists()
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["rounds"] == 3
-    assert [json.loads(x)["round"] for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert [r["round"] for r in read_jsonl(tmp_path / "r" / "metrics.jsonl")] == [1, 2, 3]
 
 
 def test_invalid_run_removes_only_what_it_created(tmp_path, run_cli):
@@ -383,7 +383,7 @@ main()
     assert not [p for p in (run / "checkpoints").iterdir() if p.name != "last.pt"]  # no temporary left behind
     state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert state["round"] == 1
-    assert [json.loads(x)["round"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert [r["round"] for r in read_jsonl(run / "metrics.jsonl")] == [1]
     resumed = prepare(compose_cfg(*SMOKE, "resume=true", run_dir=run))
     assert resumed.start_round == 1
     run_local(resumed)

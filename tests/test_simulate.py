@@ -7,6 +7,7 @@ import torch
 
 from conftest import compose_cfg
 from client.app import make_client_app
+from fedpriv.rundir import read_jsonl
 from fedpriv.runner import prepare, train
 from server.app import grid_round_fn, run_local
 from server.grid import LocalGrid
@@ -23,7 +24,7 @@ def test_smoke_run_writes_outputs(run_cli, tmp_path):
     assert {"epsilon", "delta", "accountant", "noise_multiplier"} <= set(summary["privacy"])
     assert 0 < summary["privacy"]["epsilon"] <= 50.0  # the smoke target
     assert 0 < summary["ceiling_accuracy"] < 1
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(out / "metrics.jsonl")
     assert [r["round"] for r in rows] == [1, 2, 3]
     assert all(r["epsilon"] <= 50.0 for r in rows)
     privacy = json.loads((out / "privacy.json").read_text())
@@ -109,10 +110,11 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, extra):
     a = json.loads((tmp_path / "full" / "privacy.json").read_text())
     b = json.loads((tmp_path / "cut" / "privacy.json").read_text())
     assert a == b
-    rows_a = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
-    rows_b = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
-    strip = lambda rows: [{k: v for k, v in json.loads(r).items() if k != "wall_s"} for r in rows]  # noqa: E731
-    assert strip(rows_a) == strip(rows_b)
+
+    def strip(run):
+        return [{k: v for k, v in r.items() if k != "wall_s"} for r in read_jsonl(run / "metrics.jsonl")]
+
+    assert strip(tmp_path / "full") == strip(tmp_path / "cut")
 
 
 def test_existing_run_dir_needs_resume(tmp_path):

@@ -15,11 +15,11 @@ import pytest
 from fedpriv.data.stackoverflow import (
     SqliteUsers,
     decode_example,
-    encode_example,
     load_stackoverflow,
     load_word_counts,
 )
 from fedpriv.errors import ConfigError
+from tests.helpers import encode_example
 
 # Word-count file: with vocab_size=5 the ids are i=1 how=2 to=3 a=4 list=5, OOV 6, BOS 7, EOS 8.
 WORD_COUNTS = "i\t90\nhow\t80\nto\t70\na\t60\nlist\t50\nsort\t40\ndo\t30\n"

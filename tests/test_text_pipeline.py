@@ -17,8 +17,8 @@ from fedpriv.data.text_pipeline import apply_text_pipeline
 from fedpriv.errors import ConfigError
 from fedpriv.metrics import evaluate
 from fedpriv.models import build_model
-from fedpriv.public.corpora import normalize, public_texts, sentences
-from fedpriv.public.tokenizers import SentencePieceTokenizer, WordTokenizer, encode_rows, rows_to_texts
+from fedpriv.text.corpora import normalize, public_texts, sentences
+from fedpriv.text.tokenizers import SentencePieceTokenizer, WordTokenizer, encode_rows, rows_to_texts
 from fedpriv.task import load_dataset
 from tests.conftest import compose_cfg
 from tests.test_stackoverflow import WORD_COUNTS, make_db

@@ -7,7 +7,7 @@ import pytest
 
 from fedpriv.data.synthetic import SyntheticConfig, generate
 from fedpriv.errors import ConfigError
-from fedpriv.public.tokenizers import (NO_WORD, SentencePieceTokenizer, WordTokenizer, encode_rows,
+from fedpriv.text.tokenizers import (NO_WORD, SentencePieceTokenizer, WordTokenizer, encode_rows,
                                        next_word_accuracy, rows_to_texts)
 
 

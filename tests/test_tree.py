@@ -9,7 +9,7 @@ import torch
 
 from fedpriv.accounting import calibrate_noise_multiplier, compute_epsilon
 from fedpriv.accounting.__main__ import main as accounting_main
-from fedpriv.accounting.tree import brute_force_sensitivity_sq, max_sensitivity_sq, per_level_bound, tree_event
+from fedpriv.accounting.tree import max_sensitivity_sq, per_level_bound
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import TreeMechanism, build_mechanism
 from fedpriv.mechanisms.__main__ import main as mechanisms_main
@@ -17,6 +17,7 @@ from fedpriv.mechanisms.tree import node_variances
 from fedpriv.optim.server import ServerFTRL, ServerSGD
 from fedpriv.sampling import CyclicSampler, PoissonSampler
 from fedpriv.randomness import NoiseStream, key_from_seed
+from tests.helpers import brute_force_sensitivity_sq, tree_event
 
 ZERO_OUT = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
 

@@ -14,7 +14,6 @@ The DpEvent always comes from the mechanism object (``MECHANISMS``) and a sample
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
@@ -31,6 +30,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.tree import TreeMechanism
+from fedpriv.rundir import json_text
 from fedpriv.sampling import (CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, CyclicPoissonSampler, CyclicSampler,
                               FixedSizeSampler, ParticipationBound, PoissonSampler, Sampler)
 
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = _epsilon(args, sampler) if args.command == "epsilon" else _noise(args, sampler)
     except ConfigError as err:
         _fail(f"{args.mechanism} mechanism with {args.sampling} sampling: {err}")
-    print(json.dumps(out, allow_nan=False) if args.json else _human(args, out))
+    print(json_text(out) if args.json else _human(args, out))
     return 0
 
 

@@ -15,7 +15,6 @@ accounted ε only as a labelled field and for the budget gate.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -26,8 +25,8 @@ import dp_accounting
 from fedpriv.accounting.accountant import (PLD, PLD_VALUE_DISCRETIZATION, RDP, SelfComposition,
                                            check_accountant, check_delta, check_epsilon, compute_epsilon,
                                            is_non_private, relation_name)
-from fedpriv.atomic import write_atomic
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
+from fedpriv.rundir import write_json
 from fedpriv.sampling import Sampler
 
 LEDGER_FORMAT = 1
@@ -211,14 +210,14 @@ class PrivacyLedger:
         self._round_indices = indices
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`to_dict` as strict JSON with :func:`fedpriv.atomic.write_atomic`.
+        """Write :meth:`to_dict` as strict JSON with :func:`fedpriv.rundir.write_json` (atomic).
 
         ``path`` is the file, or a directory in which ``privacy.json`` is written. Returns the file.
         """
         target = Path(path)
         if target.is_dir():
             target = target / PRIVACY_FILE
-        write_atomic(target, (json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n").encode())
+        write_json(target, self.to_dict())
         return target
 
     # ------------------------------------------------------------ helpers

@@ -4,7 +4,7 @@ A user's contribution to the rounds it takes part in reaches every *completed* d
 (tree node) of rounds containing one of them; node noise is N(0, σ²C²). With c_I participations
 inside node I, the node's sensitivity is c_I·C, so the release is a Gaussian mechanism with
 ``Σ sens² = Σ_I c_I²`` (units C²): ρ-zCDP with ρ = Σ sens²/(2σ²), i.e. a Gaussian of multiplier
-``σ/√(Σ sens²)`` — what :func:`tree_event` hands to dp_accounting. The worst case over placements
+``σ/√(Σ sens²)`` — what :func:`tree_accounting` hands to dp_accounting. The worst case over placements
 of k participations with at least s rounds strictly between consecutive ones is found exactly by
 :func:`max_sensitivity_sq`, a dynamic program over the tree.
 
@@ -19,7 +19,6 @@ different trees are coupled by the separation).
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -254,19 +253,6 @@ def max_sensitivity_sq(participations: int, separation: int, rounds: int) -> int
     return tree_sensitivity(participations, separation, rounds).sum_sq
 
 
-def brute_force_sensitivity_sq(participations: int, separation: int, rounds: int) -> int:
-    """The same worst case by enumerating placements (small cases; for tests)."""
-    nodes = [(s, s + 2 ** h) for h in range(rounds.bit_length()) for s in range(0, rounds, 2 ** h)
-             if s + 2 ** h <= rounds]
-    best = 0
-    for places in itertools.combinations(range(rounds), participations):
-        if any(b - a - 1 < separation for a, b in zip(places, places[1:])):
-            continue
-        total = sum(sum(lo <= p < hi for p in places) ** 2 for lo, hi in nodes)
-        best = max(best, total)
-    return best
-
-
 def tree_accounting(noise_multiplier: float, rounds: int, participations: int, separation: int,
                     restart_every: int | None = None, planned_rounds: int | None = None,
                     planned_participations: int | None = None) -> tuple[dp_accounting.DpEvent, list[dict]]:
@@ -303,14 +289,6 @@ def tree_accounting(noise_multiplier: float, rounds: int, participations: int, s
         details.append({"tree_rounds": length, "participations": k, "min_separation": separation,
                         "sum_sensitivity_sq": sens_sq, "method": method})
     return (events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)), details
-
-
-def tree_event(noise_multiplier: float, rounds: int, participations: int, separation: int,
-               restart_every: int | None = None, planned_rounds: int | None = None,
-               planned_participations: int | None = None) -> dp_accounting.DpEvent:
-    """The event of :func:`tree_accounting`."""
-    return tree_accounting(noise_multiplier, rounds, participations, separation, restart_every, planned_rounds,
-                           planned_participations)[0]
 
 
 def _tree_lengths(rounds: int, restart_every: int | None) -> list[int]:

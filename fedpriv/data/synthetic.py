@@ -97,13 +97,6 @@ class TopicChains:
     def num_states(self) -> int:
         return self.succ.shape[1]
 
-    def dense(self, topic: int) -> np.ndarray:
-        """Transition matrix ``[V+1, vocab.size]`` of one topic (for tests and small vocabularies)."""
-        out = np.zeros((self.num_states, self.vocab.size))
-        rows = np.repeat(np.arange(self.num_states), self.succ.shape[2])
-        np.add.at(out, (rows, self.succ[topic].ravel()), self.prob[topic].ravel())
-        return out
-
 
 @dataclass(frozen=True)
 class SyntheticTruth:

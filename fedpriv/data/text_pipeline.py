@@ -1,7 +1,7 @@
 """The text side of a dataset, applied after it is loaded (``data.*`` config keys):
 
 * ``public_source`` — the public corpus: ``embedded`` (the synthetic generator's, with hidden
-  topics), ``c4`` / ``text`` (:mod:`fedpriv.public.corpora`, encoded with the dataset's word
+  topics), ``c4`` / ``text`` (:mod:`fedpriv.text.corpora`, encoded with the dataset's word
   vocabulary), or ``none``;
 * ``tokenizer`` — ``word`` (the dataset's word ids) or ``sentencepiece``: a SentencePiece model
   trained on the *public* sentences only; every private, test and public sentence is re-encoded
@@ -26,8 +26,8 @@ import numpy as np
 
 from fedpriv.data.federated import FederatedDataset, PublicCorpus, Vocabulary
 from fedpriv.errors import ConfigError
-from fedpriv.public.corpora import SOURCES, public_texts
-from fedpriv.public.tokenizers import SentencePieceTokenizer, Tokenizer, WordTokenizer, encode_rows, rows_to_texts
+from fedpriv.text.corpora import SOURCES, public_texts
+from fedpriv.text.tokenizers import SentencePieceTokenizer, Tokenizer, WordTokenizer, encode_rows, rows_to_texts
 
 TOKENIZERS = ("word", "sentencepiece", "hf")
 
@@ -77,7 +77,7 @@ def _public_corpus(data: FederatedDataset, cfg: Mapping[str, Any]) -> PublicCorp
 def _subword_tokenizer(data: FederatedDataset, cfg: Mapping[str, Any]) -> Tokenizer:
     """``sentencepiece``: trained here on the public sentences; ``hf``: loaded from a local directory."""
     if cfg.get("tokenizer") == "hf":
-        from fedpriv.public.hf import HFTokenizer
+        from fedpriv.text.hf_tokenizer import HFTokenizer
 
         return HFTokenizer.load(cfg.get("tokenizer_path"))
     if data.public is None:

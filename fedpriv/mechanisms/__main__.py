@@ -14,7 +14,6 @@ Bad input: one ``error:`` line, exit 2.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import NoReturn, Sequence
 
@@ -25,6 +24,7 @@ from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.analysis import prefix_rmse
 from fedpriv.mechanisms.tree import TreeMechanism
+from fedpriv.rundir import json_text
 
 CHOICES = ("gaussian", "tree", "tree-efficient", "bandmf")
 MAX_ROUNDS = 4096
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = {"rmse": value, "mechanism": args.mechanism, "rounds": args.rounds}
     if args.mechanism == "bandmf":
         out["bands"] = args.bands if args.bands is not None else args.rounds
-    print(json.dumps(out) if args.json else f"{args.mechanism}: prefix-sum RMSE {value:.4f} over {args.rounds} rounds")
+    print(json_text(out) if args.json else f"{args.mechanism}: prefix-sum RMSE {value:.4f} over {args.rounds} rounds")
     return 0
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import itertools
 import logging
 import math
 from pathlib import Path
@@ -45,10 +44,6 @@ log = logging.getLogger(__name__)
 KINDS = ("auto", "general", "toeplitz")
 AUTO_TOEPLITZ_ABOVE = 512
 CACHE_VERSION = 1
-
-
-def prefix_workload(n: int) -> torch.Tensor:
-    return torch.tril(torch.ones(n, n, dtype=torch.float64))
 
 
 def sqrt_toeplitz_coefficients(n: int) -> torch.Tensor:
@@ -192,24 +187,11 @@ def cached_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 50
     return c
 
 
-def sensitivity_sq_brute_force(c: torch.Tensor, participations: int, min_gap: int) -> float:
-    """``max_π Σ_{i,j∈π} |(CᵀC)_{ij}|`` over participation sets π of size k whose indices differ
-    by at least ``min_gap`` (worst case over the users' unit-norm contributions)."""
-    gram = (c.T @ c).abs()
-    n = c.shape[0]
-    best = 0.0
-    for pattern in itertools.combinations(range(n), participations):
-        if any(b - a < min_gap for a, b in zip(pattern, pattern[1:])):
-            continue
-        idx = torch.tensor(pattern)
-        best = max(best, float(gram[idx][:, idx].sum()))
-    return best
-
-
 class BandMFMechanism:
     """BandMF residual noise ``(C⁻¹Z)_t`` with σ = ``noise_multiplier`` (std σ·C_clip per coordinate)."""
 
     name = "bandmf"
+    independent_noise = False  # z_t correlated across rounds
 
     def __init__(self, noise_multiplier: float, clip_norm: float, rounds: int, bands: int,
                  noise: NoiseStream | None = None, kind: str = "auto", iterations: int = 500,

@@ -61,6 +61,7 @@ class GaussianMechanism:
     """
 
     name = "gaussian"
+    independent_noise = True  # z_t independent across rounds: the plan may add independent queries (unit_noise)
 
     def __init__(self, noise_multiplier: float, clip_norm: float, noise: NoiseStream | None = None) -> None:
         if noise_multiplier < 0:

@@ -74,6 +74,7 @@ class TreeMechanism:
     """Tree-aggregation noise with σ = ``noise_multiplier`` per node (std σ·C per coordinate)."""
 
     name = "tree"
+    independent_noise = False  # z_t correlated across rounds
 
     def __init__(self, noise_multiplier: float, clip_norm: float, noise: NoiseStream | None = None,
                  estimator: str = "plain", restart_every: int | None = None, rounds: int | None = None) -> None:

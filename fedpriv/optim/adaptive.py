@@ -48,28 +48,18 @@ Diagnostics per round: ``v_negative_fraction`` — the share of coordinates of t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 
 from fedpriv.errors import ConfigError
+from fedpriv.optim.base import ServerOptimizerBase
+from fedpriv.queries import QueryPlan, RoundRelease
 
 RULES = ("adam", "adagrad")
 VARIANTS = ("post", "bc", "ime", "stp", "noiseless")
 STP_NORMALIZE = ("rms", "none")
 
 
-@dataclass
-class RoundRelease:
-    """What one round hands the server optimizer."""
-
-    update: torch.Tensor  # Δ̄: the privatized average delta (already divided by s_t under stp)
-    noise_std: float | None = None  # per-coordinate std of the noise in ``update`` (independent noise)
-    squares: torch.Tensor | None = None  # ime: privatized average of squared clipped deltas
-    noiseless: torch.Tensor | None = None  # noiseless average (noiseless variant only; not private)
-
-
-class DPAdaptive:
+class DPAdaptive(ServerOptimizerBase):
     """A DP adaptive server optimizer (see the module docstring for the math)."""
 
     def __init__(self, rule: str = "adam", variant: str = "post", lr: float = 0.01, beta1: float = 0.9,
@@ -97,7 +87,18 @@ class DPAdaptive:
         self.noise_var_sum = 0.0  # Σ_t (noise std of Δ̄_t)², the bias AdaGrad's v accumulates
         self.t = 0
 
-    # --- what the aggregation must provide -----------------------------------------------
+    # --- what the aggregation must provide: declared once -------------------------------------
+    @property
+    def query_plan(self) -> QueryPlan:
+        update_factor, squares_factor = self.noise_split()
+        return QueryPlan(update_noise_factor=update_factor,
+                         squares_noise_factor=squares_factor if self.variant == "ime" else None,
+                         noise_std=self.variant == "bc", pre_clip_scale=self.variant == "stp",
+                         noiseless=self.variant == "noiseless")
+
+    def pre_clip_scale(self) -> torch.Tensor | None:
+        return self.client_scale()
+
     @property
     def needs_squares(self) -> bool:
         return self.variant == "ime"
@@ -186,10 +187,6 @@ class DPAdaptive:
         step = m_hat / (v_hat.sqrt() + self.eps)
         return params - self.lr * step, stats
 
-    def reset(self, params: torch.Tensor) -> None:
-        """A new iterate from outside (a public stage): the update reads θ from the caller, so the
-        moment estimates continue."""
-
     def state_dict(self) -> dict:
         return {"m": self.m, "v": self.v, "t": self.t, "noise_var_sum": self.noise_var_sum}
 
@@ -201,16 +198,3 @@ class DPAdaptive:
 ADAPTIVE_NAMES = {f"dp{rule}_{variant}": (rule, variant) for rule in RULES for variant in VARIANTS
                   if variant != "noiseless"}
 ADAPTIVE_NAMES.update({f"{rule}_noiseless_precond": (rule, "noiseless") for rule in RULES})
-
-
-def check_adaptive(optimizer, mechanism: str, one_pass: bool) -> None:
-    """Fail closed on combinations whose math the variant does not cover."""
-    if not isinstance(optimizer, DPAdaptive):
-        return
-    if (optimizer.needs_squares or optimizer.needs_noise_std) and mechanism != "gaussian":
-        raise ConfigError(f"optimizer={optimizer.name} needs independent Gaussian noise (mechanism=gaussian): "
-                          f"its {'noise split' if optimizer.needs_squares else 'bias correction'} is derived for it, "
-                          f"not for mechanism={mechanism}")
-    if one_pass and (optimizer.needs_squares or optimizer.variant == "stp"):
-        raise ConfigError(f"optimizer={optimizer.name} needs each user's delta at the aggregator; the one-pass "
-                          "clipped sum has none (use algorithm.one_pass=false)")

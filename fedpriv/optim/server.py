@@ -10,6 +10,7 @@ import torch
 
 from fedpriv.errors import ConfigError
 from fedpriv.optim.adaptive import ADAPTIVE_NAMES, DPAdaptive
+from fedpriv.optim.base import ServerOptimizerBase
 
 
 def cosine_factor(step: int, total_steps: int | None) -> float:
@@ -19,7 +20,7 @@ def cosine_factor(step: int, total_steps: int | None) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
 
 
-class ServerSGD:
+class ServerSGD(ServerOptimizerBase):
     """``m ← β m + Δ̄``; ``θ ← θ + η_t m`` (β = 0: plain FedAvg with server learning rate η).
 
     With ``decay_steps`` the rate follows a cosine decay ``η_t = η·(1 + cos(πt/T))/2``: late rounds
@@ -39,10 +40,6 @@ class ServerSGD:
         self.t += 1
         return params + lr * update
 
-    def reset(self, params: torch.Tensor) -> None:
-        """A new iterate from outside (a public stage): SGD reads θ from the caller at every step,
-        so the momentum buffer and the schedule simply continue."""
-
     def state_dict(self) -> dict:
         return {"buffer": self.buffer, "t": self.t}
 
@@ -50,7 +47,7 @@ class ServerSGD:
         self.buffer, self.t = state["buffer"], state["t"]
 
 
-class ServerFTRL:
+class ServerFTRL(ServerOptimizerBase):
     """FTRL on the privatized stream (DP-FTRL; with momentum DP-FTRLM, Kairouz et al. 2021).
 
     ``S_t = Σ_{τ≤t} Δ̄_τ`` (the running sum of privatized average deltas: with tree noise its

@@ -36,7 +36,8 @@ def _teacher(public_cfg: Mapping[str, Any], data, seed: int) -> nn.Module | None
     if kind == "none":
         return None
     if kind == "hf":
-        from fedpriv.public.hf import HFTeacher, HFTokenizer
+        from fedpriv.public.hf import HFTeacher
+        from fedpriv.text.hf_tokenizer import HFTokenizer
 
         if not isinstance(data.tokenizer, HFTokenizer):
             raise ConfigError("public.teacher=hf needs data.tokenizer=hf: the student must use the teacher's tokenizer")

@@ -1,5 +1,6 @@
 """Wire format of flat float32 vectors in Flower messages (raw little-endian bytes) and of a
-node's reply (protocol in ``server/strategy.py``).
+node's reply: the message format the server (``server/strategy.py``) and the clients
+(``client/app.py``) share; neither imports the other.
 
 Flower's default ``Array(ndarray)`` runs ``np.save`` (~17 ms for a 4M-parameter model here);
 raw bytes cost one memcpy to encode and none to decode.
@@ -10,7 +11,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 
-import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedpriv.data.federated import Vocabulary
+from fedpriv.text.vocabulary import Vocabulary
 from fedpriv.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,150 @@
+"""The training algorithms as objects: each states its privacy unit (what one sampled, clipped
+contribution is), what a client computes, and — where it can — how the server side computes a
+cohort's clipped sum in one batched pass. Nothing else tests an algorithm's name.
+
+* :class:`FedAvg` — DP-FedAvg ("Learning Differentially Private Recurrent Language Models",
+  McMahan et al. 2018): local epochs on each sampled user, the delta clipped to C (user level);
+* :class:`ExampleLevelFedAvg` — the same with example-level DP-SGD on every client (the local
+  steps run through Book-Keeping; ``fedpriv.local_dp`` states its accounting);
+* :class:`FedSGD` — DP-FedSGD: one full-batch gradient step per user; in process, the cohort's
+  clipped sum comes from one batched Book-Keeping pass (equal to the per-client loop);
+* :class:`DPSGD` — central DP-SGD ("Deep Learning with Differential Privacy", Abadi et al. 2016)
+  on the pooled examples: the unit is one example, sampled and clipped like a user.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch import nn
+
+from fedpriv import schema
+from fedpriv.clipping import BookKeeping
+from fedpriv.cohort import CohortClipper, CohortSum
+from fedpriv.local_dp import resolve_example_dp
+from fedpriv.training import LocalConfig
+
+if TYPE_CHECKING:
+    from fedpriv.runner import RunSession
+
+
+class PooledExamples(Sequence):
+    """The pooled training rows of all users, one example per unit: ``units[i]`` is row i as [1, L]."""
+
+    def __init__(self, users: Sequence[np.ndarray]) -> None:
+        self.rows = np.concatenate([np.asarray(users[u]) for u in range(len(users))])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.rows[i:i + 1]
+
+
+BatchedRound = Callable[[int, np.ndarray], CohortSum]
+
+
+class Algorithm:
+    """One training algorithm. ``spec`` is its typed config option (``fedpriv.schema``)."""
+
+    privacy_unit = "user"  # "user": a user's whole data is one unit; "example": one row is
+    per_unit_deltas = True  # the aggregator sees each unit's delta (False: only a clipped sum)
+
+    def __init__(self, spec: schema.Option) -> None:
+        self.spec = spec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def units(self, users: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
+        """What the server samples and clips."""
+        return users
+
+    def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
+        """What each client runs on its unit in a round."""
+        return LocalConfig(epochs=client.epochs, batch_size=client.batch_size, lr=float(client.lr),
+                           max_steps=client.max_steps)
+
+    def client_engine(self, model: nn.Module, local: LocalConfig) -> BookKeeping | None:
+        """The per-sample clipping engine hooked on the clients' model, if the local steps need one."""
+        return None
+
+    def batched_round(self, session: RunSession) -> BatchedRound | None:
+        """An in-process round computing the cohort's clipped sum in one batched pass, or None
+        (then each unit's delta is computed by a client and clipped by the aggregator)."""
+        return None
+
+
+class FedAvg(Algorithm):
+    pass
+
+
+class ExampleLevelFedAvg(FedAvg):
+    """DP-FedAvg whose local steps are example-level DP-SGD (the client's replies are already
+    privatized deltas; they are still clipped to C per user by the server)."""
+
+    def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
+        local = super().local_config(client, rounds, accountant)
+        return dataclasses.replace(local, dp=resolve_example_dp(dataclasses.asdict(client), rounds, accountant))
+
+    def client_engine(self, model: nn.Module, local: LocalConfig) -> BookKeeping | None:
+        dp = local.dp
+        return BookKeeping(model, clip_norm=dp.clip_norm, noise_multiplier=dp.noise_multiplier, mode=dp.mode)
+
+
+class FedSGD(Algorithm):
+    """One full-batch gradient step per unit: delta = −lr · ∇(mean token loss)."""
+
+    def __init__(self, spec: schema.Option) -> None:
+        super().__init__(spec)
+        self.per_unit_deltas = not self._one_pass
+
+    @property
+    def _one_pass(self) -> bool:
+        return bool(getattr(self.spec, "one_pass", True))
+
+    def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
+        return LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client.lr), max_steps=1)
+
+    def batched_round(self, session: RunSession) -> BatchedRound | None:
+        if not self._one_pass:
+            return None
+        task = session.task
+        clipper = CohortClipper(copy.deepcopy(task.client_model), session.server.clip_norm, task.local.lr,
+                                task.data.vocab.pad_id, mode=self.spec.clipping_mode, max_rows=self.spec.max_rows)
+
+        def round_fn(round_idx: int, cohort: np.ndarray) -> CohortSum:
+            del round_idx  # one full-batch step: no data order to seed
+            return clipper.clipped_sum(session.server.params, cohort, lambda u: task.units[u])
+
+        return round_fn
+
+
+class DPSGD(FedSGD):
+    """Central DP-SGD: the units are the pooled examples (always one batched pass)."""
+
+    privacy_unit = "example"
+
+    @property
+    def _one_pass(self) -> bool:
+        return True
+
+    def units(self, users: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
+        return PooledExamples(users)
+
+
+_CLASSES: dict[type, type[Algorithm]] = {schema.FedAvg: FedAvg, schema.FedSGD: FedSGD, schema.DPSGD: DPSGD}
+
+
+def build_algorithm(cfg: dict[str, Any]) -> Algorithm:
+    """The algorithm of a run config (``cfg["algorithm"]``, with ``client.dp`` for example-level DP)."""
+    spec = schema.load("algorithm", cfg["algorithm"])
+    cls = _CLASSES[type(spec)]
+    if cls is FedAvg and schema.load(schema.Client, cfg["client"], "client").dp == "example":
+        cls = ExampleLevelFedAvg
+    return cls(spec)
