@@ -9,7 +9,7 @@ import torch
 from fedpriv.aggregation import RoundAggregate
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
 from fedpriv.mechanisms import GaussianMechanism
-from fedpriv.mechanisms.gaussian import ADD_REMOVE, REPLACE_ONE
+from fedpriv.mechanisms.base import ADD_REMOVE, REPLACE_ONE
 from fedpriv.optim import ServerSGD
 from fedpriv.sampling import FixedSizeSampler, PoissonSampler
 from fedpriv.randomness import NoiseStream, key_from_seed

@@ -26,7 +26,7 @@ from dp_accounting.rdp import RdpAccountant
 from scipy import optimize
 
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.gaussian import RELATION_NAMES
+from fedpriv.mechanisms.base import RELATION_NAMES
 
 RDP = "rdp"
 PLD = "pld"

@@ -1,4 +1,4 @@
-"""Noise mechanisms for the stream of aggregated updates.
+"""Noise mechanisms for the stream of aggregated updates (the shared part: :mod:`.base`).
 
 Every mechanism generates round t's noise online (``noise(t, shape)``, drawn in round order),
 checkpoints its state (``state_dict``/``load_state_dict``), states its own ``dp_accounting`` event
@@ -12,12 +12,13 @@ from typing import Any, Mapping
 
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.bandmf import BandMFMechanism
+from fedpriv.mechanisms.base import NoiseMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.tree import TreeMechanism
 from fedpriv.randomness import NoiseStream
 from fedpriv.schema import load
 
-Mechanism = GaussianMechanism | TreeMechanism | BandMFMechanism
+Mechanism = NoiseMechanism
 MECHANISM_NAMES = ("bandmf", "gaussian", "tree")
 
 
@@ -37,4 +38,5 @@ def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: 
                            kind=spec.strategy, iterations=spec.iterations)
 
 
-__all__ = ["BandMFMechanism", "GaussianMechanism", "MECHANISM_NAMES", "Mechanism", "TreeMechanism", "build_mechanism"]
+__all__ = ["BandMFMechanism", "GaussianMechanism", "MECHANISM_NAMES", "Mechanism", "NoiseMechanism", "TreeMechanism",
+           "build_mechanism"]

@@ -35,7 +35,7 @@ from fedpriv.atomic import write_atomic
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.analysis import prefix_mse
-from fedpriv.mechanisms.gaussian import load_noise_state, noise_state, require_noise, trivial_event
+from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT, NoiseMechanism, trivial_event
 from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC, CYCLIC_POISSON, Sampler
 
@@ -187,7 +187,7 @@ def cached_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 50
     return c
 
 
-class BandMFMechanism:
+class BandMFMechanism(NoiseMechanism):
     """BandMF residual noise ``(C⁻¹Z)_t`` with σ = ``noise_multiplier`` (std σ·C_clip per coordinate)."""
 
     name = "bandmf"
@@ -196,24 +196,13 @@ class BandMFMechanism:
     def __init__(self, noise_multiplier: float, clip_norm: float, rounds: int, bands: int,
                  noise: NoiseStream | None = None, kind: str = "auto", iterations: int = 500,
                  strategy: torch.Tensor | None = None) -> None:
-        if noise_multiplier < 0:
-            raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
-        if clip_norm <= 0:
-            raise ConfigError(f"clip norm must be > 0, got {clip_norm}")
+        super().__init__(noise_multiplier, clip_norm, noise)
         if not isinstance(bands, int) or not 1 <= bands <= rounds:
             raise ConfigError(f"mechanism.bands must be an integer in [1, rounds={rounds}], got {bands!r}")
-        self.noise_multiplier = float(noise_multiplier)
-        self.clip_norm = float(clip_norm)
         self.rounds, self.bands, self.kind, self.iterations = int(rounds), int(bands), kind, int(iterations)
-        self._noise = noise
         self._strategy = strategy
         self._strategy_checked = False
         self._history: list[torch.Tensor] = []  # last b−1 residuals, newest last
-        self.rounds_done = 0
-
-    @property
-    def std(self) -> float:
-        return self.noise_multiplier * self.clip_norm
 
     @property
     def strategy(self) -> torch.Tensor:
@@ -230,17 +219,13 @@ class BandMFMechanism:
         self._strategy_checked = True
         return self._strategy
 
-    def noise(self, round_idx: int, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
-        if round_idx != self.rounds_done:
-            raise ValueError(f"BandMF noise must be drawn in round order: expected round {self.rounds_done}, "
-                             f"got {round_idx}")
+    def _check_round(self, round_idx: int) -> None:
         if round_idx >= self.rounds:
             raise ValueError(f"the BandMF strategy was optimized for {self.rounds} rounds")
-        shape = tuple(shape)
-        if self.noise_multiplier == 0.0:
-            self.rounds_done += 1
-            return torch.zeros(shape)
-        return self._next(require_noise(self._noise, self.name).normal(shape) * self.std)
+
+    def _residual(self, draw) -> torch.Tensor:
+        """``w_t = (z_t − Σ_{lag<b} C[t, t−lag] w_{t−lag}) / C[t, t]``: row t of ``C⁻¹Z``, online."""
+        return self._next(draw())
 
     def _next(self, z: torch.Tensor) -> torch.Tensor:
         t = self.rounds_done
@@ -266,8 +251,8 @@ class BandMFMechanism:
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
         self._check_sampler(sampler)
         if sampler.kind == CYCLIC_POISSON:
-            return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-        return dp_accounting.NeighboringRelation.REPLACE_SPECIAL
+            return ADD_REMOVE
+        return ZERO_OUT
 
     def _check_sampler(self, sampler: Sampler) -> None:
         if sampler.kind == CYCLIC:
@@ -307,19 +292,15 @@ class BandMFMechanism:
     # ---------------------------------------------------------------- state
 
     def state_dict(self) -> dict:
-        return {"name": self.name, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
-                "rounds": self.rounds, "bands": self.bands, "noise": noise_state(self._noise),
-                "history": list(self._history), "rounds_done": self.rounds_done,
+        return {**super().state_dict(), "rounds": self.rounds, "bands": self.bands, "history": list(self._history),
+                "rounds_done": self.rounds_done,
                 "strategy_sha256": hashlib.sha256(self.strategy.numpy().tobytes()).hexdigest()}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("name") != self.name:
-            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
-        digest = hashlib.sha256(self.strategy.numpy().tobytes()).hexdigest()
-        if (state["rounds"], state["bands"], state["strategy_sha256"]) != (self.rounds, self.bands, digest):
-            raise ValueError("checkpoint's BandMF strategy differs from this run's (rounds, bands or matrix)")
-        self.noise_multiplier = float(state["noise_multiplier"])
-        self.clip_norm = float(state["clip_norm"])
-        load_noise_state(self._noise, state["noise"], self.name)
+        if state.get("name") == self.name:
+            digest = hashlib.sha256(self.strategy.numpy().tobytes()).hexdigest()
+            if (state["rounds"], state["bands"], state["strategy_sha256"]) != (self.rounds, self.bands, digest):
+                raise ValueError("checkpoint's BandMF strategy differs from this run's (rounds, bands or matrix)")
+        super().load_state_dict(state)
         self._history = list(state["history"])
         self.rounds_done = int(state["rounds_done"])

@@ -29,12 +29,11 @@ import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.gaussian import load_noise_state, noise_state, require_noise, trivial_event
+from fedpriv.mechanisms.base import ZERO_OUT, NoiseMechanism, trivial_event
 from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC, Sampler
 
 ESTIMATORS = ("plain", "efficient")
-ZERO_OUT = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
 
 
 def node_variances(height: int, estimator: str) -> list[float]:
@@ -70,7 +69,7 @@ class TreeState:
         return total
 
 
-class TreeMechanism:
+class TreeMechanism(NoiseMechanism):
     """Tree-aggregation noise with σ = ``noise_multiplier`` per node (std σ·C per coordinate)."""
 
     name = "tree"
@@ -78,39 +77,20 @@ class TreeMechanism:
 
     def __init__(self, noise_multiplier: float, clip_norm: float, noise: NoiseStream | None = None,
                  estimator: str = "plain", restart_every: int | None = None, rounds: int | None = None) -> None:
-        if noise_multiplier < 0:
-            raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
-        if clip_norm <= 0:
-            raise ConfigError(f"clip norm must be > 0, got {clip_norm}")
+        super().__init__(noise_multiplier, clip_norm, noise)
         if estimator not in ESTIMATORS:
             raise ConfigError(f"unknown tree estimator {estimator!r} (choose one of: {', '.join(ESTIMATORS)})")
         if restart_every is not None and (not isinstance(restart_every, int) or restart_every < 1):
             raise ConfigError(f"mechanism.restart_every must be a positive integer or null, got {restart_every!r}")
-        self.noise_multiplier = float(noise_multiplier)
-        self.clip_norm = float(clip_norm)
         self.estimator = estimator
         self.restart_every = restart_every
         self.rounds = rounds  # the planned run: prefixes are accounted without re-running its worst case
-        self._noise = noise
         self._tree = TreeState()
         self._previous: torch.Tensor | None = None
-        self.rounds_done = 0
 
-    @property
-    def std(self) -> float:
-        return self.noise_multiplier * self.clip_norm
-
-    def noise(self, round_idx: int, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
-        """Residual noise of round ``round_idx`` (0-based, drawn in order): ``P_t − P_{t−1}``."""
-        if round_idx != self.rounds_done:
-            raise ValueError(f"tree noise must be drawn in round order: expected round {self.rounds_done}, "
-                             f"got {round_idx}")
-        shape = tuple(shape)
-        if self.noise_multiplier == 0.0:
-            self.rounds_done += 1
-            return torch.zeros(shape)
-        stream = require_noise(self._noise, self.name)
-        return self._next(lambda: stream.normal(shape) * self.std)
+    def _residual(self, draw: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Residual noise of the round: ``P_t − P_{t−1}`` (the running sum then carries P_t)."""
+        return self._next(draw)
 
     def _next(self, draw: Callable[[], torch.Tensor]) -> torch.Tensor:
         if self.restart_every and self._tree.leaves == self.restart_every:
@@ -175,20 +155,15 @@ class TreeMechanism:
     # ---------------------------------------------------------------- state
 
     def state_dict(self) -> dict:
-        return {"name": self.name, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
-                "estimator": self.estimator, "restart_every": self.restart_every,
-                "noise": noise_state(self._noise), "stack": list(self._tree.stack),
-                "leaves": self._tree.leaves, "previous": self._previous, "rounds_done": self.rounds_done}
+        return {**super().state_dict(), "estimator": self.estimator, "restart_every": self.restart_every,
+                "stack": list(self._tree.stack), "leaves": self._tree.leaves, "previous": self._previous,
+                "rounds_done": self.rounds_done}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("name") != self.name:
-            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
         for key in ("estimator", "restart_every"):
-            if state[key] != getattr(self, key):
+            if state.get("name") == self.name and state[key] != getattr(self, key):
                 raise ValueError(f"checkpoint's tree {key} {state[key]!r} differs from {getattr(self, key)!r}")
-        self.noise_multiplier = float(state["noise_multiplier"])
-        self.clip_norm = float(state["clip_norm"])
-        load_noise_state(self._noise, state["noise"], self.name)
+        super().load_state_dict(state)
         self._tree = TreeState()
         self._tree.stack = [(int(h), v) for h, v in state["stack"]]
         self._tree.leaves = int(state["leaves"])

@@ -1,0 +1,100 @@
+"""What every noise mechanism shares: its calibrated parameters, its noise stream (keyed by the
+run key, secret in secure mode), drawing round t's noise online and in round order, its
+checkpoint, and the accounting vocabulary (neighbouring relations, trivial events).
+
+A mechanism is built once from a calibrated spec (σ known: :func:`fedpriv.mechanisms.build_mechanism`)
+and then only draws. Each mechanism adds what is its own: the residual noise of round t
+(``_residual``), its DpEvent for a sampler (``dp_event``, ``neighboring_relation``), its explicit
+matrix for small n (``matrix``), and the extra state of a correlated stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import dp_accounting
+import torch
+
+from fedpriv.errors import ConfigError
+from fedpriv.randomness import NoiseStream
+
+ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+REPLACE_ONE = dp_accounting.NeighboringRelation.REPLACE_ONE
+ZERO_OUT = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
+
+RELATION_NAMES = {ADD_REMOVE: "add_or_remove_one", REPLACE_ONE: "replace_one", ZERO_OUT: "zero_out"}
+
+
+def require_noise(noise: NoiseStream | None, name: str) -> NoiseStream:
+    """The mechanism's noise stream; a mechanism built for accounting only has none (fail closed)."""
+    if noise is None:
+        raise ValueError(f"the {name} mechanism was built for accounting only (no noise stream): it cannot add noise")
+    return noise
+
+
+def trivial_event(noise_multiplier: float, rounds: int) -> dp_accounting.DpEvent | None:
+    """The event when no accounting is needed: non-private (σ = 0) or nothing released yet."""
+    if noise_multiplier == 0.0:
+        return dp_accounting.NonPrivateDpEvent()
+    if rounds == 0:
+        return dp_accounting.NoOpDpEvent()
+    return None
+
+
+class NoiseMechanism:
+    """Round t's noise ``w_t = Σ_{j≤t} M[t, j] z_j`` with ``z_j ~ N(0, σ²C² I)`` the j-th draw of
+    the run's noise stream and ``M`` lower triangular (the identity for independent noise)."""
+
+    name: ClassVar[str]
+    independent_noise: ClassVar[bool] = False  # z_t independent across rounds (extra queries may draw more)
+    ordered: ClassVar[bool] = True  # w_t depends on earlier draws: rounds are drawn in order, and counted
+
+    def __init__(self, noise_multiplier: float, clip_norm: float, noise: NoiseStream | None = None) -> None:
+        if noise_multiplier < 0:
+            raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
+        if clip_norm <= 0:
+            raise ConfigError(f"clip norm must be > 0, got {clip_norm}")
+        self.noise_multiplier = float(noise_multiplier)
+        self.clip_norm = float(clip_norm)
+        self._noise = noise
+        self.rounds_done = 0
+
+    @property
+    def std(self) -> float:
+        """Noise standard deviation per coordinate of one draw: σ·C."""
+        return self.noise_multiplier * self.clip_norm
+
+    def noise(self, round_idx: int, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+        """The noise of round ``round_idx`` (0-based), drawn online from the stream."""
+        if self.ordered and round_idx != self.rounds_done:
+            raise ValueError(f"{self.name} noise must be drawn in round order: expected round {self.rounds_done}, "
+                             f"got {round_idx}")
+        self._check_round(round_idx)
+        shape = tuple(shape)
+        if self.noise_multiplier == 0.0:
+            if self.ordered:
+                self.rounds_done += 1
+            return torch.zeros(shape)
+        stream = require_noise(self._noise, self.name)
+        return self._residual(lambda: stream.normal(shape) * self.std)
+
+    def _check_round(self, round_idx: int) -> None:
+        """A mechanism planned for a number of rounds refuses the ones beyond it."""
+
+    def _residual(self, draw: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``w_t`` from the stream's next draws (``draw()`` gives one ``z``); counts the round."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {"name": self.name, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
+                "noise": None if self._noise is None else self._noise.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` saved (subclasses check their own keys first)."""
+        if state.get("name") != self.name:
+            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
+        self.noise_multiplier = float(state["noise_multiplier"])
+        self.clip_norm = float(state["clip_norm"])
+        if state["noise"] is not None:
+            require_noise(self._noise, self.name).load_state_dict(state["noise"])
