@@ -17,7 +17,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from torch import nn
@@ -138,7 +139,44 @@ class DPSGD(FedSGD):
         return PooledExamples(users)
 
 
-_CLASSES: dict[type, type[Algorithm]] = {schema.FedAvg: FedAvg, schema.FedSGD: FedSGD, schema.DPSGD: DPSGD}
+@dataclass
+class FedAvgOption(schema.Option):
+    """DP-FedAvg: local epochs on each sampled user, user-level clipping of the delta."""
+
+    local_training: ClassVar[bool] = True  # clients run local steps (client.dp=example applies to them)
+    name: str = "dp_fedavg"
+
+
+@dataclass
+class FedSGDOption(schema.Option):
+    """DP-FedSGD: one full-batch gradient step per sampled user; one batched BK pass when one_pass."""
+
+    name: str = "dp_fedsgd"
+    one_pass: bool = True
+    clipping_mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
+    max_rows: int = 512  # rows per batched backward (whole users per chunk)
+
+    def check(self, path: str) -> None:
+        schema.positive(self, "max_rows", path=path)
+
+
+@dataclass
+class DPSGDOption(schema.Option):
+    """Central DP-SGD on the pooled examples (example-level accounting)."""
+
+    central: ClassVar[bool] = True  # pooled data, no clients: in-process only
+    name: str = "dpsgd"
+    clipping_mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
+    max_rows: int = 512
+
+    def check(self, path: str) -> None:
+        schema.positive(self, "max_rows", path=path)
+
+
+_CLASSES: dict[type, type[Algorithm]] = {FedAvgOption: FedAvg, FedSGDOption: FedSGD, DPSGDOption: DPSGD}
+schema.register_option("algorithm", "dp_fedavg", FedAvgOption())
+schema.register_option("algorithm", "dp_fedsgd", FedSGDOption())
+schema.register_option("algorithm", "dpsgd", DPSGDOption())
 
 
 def build_algorithm(cfg: dict[str, Any]) -> Algorithm:

@@ -69,10 +69,10 @@ def deployment_config(run_config: Mapping[str, object]) -> dict:
 def group_options(group: str) -> list[str]:
     """The options of a config group: the schema's ConfigStore entries, or the YAML files of
     ``configs/<group>/`` (experiments)."""
-    from fedpriv.schema import OPTIONS
+    from fedpriv.schema import GROUPS, options
 
-    if group in OPTIONS:
-        return sorted(OPTIONS[group])
+    if group in GROUPS:
+        return sorted(options(group))
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 

@@ -209,217 +209,6 @@ class TextPipeline(Option):
 
 
 @dataclass
-class SyntheticParams(Section):
-    """``data.synthetic``: the embedded generator's knobs (fedpriv/data/synthetic.py)."""
-
-    vocab_size: int = 3000
-    num_users: int = 10000
-    num_topics: int = 20
-    num_public_topics: int = 10
-    mean_sentences: float = 25.0
-    max_sentences_per_user: int = 256
-    num_test: int = 4000
-    num_public: int = 20000
-    public_private_fraction: float = 0.2
-
-    def check(self, path: str) -> None:
-        positive(self, "vocab_size", "num_users", "num_topics", "num_public_topics", "mean_sentences",
-                 "max_sentences_per_user", "num_test", path=path)
-        nonnegative(self, "num_public", path=path)
-        in_unit_interval(self, "public_private_fraction", path, open_left=False)
-
-
-@dataclass
-class SyntheticData(TextPipeline):
-    name: str = "synthetic"
-    public_source: Literal["embedded", "c4", "text", "none"] = "embedded"
-    synthetic: SyntheticParams = field(default_factory=SyntheticParams)
-
-
-@dataclass
-class StackOverflowData(TextPipeline):
-    """TFF's StackOverflow (a local sqlite file; never downloaded)."""
-
-    name: str = "stackoverflow"
-    path: Optional[str] = "data/stackoverflow.sqlite"  # stackoverflow.word_count beside it
-    vocab_path: Optional[str] = None
-    vocab_size: int = 10000
-    max_sentences_per_user: int = 256
-    max_users: Optional[int] = None
-    max_test_sentences: int = 10000
-    allow_private_vocab: bool = False
-
-    def check(self, path: str) -> None:
-        super().check(path)
-        positive(self, "vocab_size", "max_sentences_per_user", "max_users", "max_test_sentences", path=path)
-
-
-@dataclass
-class LSTMModel(Option):
-    name: str = "lstm"
-    embed_dim: int = 64
-    hidden_size: int = 128
-    projection_dim: int = 64
-
-    def check(self, path: str) -> None:
-        positive(self, "embed_dim", "hidden_size", "projection_dim", path=path)
-
-
-@dataclass
-class TransformerModel(Option):
-    name: str = "transformer"
-    d_model: int = 96
-    num_layers: int = 3
-    num_heads: int = 8
-    ff_dim: int = 1536
-
-    def check(self, path: str) -> None:
-        positive(self, "d_model", "num_layers", "num_heads", "ff_dim", path=path)
-        if self.d_model % self.num_heads:
-            raise ConfigError(f"{path}.d_model ({self.d_model}) must be divisible by {path}.num_heads "
-                              f"({self.num_heads})")
-
-
-@dataclass
-class FedAvg(Option):
-    """DP-FedAvg: local epochs on each sampled user, user-level clipping of the delta."""
-
-    local_training: ClassVar[bool] = True  # clients run local steps (client.dp=example applies to them)
-    name: str = "dp_fedavg"
-
-
-@dataclass
-class FedSGD(Option):
-    """DP-FedSGD: one full-batch gradient step per sampled user; one batched BK pass when one_pass."""
-
-    name: str = "dp_fedsgd"
-    one_pass: bool = True
-    clipping_mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
-    max_rows: int = 512  # rows per batched backward (whole users per chunk)
-
-    def check(self, path: str) -> None:
-        positive(self, "max_rows", path=path)
-
-
-@dataclass
-class DPSGD(Option):
-    """Central DP-SGD on the pooled examples (example-level accounting)."""
-
-    central: ClassVar[bool] = True  # pooled data, no clients: in-process only
-    name: str = "dpsgd"
-    clipping_mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
-    max_rows: int = 512
-
-    def check(self, path: str) -> None:
-        positive(self, "max_rows", path=path)
-
-
-@dataclass
-class GaussianNoise(Option):
-    name: str = "gaussian"
-
-
-@dataclass
-class TreeNoise(Option):
-    """DP-FTRL tree aggregation (needs sampling=cyclic)."""
-
-    name: str = "tree"
-    estimator: Literal["plain", "efficient"] = "efficient"  # efficient: Honaker's inverse-variance node estimates
-    restart_every: Optional[int] = None  # start a new tree every k rounds (null: one tree)
-
-    def check(self, path: str) -> None:
-        positive(self, "restart_every", path=path)
-
-
-@dataclass
-class BandMFNoise(Option):
-    """Banded matrix-factorization noise (sampling cyclic or cyclic_poisson)."""
-
-    name: str = "bandmf"
-    bands: int = 16
-    strategy: Literal["auto", "general", "toeplitz"] = "auto"  # auto: toeplitz above 512 rounds
-    iterations: int = 500  # L-BFGS iterations of the strategy optimization
-
-    def check(self, path: str) -> None:
-        positive(self, "bands", "iterations", path=path)
-
-
-@dataclass
-class SGDOptimizer(Option):
-    """``θ ← θ + η_t Δ̄`` (fedpriv/optim/server.py)."""
-
-    name: str = "sgd"
-    lr: float = 1.0
-    schedule: Literal["constant", "cosine"] = "constant"  # cosine: decay to 0 over the run's rounds
-
-    def check(self, path: str) -> None:
-        positive(self, "lr", path=path)
-
-
-@dataclass
-class MomentumOptimizer(SGDOptimizer):
-    name: str = "momentum"
-    momentum: float = 0.9
-    schedule: Literal["constant", "cosine"] = "cosine"
-
-    def check(self, path: str) -> None:
-        super().check(path)
-        in_unit_interval(self, "momentum", path, closed_right=False, open_left=False)
-
-
-@dataclass
-class FTRLOptimizer(Option):
-    """DP-FTRL(M): θ_t = θ_0 + lr · m_t over the running sum of privatized updates."""
-
-    name: str = "ftrl"
-    lr: float = 0.1
-    momentum: float = 0.9
-
-    def check(self, path: str) -> None:
-        positive(self, "lr", path=path)
-        in_unit_interval(self, "momentum", path, closed_right=False, open_left=False)
-
-
-@dataclass
-class AdamOptimizer(Option):
-    """``adam``: DP-Adam on the privatized update (= dpadam_post)."""
-
-    name: str = "adam"
-    lr: float = 0.01
-    beta1: float = 0.9  # adam only
-    beta2: float = 0.999  # adam only
-    eps: float = 0.001
-
-    def check(self, path: str) -> None:
-        positive(self, "lr", "eps", path=path)
-        in_unit_interval(self, "beta1", path, closed_right=False, open_left=False)
-        in_unit_interval(self, "beta2", path, closed_right=False, open_left=False)
-
-
-@dataclass
-class AdaptiveOptimizer(AdamOptimizer):
-    """The DP adaptive variants (fedpriv/optim/adaptive.py states the math)."""
-
-    floor: float = 1.0e-12  # floor of the second moment where it can be negative (bc, ime)
-    ime_fraction: float = 0.5  # ime: share rho of the noise budget for the squares
-
-    def check(self, path: str) -> None:
-        super().check(path)
-        positive(self, "floor", path=path)
-        in_unit_interval(self, "ime_fraction", path, closed_right=False)
-
-
-@dataclass
-class STPOptimizer(AdaptiveOptimizer):
-    stp_normalize: Literal["rms", "none"] = "rms"  # divide s_t by its RMS so clip_norm keeps its scale
-    stp_eps: Optional[float] = None  # s_t = 1/(sqrt(v_hat) + stp_eps); null = eps
-
-    def check(self, path: str) -> None:
-        super().check(path)
-        positive(self, "stp_eps", path=path)
-
-
-@dataclass
 class LocalBackend(Option):
     name: str = "local"
 
@@ -453,38 +242,41 @@ class DeploymentBackend(Option):
         nonnegative(self, "skip_rounds", path=path)
 
 
-def _adaptive_options() -> dict[str, Option]:
-    out: dict[str, Option] = {"adam": AdamOptimizer()}
-    for rule, lr in (("adam", 0.01), ("adagrad", 0.1)):
-        for variant in ("post", "bc", "ime"):
-            out[f"dp{rule}_{variant}"] = AdaptiveOptimizer(name=f"dp{rule}_{variant}", lr=lr)
-        out[f"dp{rule}_stp"] = STPOptimizer(name=f"dp{rule}_stp", lr=lr)
-        out[f"{rule}_noiseless_precond"] = AdaptiveOptimizer(name=f"{rule}_noiseless_precond", lr=lr)
-    return out
-
-
-# group -> option name -> its defaults (the ConfigStore entries)
+# group -> option name -> its defaults (the ConfigStore entries). The options register themselves
+# from the modules that implement them (register_option); options() imports those modules.
 OPTIONS: dict[str, dict[str, Option]] = {
-    "data": {"synthetic": SyntheticData(), "stackoverflow": StackOverflowData()},
-    "model": {"lstm": LSTMModel(), "transformer": TransformerModel(),
-              # the smoke experiment's sizes: one preset per architecture, so `model=` still switches
-              "lstm_tiny": LSTMModel(embed_dim=16, hidden_size=32, projection_dim=16),
-              "transformer_tiny": TransformerModel(d_model=32, num_layers=2, num_heads=4, ff_dim=64)},
-    "algorithm": {"dp_fedavg": FedAvg(), "dp_fedsgd": FedSGD(), "dpsgd": DPSGD()},
-    "mechanism": {"gaussian": GaussianNoise(), "tree": TreeNoise(), "bandmf": BandMFNoise()},
-    "optimizer": {"sgd": SGDOptimizer(), "momentum": MomentumOptimizer(), "ftrl": FTRLOptimizer(),
-                  **_adaptive_options()},
     "backend": {"local": LocalBackend(), "flower": FlowerBackend(), "deployment": DeploymentBackend()},
 }
-GROUPS = tuple(OPTIONS)
+PLUGINS = {"data": "fedpriv.data", "model": "fedpriv.models", "algorithm": "fedpriv.algorithms",
+           "mechanism": "fedpriv.mechanisms", "optimizer": "fedpriv.optim"}
+GROUPS = ("data", "model", "algorithm", "mechanism", "optimizer", "backend")
 # the default option of each group (config.yaml's defaults list names the same)
 DEFAULT_OPTIONS = {"data": "synthetic", "model": "lstm", "algorithm": "dp_fedavg", "mechanism": "gaussian",
                    "optimizer": "momentum", "backend": "local"}
 
 
+def register_option(group: str, name: str, option: Option) -> None:
+    """Make ``option`` (its dataclass and defaults) selectable as ``group=name``: called by the
+    module implementing it, so adding an option touches no list elsewhere."""
+    OPTIONS.setdefault(group, {})[name] = option
+
+
+def options(group: str) -> dict[str, Option]:
+    """The options of ``group`` (importing the package whose modules register them)."""
+    if group in PLUGINS:
+        import importlib
+
+        importlib.import_module(PLUGINS[group])
+    return OPTIONS.get(group, {})
+
+
+def _default(group: str):
+    return lambda: dataclasses.replace(options(group)[DEFAULT_OPTIONS[group]])
+
+
 def option_class(group: str, name: Any, path: str) -> type[Option]:
     """The dataclass of the option whose ``name`` is ``name`` (several presets may share one)."""
-    classes = {opt.name: type(opt) for opt in OPTIONS[group].values()}
+    classes = {opt.name: type(opt) for opt in options(group).values()}
     if name not in classes:
         raise ConfigError(f"unknown {path}.name {name!r} (choose one of: {', '.join(sorted(classes))})")
     return classes[name]
@@ -509,12 +301,12 @@ class RunConfig(Section):
     client: Client = field(default_factory=Client)
     public: Public = field(default_factory=Public)
     privacy: Privacy = field(default_factory=Privacy)
-    data: TextPipeline = field(default_factory=SyntheticData)
-    model: Option = field(default_factory=LSTMModel)
-    algorithm: Option = field(default_factory=FedAvg)
-    mechanism: Option = field(default_factory=GaussianNoise)
-    optimizer: Option = field(default_factory=MomentumOptimizer)
-    backend: Option = field(default_factory=LocalBackend)
+    data: TextPipeline = field(default_factory=_default("data"))
+    model: Option = field(default_factory=_default("model"))
+    algorithm: Option = field(default_factory=_default("algorithm"))
+    mechanism: Option = field(default_factory=_default("mechanism"))
+    optimizer: Option = field(default_factory=_default("optimizer"))
+    backend: Option = field(default_factory=_default("backend"))
 
     def check(self, path: str = "") -> None:
         nonnegative(self, "seed", path=path)
@@ -609,7 +401,7 @@ def _section(data: Any, cls: type, path: str) -> Any:
         if name not in data:
             continue  # its default
         tp = hints[name]
-        if name in OPTIONS and cls is RunConfig:  # a group: the option its `name` selects
+        if name in GROUPS and cls is RunConfig:  # a group: the option its `name` selects
             if not isinstance(data[name], dict):
                 _fail(sub, "a mapping", data[name])
             tp = option_class(name, data[name].get("name"), sub)
@@ -636,10 +428,10 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
-    top = {k: v for k, v in as_dict(RunConfig()).items() if k not in OPTIONS}
+    top = {k: v for k, v in as_dict(RunConfig()).items() if k not in GROUPS}
     store.store(name="fedpriv_defaults", node=top)
-    for group, options in OPTIONS.items():
-        for name, option in options.items():
+    for group in GROUPS:
+        for name, option in options(group).items():
             store.store(group=group, name=name, node=as_dict(option))
 
 
@@ -651,8 +443,8 @@ def known_keys(path: str) -> list[str] | None:
     for part in [p for p in path.split(".") if p]:
         nxt = []
         for c in classes:
-            if c is RunConfig and part in OPTIONS:
-                nxt += list({type(o) for o in OPTIONS[part].values()})
+            if c is RunConfig and part in GROUPS:
+                nxt += list({type(o) for o in options(part).values()})
                 continue
             hints = typing.get_type_hints(c)
             tp = hints.get(part)

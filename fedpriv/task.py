@@ -20,7 +20,6 @@ from fedpriv import schema
 from fedpriv.algorithms import Algorithm, build_algorithm
 from fedpriv.clipping import BookKeeping
 from fedpriv.data.federated import FederatedDataset
-from fedpriv.errors import ConfigError
 from fedpriv.models import build_model, get_flat_params
 from fedpriv.training import LocalConfig
 
@@ -49,25 +48,8 @@ def load_dataset(data_cfg: Mapping[str, Any]) -> FederatedDataset:
 
 
 def _load_words(data_cfg: Mapping[str, Any]) -> FederatedDataset:
-    name = data_cfg["name"]
-    if name == "synthetic":
-        from fedpriv.data.synthetic import SyntheticConfig, generate
-
-        fields = dict(data_cfg["synthetic"] or {})
-        return generate(SyntheticConfig(seq_len=int(data_cfg["seq_len"]),
-                                        seed=int(data_cfg["seed"]), **fields))
-    if name == "stackoverflow":
-        from fedpriv.data.stackoverflow import load_stackoverflow
-
-        if not data_cfg["path"]:
-            raise ConfigError("data.path is not set: point it at TFF's stackoverflow.sqlite")
-        return load_stackoverflow(
-            data_cfg["path"], vocab_path=data_cfg["vocab_path"],
-            vocab_size=int(data_cfg["vocab_size"]), seq_len=int(data_cfg["seq_len"]),
-            max_sentences_per_user=int(data_cfg["max_sentences_per_user"]),
-            max_users=data_cfg["max_users"], max_test_sentences=int(data_cfg["max_test_sentences"]),
-            seed=int(data_cfg["seed"]), allow_private_vocab=bool(data_cfg["allow_private_vocab"]))
-    raise ConfigError(f"unknown dataset {name!r} (choose one of: stackoverflow, synthetic)")
+    """The dataset option ``data_cfg`` selects, loaded (``load_words`` of its config dataclass)."""
+    return schema.load("data", dict(data_cfg)).load_words()
 
 
 def _model(model_cfg: Mapping[str, Any], data: FederatedDataset, seed: int) -> nn.Module:

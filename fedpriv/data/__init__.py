@@ -1,5 +1,6 @@
 """Federated datasets: the synthetic default, StackOverflow (TFF sqlite), and their common form."""
 
+from fedpriv.data import stackoverflow, synthetic  # noqa: F401 (they register their config options)
 from fedpriv.data.federated import FederatedDataset, PublicCorpus, Vocabulary
 
 __all__ = ["FederatedDataset", "PublicCorpus", "Vocabulary"]

@@ -26,22 +26,25 @@ cure is an indexed copy (``sqlite3 stackoverflow.sqlite ".backup copy.sqlite"``,
 
 from __future__ import annotations
 
-import logging
-import operator
-import os
-import sqlite3
-import struct
-import threading
-import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
+from dataclasses import dataclass
+import logging
+import operator
+import os
 from pathlib import Path
+import sqlite3
+import struct
+import threading
+from typing import Optional
+import warnings
 
 import numpy as np
 
 from fedpriv.data.federated import FederatedDataset, Vocabulary
 from fedpriv.errors import ConfigError
+from fedpriv.schema import TextPipeline, positive, register_option
 
 logger = logging.getLogger(__name__)
 
@@ -530,3 +533,35 @@ def load_stackoverflow(
             "client_index": indexed,
         },
     )
+
+# --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+
+@dataclass
+class StackOverflowData(TextPipeline):
+    """TFF's StackOverflow (a local sqlite file; never downloaded)."""
+
+    name: str = "stackoverflow"
+    path: Optional[str] = "data/stackoverflow.sqlite"  # stackoverflow.word_count beside it
+    vocab_path: Optional[str] = None
+    vocab_size: int = 10000
+    max_sentences_per_user: int = 256
+    max_users: Optional[int] = None
+    max_test_sentences: int = 10000
+    allow_private_vocab: bool = False
+
+    def check(self, path: str) -> None:
+        super().check(path)
+        positive(self, "vocab_size", "max_sentences_per_user", "max_users", "max_test_sentences", path=path)
+
+    def load_words(self) -> FederatedDataset:
+        """The users' sentences from TFF's sqlite file (never downloaded)."""
+        if not self.path:
+            raise ConfigError("data.path is not set: point it at TFF's stackoverflow.sqlite")
+        return load_stackoverflow(self.path, vocab_path=self.vocab_path, vocab_size=self.vocab_size,
+                                  seq_len=self.seq_len, max_sentences_per_user=self.max_sentences_per_user,
+                                  max_users=self.max_users, max_test_sentences=self.max_test_sentences,
+                                  seed=self.seed, allow_private_vocab=self.allow_private_vocab)
+
+
+register_option("data", "stackoverflow", StackOverflowData())
+

@@ -40,14 +40,17 @@ positions whose target is a word. Ignoring the user makes it the ceiling for a s
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
+import dataclasses
 import math
-from dataclasses import asdict, dataclass
+from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
 
 from fedpriv.data.federated import FederatedDataset, PublicCorpus, Vocabulary
 from fedpriv.errors import ConfigError
+from fedpriv.schema import Section, TextPipeline, in_unit_interval, nonnegative, positive, register_option
 
 
 @dataclass(frozen=True)
@@ -503,3 +506,40 @@ def generate_with_truth(cfg: SyntheticConfig) -> tuple[FederatedDataset, Synthet
 def generate(cfg: SyntheticConfig | None = None) -> FederatedDataset:
     """Generate the synthetic federated dataset (deterministic in ``cfg.seed``)."""
     return generate_with_truth(cfg or SyntheticConfig())[0]
+
+# --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+
+@dataclass
+class SyntheticParams(Section):
+    """``data.synthetic``: the embedded generator's knobs (fedpriv/data/synthetic.py)."""
+
+    vocab_size: int = 3000
+    num_users: int = 10000
+    num_topics: int = 20
+    num_public_topics: int = 10
+    mean_sentences: float = 25.0
+    max_sentences_per_user: int = 256
+    num_test: int = 4000
+    num_public: int = 20000
+    public_private_fraction: float = 0.2
+
+    def check(self, path: str) -> None:
+        positive(self, "vocab_size", "num_users", "num_topics", "num_public_topics", "mean_sentences",
+                 "max_sentences_per_user", "num_test", path=path)
+        nonnegative(self, "num_public", path=path)
+        in_unit_interval(self, "public_private_fraction", path, open_left=False)
+
+
+@dataclass
+class SyntheticData(TextPipeline):
+    name: str = "synthetic"
+    public_source: Literal["embedded", "c4", "text", "none"] = "embedded"
+    synthetic: SyntheticParams = field(default_factory=SyntheticParams)
+
+    def load_words(self) -> FederatedDataset:
+        """The generated corpus (before the text pipeline re-encodes it)."""
+        return generate(SyntheticConfig(seq_len=self.seq_len, seed=self.seed, **dataclasses.asdict(self.synthetic)))
+
+
+register_option("data", "synthetic", SyntheticData())
+

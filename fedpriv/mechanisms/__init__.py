@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.base import NoiseMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
@@ -26,16 +25,7 @@ def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: 
                     noise: NoiseStream | None = None, rounds: int | None = None) -> Mechanism:
     """The mechanism named by ``cfg['name']`` with its options from ``cfg`` (the Hydra group), its
     draws from ``noise`` (None: accounting only); ``rounds`` sizes BandMF's strategy."""
-    spec = load("mechanism", dict(cfg))
-    if spec.name == "gaussian":
-        return GaussianMechanism(noise_multiplier, clip_norm, noise=noise)
-    if spec.name == "tree":
-        return TreeMechanism(noise_multiplier, clip_norm, noise=noise, estimator=spec.estimator,
-                             restart_every=spec.restart_every, rounds=int(rounds) if rounds else None)
-    if not rounds:
-        raise ConfigError("the BandMF mechanism needs the number of rounds")
-    return BandMFMechanism(noise_multiplier, clip_norm, rounds=int(rounds), bands=spec.bands, noise=noise,
-                           kind=spec.strategy, iterations=spec.iterations)
+    return load("mechanism", dict(cfg)).build(noise_multiplier, clip_norm, noise=noise, rounds=rounds)
 
 
 __all__ = ["BandMFMechanism", "GaussianMechanism", "MECHANISM_NAMES", "Mechanism", "NoiseMechanism", "TreeMechanism",

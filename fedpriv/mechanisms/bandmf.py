@@ -22,11 +22,13 @@ multiplier σ/√k; with cyclic Poisson sampling (b groups, round t Poisson-samp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import hashlib
 import io
 import logging
 import math
 from pathlib import Path
+from typing import Literal
 
 import dp_accounting
 import torch
@@ -35,9 +37,10 @@ from fedpriv.atomic import write_atomic
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.analysis import prefix_mse
-from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT, NoiseMechanism, trivial_event
+from fedpriv.mechanisms.base import ADD_REMOVE, NoiseMechanism, ZERO_OUT, trivial_event
 from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC, CYCLIC_POISSON, Sampler
+from fedpriv.schema import Option, positive, register_option
 
 log = logging.getLogger(__name__)
 
@@ -304,3 +307,27 @@ class BandMFMechanism(NoiseMechanism):
         super().load_state_dict(state)
         self._history = list(state["history"])
         self.rounds_done = int(state["rounds_done"])
+
+# --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
+
+@dataclass
+class BandMFNoise(Option):
+    """Banded matrix-factorization noise (sampling cyclic or cyclic_poisson)."""
+
+    name: str = "bandmf"
+    bands: int = 16
+    strategy: Literal["auto", "general", "toeplitz"] = "auto"  # auto: toeplitz above 512 rounds
+    iterations: int = 500  # L-BFGS iterations of the strategy optimization
+
+    def check(self, path: str) -> None:
+        positive(self, "bands", "iterations", path=path)
+
+    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None):
+        if not rounds:
+            raise ConfigError("the BandMF mechanism needs the number of rounds")
+        return BandMFMechanism(noise_multiplier, clip_norm, rounds=int(rounds), bands=self.bands, noise=noise,
+                               kind=self.strategy, iterations=self.iterations)
+
+
+register_option("mechanism", "bandmf", BandMFNoise())
+

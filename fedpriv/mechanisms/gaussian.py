@@ -8,12 +8,15 @@ sampling without replacement the relation is replace-one, under which the sum's 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.base import ADD_REMOVE, REPLACE_ONE, NoiseMechanism, require_noise
+from fedpriv.mechanisms.base import ADD_REMOVE, NoiseMechanism, REPLACE_ONE, require_noise
 from fedpriv.sampling import FIXED_SIZE, POISSON, Sampler
+from fedpriv.schema import Option, register_option
 
 class GaussianMechanism(NoiseMechanism):
     """Adds ``N(0, (noise_multiplier * clip_norm)^2)`` to every coordinate of a round's sum.
@@ -68,3 +71,16 @@ class GaussianMechanism(NoiseMechanism):
     def dp_event(self, sampler: Sampler, rounds: int, noise_multiplier: float | None = None) -> dp_accounting.DpEvent:
         """The DpEvent of ``rounds`` rounds: the one source of truth the accountant composes."""
         return dp_accounting.SelfComposedDpEvent(self.round_event(sampler, noise_multiplier), rounds)
+
+# --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
+
+@dataclass
+class GaussianNoise(Option):
+    name: str = "gaussian"
+
+    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None):
+        return GaussianMechanism(noise_multiplier, clip_norm, noise=noise)
+
+
+register_option("mechanism", "gaussian", GaussianNoise())
+

@@ -24,14 +24,17 @@ rounds (P restarts at 0; noise already released stays in the model).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Optional
 
 import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.base import ZERO_OUT, NoiseMechanism, trivial_event
+from fedpriv.mechanisms.base import NoiseMechanism, ZERO_OUT, trivial_event
 from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC, Sampler
+from fedpriv.schema import Option, positive, register_option
 
 ESTIMATORS = ("plain", "efficient")
 
@@ -172,3 +175,24 @@ class TreeMechanism(NoiseMechanism):
 
 
 __all__ = ["ESTIMATORS", "TreeMechanism", "TreeState", "node_variances"]
+
+# --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
+
+@dataclass
+class TreeNoise(Option):
+    """DP-FTRL tree aggregation (needs sampling=cyclic)."""
+
+    name: str = "tree"
+    estimator: Literal["plain", "efficient"] = "efficient"  # efficient: Honaker's inverse-variance node estimates
+    restart_every: Optional[int] = None  # start a new tree every k rounds (null: one tree)
+
+    def check(self, path: str) -> None:
+        positive(self, "restart_every", path=path)
+
+    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None):
+        return TreeMechanism(noise_multiplier, clip_norm, noise=noise, estimator=self.estimator,
+                             restart_every=self.restart_every, rounds=int(rounds) if rounds else None)
+
+
+register_option("mechanism", "tree", TreeNoise())
+

@@ -9,14 +9,17 @@ from fedpriv.errors import ConfigError
 from fedpriv.models.lstm import LSTM, LSTMLanguageModel
 from fedpriv.models.transformer import TransformerLanguageModel
 
-MODELS = {"lstm": LSTMLanguageModel, "transformer": TransformerLanguageModel}
 
 
 def build_model(name: str, vocab_size: int, pad_id: int = 0, **kwargs) -> nn.Module:
-    """Instantiate the model ``name`` (``lstm`` or ``transformer``) with keyword hyper-parameters."""
-    if name not in MODELS:
-        raise ConfigError(f"unknown model {name!r} (choose one of: {', '.join(sorted(MODELS))})")
-    return MODELS[name](vocab_size=vocab_size, pad_id=pad_id, **kwargs)
+    """Instantiate the model ``name`` (a registered model option's ``name``: ``lstm``,
+    ``transformer``) with keyword hyper-parameters."""
+    from fedpriv.schema import options
+
+    classes = {option.name: option.model_class for option in options("model").values()}
+    if name not in classes:
+        raise ConfigError(f"unknown model {name!r} (choose one of: {', '.join(sorted(classes))})")
+    return classes[name](vocab_size=vocab_size, pad_id=pad_id, **kwargs)
 
 
 def get_flat_params(model: nn.Module) -> torch.Tensor:

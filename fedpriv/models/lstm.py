@@ -18,12 +18,14 @@ step sets ``unrolled=True`` while an engine is attached, so every gate call is a
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import torch
 from torch import nn
 
 from fedpriv.clipping import LayerRule, no_contributions, register_hint, register_rule
+from fedpriv.schema import Option, positive, register_option
 
 
 class LSTM(nn.Module):
@@ -134,3 +136,22 @@ class LSTMLanguageModel(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens``: int [B, T] → logits [B, T, vocab_size]."""
         return self.head(self.features(tokens))
+
+# --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+
+@dataclass
+class LSTMModel(Option):
+    model_class: ClassVar[type] = LSTMLanguageModel
+    name: str = "lstm"
+    embed_dim: int = 64
+    hidden_size: int = 128
+    projection_dim: int = 64
+
+    def check(self, path: str) -> None:
+        positive(self, "embed_dim", "hidden_size", "projection_dim", path=path)
+
+
+register_option("model", "lstm", LSTMModel())
+# the smoke experiment's size (`+experiment=smoke`; `model=` still switches architecture)
+register_option("model", "lstm_tiny", LSTMModel(embed_dim=16, hidden_size=32, projection_dim=16))
+

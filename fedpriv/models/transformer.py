@@ -6,9 +6,15 @@ outside the Linear projections) so per-sample clipping sees every weight.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fedpriv.errors import ConfigError
+from fedpriv.schema import Option, positive, register_option
 
 
 class CausalSelfAttention(nn.Module):
@@ -70,3 +76,25 @@ class TransformerLanguageModel(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens``: int [B, T] (T <= max_len) → logits [B, T, vocab_size]."""
         return self.head(self.features(tokens))
+
+# --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+
+@dataclass
+class TransformerModel(Option):
+    model_class: ClassVar[type] = TransformerLanguageModel
+    name: str = "transformer"
+    d_model: int = 96
+    num_layers: int = 3
+    num_heads: int = 8
+    ff_dim: int = 1536
+
+    def check(self, path: str) -> None:
+        positive(self, "d_model", "num_layers", "num_heads", "ff_dim", path=path)
+        if self.d_model % self.num_heads:
+            raise ConfigError(f"{path}.d_model ({self.d_model}) must be divisible by {path}.num_heads "
+                              f"({self.num_heads})")
+
+
+register_option("model", "transformer", TransformerModel())
+register_option("model", "transformer_tiny", TransformerModel(d_model=32, num_layers=2, num_heads=4, ff_dim=64))
+

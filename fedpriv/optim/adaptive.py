@@ -47,12 +47,16 @@ Diagnostics per round: ``v_negative_fraction`` — the share of coordinates of t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import math
+from typing import Literal, Optional
+
 import torch
 
 from fedpriv.errors import ConfigError
 from fedpriv.optim.base import ServerOptimizerBase
 from fedpriv.queries import QueryPlan, RoundRelease
+from fedpriv.schema import Option, in_unit_interval, positive, register_option
 
 RULES = ("adam", "adagrad")
 VARIANTS = ("post", "bc", "ime", "stp", "noiseless")
@@ -198,3 +202,63 @@ class DPAdaptive(ServerOptimizerBase):
 ADAPTIVE_NAMES = {f"dp{rule}_{variant}": (rule, variant) for rule in RULES for variant in VARIANTS
                   if variant != "noiseless"}
 ADAPTIVE_NAMES.update({f"{rule}_noiseless_precond": (rule, "noiseless") for rule in RULES})
+
+# --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+
+@dataclass
+class AdamOptimizer(Option):
+    """``adam``: DP-Adam on the privatized update (= dpadam_post)."""
+
+    name: str = "adam"
+    lr: float = 0.01
+    beta1: float = 0.9  # adam only
+    beta2: float = 0.999  # adam only
+    eps: float = 0.001
+
+    def check(self, path: str) -> None:
+        positive(self, "lr", "eps", path=path)
+        in_unit_interval(self, "beta1", path, closed_right=False, open_left=False)
+        in_unit_interval(self, "beta2", path, closed_right=False, open_left=False)
+
+    def build(self, rounds: int | None = None):
+        rule, variant = ADAPTIVE_NAMES.get(self.name, ("adam", "post"))
+        extra = {k: getattr(self, k) for k in ("floor", "ime_fraction", "stp_normalize", "stp_eps") if hasattr(self, k)}
+        return DPAdaptive(rule, variant, lr=self.lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps, **extra)
+
+
+@dataclass
+class AdaptiveOptimizer(AdamOptimizer):
+    """The DP adaptive variants (fedpriv/optim/adaptive.py states the math)."""
+
+    floor: float = 1.0e-12  # floor of the second moment where it can be negative (bc, ime)
+    ime_fraction: float = 0.5  # ime: share rho of the noise budget for the squares
+
+    def check(self, path: str) -> None:
+        super().check(path)
+        positive(self, "floor", path=path)
+        in_unit_interval(self, "ime_fraction", path, closed_right=False)
+
+
+@dataclass
+class STPOptimizer(AdaptiveOptimizer):
+    stp_normalize: Literal["rms", "none"] = "rms"  # divide s_t by its RMS so clip_norm keeps its scale
+    stp_eps: Optional[float] = None  # s_t = 1/(sqrt(v_hat) + stp_eps); null = eps
+
+    def check(self, path: str) -> None:
+        super().check(path)
+        positive(self, "stp_eps", path=path)
+
+
+def _adaptive_options() -> dict[str, Option]:
+    out: dict[str, Option] = {"adam": AdamOptimizer()}
+    for rule, lr in (("adam", 0.01), ("adagrad", 0.1)):
+        for variant in ("post", "bc", "ime"):
+            out[f"dp{rule}_{variant}"] = AdaptiveOptimizer(name=f"dp{rule}_{variant}", lr=lr)
+        out[f"dp{rule}_stp"] = STPOptimizer(name=f"dp{rule}_stp", lr=lr)
+        out[f"{rule}_noiseless_precond"] = AdaptiveOptimizer(name=f"{rule}_noiseless_precond", lr=lr)
+    return out
+
+
+for _name, _option in _adaptive_options().items():
+    register_option("optimizer", _name, _option)
+

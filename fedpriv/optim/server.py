@@ -4,13 +4,16 @@ optimizer keeps the DP guarantee) and treat ``g_t = −Δ̄_t`` as the pseudo-gr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import math
+from typing import Literal
 
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.optim.adaptive import ADAPTIVE_NAMES, DPAdaptive
+from fedpriv.optim.adaptive import ADAPTIVE_NAMES, DPAdaptive  # noqa: F401 (re-exported)
 from fedpriv.optim.base import ServerOptimizerBase
+from fedpriv.schema import Option, in_unit_interval, positive, register_option
 
 
 def cosine_factor(step: int, total_steps: int | None) -> float:
@@ -91,25 +94,59 @@ ServerOptimizer = ServerSGD | DPAdaptive | ServerFTRL
 
 
 def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> ServerOptimizer:
-    """``sgd`` / ``momentum`` (SGD with momentum, default 0.9) / ``ftrl`` / ``adam`` (= ``dpadam_post``)
-    / the DP adaptive variants of :mod:`fedpriv.optim.adaptive` (``dpadam_ime``, ``dpadagrad_bc``, …).
+    """The server optimizer of option ``name`` (``optimizer=NAME``) with its keys ``kwargs``
+    checked by its config dataclass; ``schedule: cosine`` (SGD variants) decays the rate over ``rounds``."""
+    from fedpriv.schema import load
 
-    ``schedule: cosine`` (SGD variants) decays the rate to 0 over ``rounds``; ``constant`` keeps it.
-    """
-    schedule = kwargs.get("schedule", "constant")
-    if schedule not in ("constant", "cosine"):
-        raise ConfigError(f"unknown optimizer.schedule {schedule!r} (choose one of: constant, cosine)")
-    decay = rounds if schedule == "cosine" else None
-    if name == "sgd":
-        return ServerSGD(lr=kwargs.get("lr", 1.0), momentum=kwargs.get("momentum", 0.0), decay_steps=decay)
-    if name == "momentum":
-        return ServerSGD(lr=kwargs.get("lr", 1.0), momentum=kwargs.get("momentum", 0.9), decay_steps=decay)
-    if name == "adam" or name in ADAPTIVE_NAMES:
-        rule, variant = ADAPTIVE_NAMES.get(name, ("adam", "post"))
-        return DPAdaptive(rule, variant, **{k: v for k, v in kwargs.items()
-                                            if k in ("lr", "beta1", "beta2", "eps", "floor", "ime_fraction",
-                                                     "stp_normalize", "stp_eps")})
-    if name == "ftrl":
-        return ServerFTRL(lr=kwargs.get("lr", 1.0), momentum=kwargs.get("momentum", 0.0))
-    known = ", ".join(sorted(["adam", "ftrl", "momentum", "sgd", *ADAPTIVE_NAMES]))
-    raise ConfigError(f"unknown server optimizer {name!r} (choose one of: {known})")
+    return load("optimizer", {"name": name, **kwargs}).build(rounds)
+
+
+# --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+
+@dataclass
+class SGDOptimizer(Option):
+    """``θ ← θ + η_t Δ̄`` (fedpriv/optim/server.py)."""
+
+    name: str = "sgd"
+    lr: float = 1.0
+    schedule: Literal["constant", "cosine"] = "constant"  # cosine: decay to 0 over the run's rounds
+
+    def check(self, path: str) -> None:
+        positive(self, "lr", path=path)
+
+    def build(self, rounds: int | None = None):
+        return ServerSGD(lr=self.lr, momentum=getattr(self, "momentum", 0.0),
+                         decay_steps=rounds if self.schedule == "cosine" else None)
+
+
+@dataclass
+class MomentumOptimizer(SGDOptimizer):
+    name: str = "momentum"
+    momentum: float = 0.9
+    schedule: Literal["constant", "cosine"] = "cosine"
+
+    def check(self, path: str) -> None:
+        super().check(path)
+        in_unit_interval(self, "momentum", path, closed_right=False, open_left=False)
+
+
+@dataclass
+class FTRLOptimizer(Option):
+    """DP-FTRL(M): θ_t = θ_0 + lr · m_t over the running sum of privatized updates."""
+
+    name: str = "ftrl"
+    lr: float = 0.1
+    momentum: float = 0.9
+
+    def check(self, path: str) -> None:
+        positive(self, "lr", path=path)
+        in_unit_interval(self, "momentum", path, closed_right=False, open_left=False)
+
+    def build(self, rounds: int | None = None):
+        return ServerFTRL(lr=self.lr, momentum=self.momentum)
+
+
+register_option("optimizer", "sgd", SGDOptimizer())
+register_option("optimizer", "momentum", MomentumOptimizer())
+register_option("optimizer", "ftrl", FTRLOptimizer())
+
