@@ -270,6 +270,26 @@ def options(group: str) -> dict[str, Option]:
     return OPTIONS.get(group, {})
 
 
+# parent section class -> key -> the section class another module registered under it
+SECTIONS: dict[type, dict[str, type]] = {}
+SECTION_PLUGINS = ("fedpriv.public",)  # packages whose modules register sections (public stages)
+
+
+def register_section(parent: type, key: str, section: type) -> None:
+    """Add the section ``section`` (a dataclass with defaults) under ``parent`` as ``key``: a
+    public stage's settings live in ``public.<key>`` without an edit of this file."""
+    SECTIONS.setdefault(parent, {})[key] = section
+
+
+def _import_section_plugins() -> None:
+    import importlib
+    import sys
+
+    for name in SECTION_PLUGINS:
+        if name not in sys.modules:
+            importlib.import_module(name)
+
+
 def _default(group: str):
     return lambda: dataclasses.replace(options(group)[DEFAULT_OPTIONS[group]])
 
@@ -387,26 +407,42 @@ def unknown_key(path: str, key: str, known: list[str]) -> ConfigError:
     return ConfigError(f"unknown config key '{full}'{hint}")
 
 
+def _fields(cls: type) -> tuple[list[str], dict[str, Any]]:
+    """A section's keys and their annotations: its dataclass fields, then the sections other
+    modules registered under it (:func:`register_section`)."""
+    _import_section_plugins()
+    hints = dict(typing.get_type_hints(cls))
+    names = [f.name for f in dataclasses.fields(cls)]
+    for name, sub in SECTIONS.get(cls, {}).items():
+        names.append(name)
+        hints[name] = sub
+    return names, hints
+
+
 def _section(data: Any, cls: type, path: str) -> Any:
     if not isinstance(data, dict):
         _fail(path or "the config", "a mapping", data)
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names, hints = _fields(cls)
     for key in data:
         if key not in names:
             raise unknown_key(path, str(key), names)
-    kwargs = {}
+    kwargs, extra = {}, {}
+    own = {f.name for f in dataclasses.fields(cls)}
     for name in names:
         sub = f"{path}.{name}" if path else name
         if name not in data:
+            if name not in own:
+                extra[name] = hints[name]()  # a registered section's defaults
             continue  # its default
         tp = hints[name]
         if name in GROUPS and cls is RunConfig:  # a group: the option its `name` selects
             if not isinstance(data[name], dict):
                 _fail(sub, "a mapping", data[name])
             tp = option_class(name, data[name].get("name"), sub)
-        kwargs[name] = _value(data[name], tp, sub)
+        (kwargs if name in own else extra)[name] = _value(data[name], tp, sub)
     section = cls(**kwargs)
+    for name, value in extra.items():
+        setattr(section, name, value)
     section.check(path)
     return section
 
@@ -416,9 +452,15 @@ def parse(plain: dict) -> RunConfig:
     return _section(plain, RunConfig, "")
 
 
-def as_dict(section: Section) -> dict:
-    """The plain-dict form of a section (what Hydra composes and the run computes with)."""
-    return dataclasses.asdict(section)
+def as_dict(section: Any) -> Any:
+    """The plain-dict form of a section (what Hydra composes and the run computes with),
+    registered sections included (with their defaults where the instance has none)."""
+    if not (dataclasses.is_dataclass(section) and not isinstance(section, type)):
+        return section
+    out = {f.name: as_dict(getattr(section, f.name)) for f in dataclasses.fields(section)}
+    for name, sub in SECTIONS.get(type(section), {}).items():
+        out[name] = as_dict(getattr(section, name, None) or sub())
+    return out
 
 
 def register() -> None:
@@ -427,6 +469,7 @@ def register() -> None:
     messages). Idempotent."""
     from hydra.core.config_store import ConfigStore
 
+    _import_section_plugins()
     store = ConfigStore.instance()
     top = {k: v for k, v in as_dict(RunConfig()).items() if k not in GROUPS}
     store.store(name="fedpriv_defaults", node=top)
@@ -446,14 +489,13 @@ def known_keys(path: str) -> list[str] | None:
             if c is RunConfig and part in GROUPS:
                 nxt += list({type(o) for o in options(part).values()})
                 continue
-            hints = typing.get_type_hints(c)
-            tp = hints.get(part)
+            tp = _fields(c)[1].get(part)
             if isinstance(tp, type) and dataclasses.is_dataclass(tp):
                 nxt.append(tp)
         if not nxt:
             return None
         classes = nxt
-    return sorted({f.name for c in classes for f in dataclasses.fields(c)})
+    return sorted({name for c in classes for name in _fields(c)[0]})
 
 
 def load(kind: type[Section] | str, data: Any, path: str = "") -> Any:

@@ -119,3 +119,45 @@ def test_mid_training_with_ftrl_keeps_the_mid_trained_model(tmp_path, monkeypatc
     run_local(session)
     final = session.server.params
     assert (final - marker["params"]).abs().max() < 1e-6  # round 3 moved it by lr * m_3 only
+
+
+def test_a_new_public_stage_is_its_module_only(tmp_path):
+    """Extension point: a stage registered with its own settings section (public.<key>) runs as a
+    hook of the loop — no edit of the loop, the schema or the stage list (docs/ARCHITECTURE.md)."""
+    from dataclasses import dataclass
+
+    from fedpriv import schema
+    from fedpriv.public import stages
+
+    @dataclass
+    class Shift(schema.Section):
+        at: int = 0  # 0: off
+        value: float = 0.25
+
+    class ShiftStage(stages.Stage):
+        def __init__(self, at, value):
+            self.at, self.value = at, value
+
+        def after_round(self, round_done, released):
+            return (torch.full_like(released, self.value), {"shifted": True}) if round_done == self.at else (None, {})
+
+        def summary(self, history):
+            return {"shifted_rounds": [row["round"] for row in history if row.get("shifted")]}
+
+    def build(public_cfg, task, artifacts, seed, rounds):
+        spec = schema.load(Shift, public_cfg["shift"], "public.shift")
+        return ShiftStage(spec.at, spec.value) if spec.at else None
+
+    schema.register_section(schema.Public, "shift", Shift)
+    stages.register_stage(build)
+    try:
+        cfg = compose_cfg("+experiment=smoke", "public.shift.at=2", "public.shift.value=0.5", "optimizer=sgd",
+                          "optimizer.lr=1e-9", "ema_decay=0", "progress=false", run_dir=tmp_path / "run")
+        assert cfg["public"]["shift"] == {"at": 2, "value": 0.5}
+        session = prepare(cfg)
+        summary = run_local(session)
+        assert summary["shifted_rounds"] == [2]
+        assert (session.server.params - 0.5).abs().max() < 1e-6
+    finally:
+        stages.BUILDERS.remove(build)
+        del schema.SECTIONS[schema.Public]["shift"]

@@ -1,2 +1,5 @@
-"""Public-data pipeline: tokenizers trained on public text (more to come: pre-training,
-distillation, distribution-matching mid-training)."""
+"""Public data (no privacy cost): the teacher, distillation, and the stages of a run that use
+public data — round-0 pre-training and distribution-matching mid-training (``stages.py``; a new
+stage's module is imported here so that it registers itself)."""
+
+from fedpriv.public import stages  # noqa: F401 (registers the built-in stages)

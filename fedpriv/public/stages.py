@@ -13,7 +13,7 @@ entry; tested). Hooks:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -67,12 +67,33 @@ class MidTraining(Stage):
         return {k: v for row in history for k, v in row.items() if k == self.FIELD}
 
 
-def build_stages(public_cfg: Mapping[str, Any], task, seed: int, rounds: int) -> list[Stage]:
-    """The stages ``public_cfg`` asks for, validated and built once (teacher and top-k corpus
-    only when a stage uses them)."""
+StageBuilder = Callable[[Mapping[str, Any], Any, PublicArtifacts, int, int], "Stage | None"]
+# (public_cfg, task, artifacts, seed, rounds) -> the stage, or None when the config leaves it off
+BUILDERS: list[StageBuilder] = []
+
+
+def register_stage(builder: StageBuilder) -> StageBuilder:
+    """Add a stage to every run (in registration order). A stage with settings of its own
+    registers them as a section, ``schema.register_section(schema.Public, "<key>", Settings)``,
+    read as ``public_cfg["<key>"]``; its module is imported by ``fedpriv/public/__init__.py``."""
+    BUILDERS.append(builder)
+    return builder
+
+
+@register_stage
+def _pretraining(public_cfg, task, artifacts, seed, rounds) -> Stage:
+    return PublicPretraining(artifacts)
+
+
+@register_stage
+def _mid_training(public_cfg, task, artifacts, seed, rounds) -> Stage | None:
     at = check_mid_training(public_cfg, rounds)
+    return None if at is None else MidTraining(task, artifacts, at, public_cfg, seed)
+
+
+def build_stages(public_cfg: Mapping[str, Any], task, seed: int, rounds: int) -> list[Stage]:
+    """The registered stages ``public_cfg`` turns on, validated and built once (teacher and top-k
+    corpus only when a stage uses them)."""
+    check_mid_training(public_cfg, rounds)  # before the (costly) public artifacts
     artifacts = prepare_public(public_cfg, task, seed)
-    stages: list[Stage] = [PublicPretraining(artifacts)]
-    if at is not None:
-        stages.append(MidTraining(task, artifacts, at, public_cfg, seed))
-    return stages
+    return [stage for build in BUILDERS if (stage := build(public_cfg, task, artifacts, seed, rounds)) is not None]
