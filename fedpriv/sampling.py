@@ -28,6 +28,31 @@ CYCLIC = "cyclic"
 CYCLIC_POISSON = "cyclic_poisson"
 
 
+class ParticipationPattern:
+    """What the accountant may assume about when a unit takes part: mechanisms recognise a
+    sampler by its pattern class (never by its name); ``kind`` only names it to people."""
+
+
+class PoissonPattern(ParticipationPattern):
+    """Each unit joins each round independently with probability ``rate`` (amplification by
+    sampling, add/remove-one neighbouring)."""
+
+
+class FixedSizePattern(ParticipationPattern):
+    """A uniformly random cohort of fixed size ``cohort`` out of ``population`` each round
+    (sampling without replacement, replace-one neighbouring)."""
+
+
+class SeparatedPattern(ParticipationPattern):
+    """A fixed order: at most ``max_participations(T)`` participations in T rounds, at least
+    ``min_separation`` rounds strictly between two (no amplification)."""
+
+
+class GroupedPoissonPattern(ParticipationPattern):
+    """``groups`` disjoint groups in turn, Poisson sampling with ``group_rate`` inside the group
+    of the round (amplified, and separated by ``groups`` rounds)."""
+
+
 def _need_key(key: bytes | None) -> bytes:
     if key is None:
         raise ValueError("this sampler was built for accounting only (no sampling key): it cannot draw cohorts")
@@ -35,7 +60,7 @@ def _need_key(key: bytes | None) -> bytes:
 
 
 @dataclass(frozen=True)
-class PoissonSampler:
+class PoissonSampler(PoissonPattern):
     """Each of ``population`` users joins round t independently with probability ``rate``.
 
     Accounting: ``PoissonSampledDpEvent(rate, ...)`` under add/remove-one neighbouring. The
@@ -72,7 +97,7 @@ class _CohortSized:
 
 
 @dataclass(frozen=True)
-class FixedSizeSampler(_CohortSized):
+class FixedSizeSampler(_CohortSized, FixedSizePattern):
     """Exactly ``cohort`` users drawn uniformly without replacement each round.
 
     Accounting: ``SampledWithoutReplacementDpEvent(population, cohort, ...)`` under the
@@ -110,7 +135,7 @@ def user_groups(key: bytes, population: int, groups: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class CyclicSampler(_CohortSized):
+class CyclicSampler(_CohortSized, SeparatedPattern):
     """Epochs in a fixed order: the population is shuffled once (by the sampling key) and cut into
     ``blocks = population // cohort`` disjoint cohorts; round t takes block ``t mod blocks``.
 
@@ -144,7 +169,7 @@ class CyclicSampler(_CohortSized):
 
 
 @dataclass(frozen=True)
-class CyclicPoissonSampler(_CohortSized):
+class CyclicPoissonSampler(_CohortSized, GroupedPoissonPattern):
     """b-min-separated Poisson sampling (amplified BandMF): user ``u`` belongs to group
     :func:`user_groups` (a keyed hash of ``u``, secret in secure mode); round t Poisson-samples
     group ``t mod groups`` with rate ``group_rate = cohort · groups / population``, so the expected
@@ -174,7 +199,7 @@ class CyclicPoissonSampler(_CohortSized):
 
 
 @dataclass(frozen=True)
-class ParticipationBound:
+class ParticipationBound(SeparatedPattern):
     """A participation pattern without a sampler, for calculators: every user takes part at most
     ``participations`` times, with at least ``min_separation`` rounds strictly between two
     participations (accounted like :class:`CyclicSampler`, with no amplification)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import hashlib
+from collections.abc import Callable
 import io
 import logging
 import math
@@ -37,9 +38,10 @@ from fedpriv.atomic import write_atomic
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.analysis import prefix_mse
-from fedpriv.mechanisms.base import ADD_REMOVE, NoiseMechanism, ZERO_OUT, trivial_event
+from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT, trivial_event
+from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
-from fedpriv.sampling import CYCLIC, CYCLIC_POISSON, Sampler
+from fedpriv.sampling import GroupedPoissonPattern, Sampler, SeparatedPattern
 from fedpriv.schema import Option, positive, register_option
 
 log = logging.getLogger(__name__)
@@ -190,7 +192,43 @@ def cached_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 50
     return c
 
 
-class BandMFMechanism(NoiseMechanism):
+class BandedInverseOperator(StreamingOperator):
+    """Row t of ``C⁻¹Z`` online for a b-banded lower-triangular C: ``w_t = (z_t − Σ_{1≤lag<b}
+    C[t, t−lag] w_{t−lag}) / C[t, t]``; state: the last b−1 residuals. ``strategy`` gives C
+    (lazily: accounting never needs it)."""
+
+    def __init__(self, strategy: Callable[[], torch.Tensor], bands: int) -> None:
+        self._strategy, self.bands = strategy, bands
+        self._history: list[torch.Tensor] = []  # last b−1 residuals, newest last
+        self.t = 0
+
+    def next(self, draw) -> torch.Tensor:
+        z = draw()
+        t, c = self.t, self._strategy()
+        acc = z.double() if z.dtype != torch.float64 else z.clone()
+        for lag, previous in enumerate(reversed(self._history), start=1):
+            coef = float(c[t, t - lag])
+            if coef:
+                acc -= coef * previous.double()
+        w = (acc / float(c[t, t])).to(z.dtype)
+        self._history.append(w)
+        if len(self._history) > self.bands - 1:
+            self._history.pop(0)
+        self.t += 1
+        return w
+
+    def fresh(self) -> "BandedInverseOperator":
+        return BandedInverseOperator(self._strategy, self.bands)
+
+    def state_dict(self) -> dict:
+        return {"history": list(self._history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._history = list(state["history"])
+        self.t = int(state["rounds_done"])
+
+
+class BandMFMechanism(CorrelatedMechanism):
     """BandMF residual noise ``(C⁻¹Z)_t`` with σ = ``noise_multiplier`` (std σ·C_clip per coordinate)."""
 
     name = "bandmf"
@@ -199,13 +237,12 @@ class BandMFMechanism(NoiseMechanism):
     def __init__(self, noise_multiplier: float, clip_norm: float, rounds: int, bands: int,
                  noise: NoiseStream | None = None, kind: str = "auto", iterations: int = 500,
                  strategy: torch.Tensor | None = None) -> None:
-        super().__init__(noise_multiplier, clip_norm, noise)
         if not isinstance(bands, int) or not 1 <= bands <= rounds:
             raise ConfigError(f"mechanism.bands must be an integer in [1, rounds={rounds}], got {bands!r}")
+        super().__init__(noise_multiplier, clip_norm, BandedInverseOperator(lambda: self.strategy, int(bands)), noise)
         self.rounds, self.bands, self.kind, self.iterations = int(rounds), int(bands), kind, int(iterations)
         self._strategy = strategy
         self._strategy_checked = False
-        self._history: list[torch.Tensor] = []  # last b−1 residuals, newest last
 
     @property
     def strategy(self) -> torch.Tensor:
@@ -226,24 +263,6 @@ class BandMFMechanism(NoiseMechanism):
         if round_idx >= self.rounds:
             raise ValueError(f"the BandMF strategy was optimized for {self.rounds} rounds")
 
-    def _residual(self, draw) -> torch.Tensor:
-        """``w_t = (z_t − Σ_{lag<b} C[t, t−lag] w_{t−lag}) / C[t, t]``: row t of ``C⁻¹Z``, online."""
-        return self._next(draw())
-
-    def _next(self, z: torch.Tensor) -> torch.Tensor:
-        t = self.rounds_done
-        acc = z.double() if z.dtype != torch.float64 else z.clone()
-        for lag, previous in enumerate(reversed(self._history), start=1):
-            coef = float(self.strategy[t, t - lag])
-            if coef:
-                acc -= coef * previous.double()
-        w = (acc / float(self.strategy[t, t])).to(z.dtype)
-        self._history.append(w)
-        if len(self._history) > self.bands - 1:
-            self._history.pop(0)
-        self.rounds_done += 1
-        return w
-
     def matrix(self, rounds: int) -> torch.Tensor:
         """``C⁻¹`` restricted to the first ``rounds`` rounds: residual noise = C⁻¹ Z (float64)."""
         c = self.strategy[:rounds, :rounds]
@@ -253,19 +272,19 @@ class BandMFMechanism(NoiseMechanism):
 
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
         self._check_sampler(sampler)
-        if sampler.kind == CYCLIC_POISSON:
+        if isinstance(sampler, GroupedPoissonPattern):
             return ADD_REMOVE
         return ZERO_OUT
 
     def _check_sampler(self, sampler: Sampler) -> None:
-        if sampler.kind == CYCLIC:
+        if isinstance(sampler, SeparatedPattern):
             if sampler.min_separation + 1 < self.bands:
                 raise ConfigError(
                     f"BandMF with {self.bands} bands needs participations at least {self.bands} rounds apart; "
                     f"sampling=cyclic gives {sampler.min_separation + 1} (population // cohort_size): "
                     "lower mechanism.bands or the cohort size")
             return
-        if sampler.kind == CYCLIC_POISSON:
+        if isinstance(sampler, GroupedPoissonPattern):
             if sampler.groups != self.bands:
                 raise ConfigError(f"cyclic Poisson sampling has {sampler.groups} groups but BandMF has "
                                   f"{self.bands} bands; they must be equal")
@@ -284,7 +303,7 @@ class BandMFMechanism(NoiseMechanism):
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         if (trivial := trivial_event(sigma, rounds)) is not None:
             return trivial
-        if sampler.kind == CYCLIC_POISSON:
+        if isinstance(sampler, GroupedPoissonPattern):
             per_user = -(-rounds // self.bands)
             return dp_accounting.SelfComposedDpEvent(
                 dp_accounting.PoissonSampledDpEvent(sampler.group_rate, dp_accounting.GaussianDpEvent(sigma)),
@@ -295,8 +314,7 @@ class BandMFMechanism(NoiseMechanism):
     # ---------------------------------------------------------------- state
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "rounds": self.rounds, "bands": self.bands, "history": list(self._history),
-                "rounds_done": self.rounds_done,
+        return {**super().state_dict(), "rounds": self.rounds, "bands": self.bands,
                 "strategy_sha256": hashlib.sha256(self.strategy.numpy().tobytes()).hexdigest()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -305,8 +323,6 @@ class BandMFMechanism(NoiseMechanism):
             if (state["rounds"], state["bands"], state["strategy_sha256"]) != (self.rounds, self.bands, digest):
                 raise ValueError("checkpoint's BandMF strategy differs from this run's (rounds, bands or matrix)")
         super().load_state_dict(state)
-        self._history = list(state["history"])
-        self.rounds_done = int(state["rounds_done"])
 
 # --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
 

@@ -15,7 +15,7 @@ import torch
 
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import ADD_REMOVE, NoiseMechanism, REPLACE_ONE, require_noise
-from fedpriv.sampling import FIXED_SIZE, POISSON, Sampler
+from fedpriv.sampling import FixedSizePattern, PoissonPattern, Sampler
 from fedpriv.schema import Option, register_option
 
 class GaussianMechanism(NoiseMechanism):
@@ -44,9 +44,9 @@ class GaussianMechanism(NoiseMechanism):
         return torch.eye(rounds, dtype=torch.float64)
 
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
-        if sampler.kind == POISSON:
+        if isinstance(sampler, PoissonPattern):
             return ADD_REMOVE
-        if sampler.kind == FIXED_SIZE:
+        if isinstance(sampler, FixedSizePattern):
             return REPLACE_ONE
         raise ConfigError(f"gaussian mechanism cannot be accounted with sampler {sampler.kind!r}")
 
@@ -55,9 +55,9 @@ class GaussianMechanism(NoiseMechanism):
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         if sigma == 0.0:
             return dp_accounting.NonPrivateDpEvent()
-        if sampler.kind == POISSON:
+        if isinstance(sampler, PoissonPattern):
             return dp_accounting.PoissonSampledDpEvent(sampler.rate, dp_accounting.GaussianDpEvent(sigma))
-        if sampler.kind == FIXED_SIZE:
+        if isinstance(sampler, FixedSizePattern):
             # replace-one: sensitivity of the sum is 2C; std σC => multiplier σ/2 per unit sensitivity
             return dp_accounting.SampledWithoutReplacementDpEvent(
                 sampler.population, sampler.cohort, dp_accounting.GaussianDpEvent(sigma / 2.0))

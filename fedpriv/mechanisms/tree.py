@@ -31,9 +31,10 @@ import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.base import NoiseMechanism, ZERO_OUT, trivial_event
+from fedpriv.mechanisms.base import ZERO_OUT, trivial_event
+from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
-from fedpriv.sampling import CYCLIC, Sampler
+from fedpriv.sampling import Sampler, SeparatedPattern
 from fedpriv.schema import Option, positive, register_option
 
 ESTIMATORS = ("plain", "efficient")
@@ -72,7 +73,41 @@ class TreeState:
         return total
 
 
-class TreeMechanism(NoiseMechanism):
+class TreeOperator(StreamingOperator):
+    """Residual tree noise ``P_t − P_{t−1}`` (one draw per completed node), restarting every
+    ``restart_every`` rounds; state: the tiling's node estimates and the previous prefix."""
+
+    def __init__(self, estimator: str = "plain", restart_every: int | None = None) -> None:
+        self.estimator, self.restart_every = estimator, restart_every
+        self._tree = TreeState()
+        self._previous: torch.Tensor | None = None
+
+    def next(self, draw: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if self.restart_every and self._tree.leaves == self.restart_every:
+            self._tree, self._previous = TreeState(), None
+        prefix = self._tree.add_leaf(draw, self.estimator)
+        residual = prefix if self._previous is None else prefix - self._previous
+        self._previous = prefix
+        return residual
+
+    def fresh(self) -> "TreeOperator":
+        return TreeOperator(self.estimator, self.restart_every)
+
+    def state_dict(self) -> dict:
+        return {"estimator": self.estimator, "restart_every": self.restart_every, "stack": list(self._tree.stack),
+                "leaves": self._tree.leaves, "previous": self._previous}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("estimator", "restart_every"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"checkpoint's tree {key} {state[key]!r} differs from {getattr(self, key)!r}")
+        self._tree = TreeState()
+        self._tree.stack = [(int(h), v) for h, v in state["stack"]]
+        self._tree.leaves = int(state["leaves"])
+        self._previous = state["previous"]
+
+
+class TreeMechanism(CorrelatedMechanism):
     """Tree-aggregation noise with σ = ``noise_multiplier`` per node (std σ·C per coordinate)."""
 
     name = "tree"
@@ -80,40 +115,14 @@ class TreeMechanism(NoiseMechanism):
 
     def __init__(self, noise_multiplier: float, clip_norm: float, noise: NoiseStream | None = None,
                  estimator: str = "plain", restart_every: int | None = None, rounds: int | None = None) -> None:
-        super().__init__(noise_multiplier, clip_norm, noise)
         if estimator not in ESTIMATORS:
             raise ConfigError(f"unknown tree estimator {estimator!r} (choose one of: {', '.join(ESTIMATORS)})")
         if restart_every is not None and (not isinstance(restart_every, int) or restart_every < 1):
             raise ConfigError(f"mechanism.restart_every must be a positive integer or null, got {restart_every!r}")
+        super().__init__(noise_multiplier, clip_norm, TreeOperator(estimator, restart_every), noise)
         self.estimator = estimator
         self.restart_every = restart_every
         self.rounds = rounds  # the planned run: prefixes are accounted without re-running its worst case
-        self._tree = TreeState()
-        self._previous: torch.Tensor | None = None
-
-    def _residual(self, draw: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Residual noise of the round: ``P_t − P_{t−1}`` (the running sum then carries P_t)."""
-        return self._next(draw)
-
-    def _next(self, draw: Callable[[], torch.Tensor]) -> torch.Tensor:
-        if self.restart_every and self._tree.leaves == self.restart_every:
-            self._tree, self._previous = TreeState(), None
-        prefix = self._tree.add_leaf(draw, self.estimator)
-        residual = prefix if self._previous is None else prefix - self._previous
-        self._previous = prefix
-        self.rounds_done += 1
-        return residual
-
-    def matrix(self, rounds: int) -> torch.Tensor:
-        """``M`` [rounds, draws] with residual noise of round t = Σ_j M[t, j] z_j, z_j the j-th
-        unit Gaussian draw (times σC); float64. Prefix noise = cumsum(M, 0)."""
-        probe = TreeMechanism(1.0, 1.0, estimator=self.estimator, restart_every=self.restart_every)
-        size = 2 * rounds + 1  # a tree over n leaves has < 2n nodes, plus restarts' extra roots
-        draws = iter(torch.eye(size, dtype=torch.float64))
-        rows = [probe._next(lambda: next(draws).clone()) for _ in range(rounds)]
-        out = torch.stack(rows)
-        used = int(torch.nonzero(out.abs().sum(0)).max()) + 1 if out.abs().sum() > 0 else 0
-        return out[:, :used]
 
     # ---------------------------------------------------------------- accounting
 
@@ -122,7 +131,7 @@ class TreeMechanism(NoiseMechanism):
         return ZERO_OUT
 
     def _check_sampler(self, sampler: Sampler) -> None:
-        if sampler.kind != CYCLIC:
+        if not isinstance(sampler, SeparatedPattern):
             raise ConfigError(
                 f"the tree mechanism is accounted for users taking part at most once per epoch in a "
                 f"fixed order (sampling=cyclic), not sampling={sampler.kind}: tree noise gets no "
@@ -155,26 +164,8 @@ class TreeMechanism(NoiseMechanism):
         return tree_accounting(sigma, rounds, sampler.max_participations(rounds), sampler.min_separation,
                                self.restart_every, planned, sampler.max_participations(planned) if planned else None)
 
-    # ---------------------------------------------------------------- state
 
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "estimator": self.estimator, "restart_every": self.restart_every,
-                "stack": list(self._tree.stack), "leaves": self._tree.leaves, "previous": self._previous,
-                "rounds_done": self.rounds_done}
-
-    def load_state_dict(self, state: dict) -> None:
-        for key in ("estimator", "restart_every"):
-            if state.get("name") == self.name and state[key] != getattr(self, key):
-                raise ValueError(f"checkpoint's tree {key} {state[key]!r} differs from {getattr(self, key)!r}")
-        super().load_state_dict(state)
-        self._tree = TreeState()
-        self._tree.stack = [(int(h), v) for h, v in state["stack"]]
-        self._tree.leaves = int(state["leaves"])
-        self._previous = state["previous"]
-        self.rounds_done = int(state["rounds_done"])
-
-
-__all__ = ["ESTIMATORS", "TreeMechanism", "TreeState", "node_variances"]
+__all__ = ["ESTIMATORS", "TreeMechanism", "TreeOperator", "TreeState", "node_variances"]
 
 # --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
 
