@@ -58,6 +58,13 @@ def in_unit_interval(section: Any, name: str, path: str, closed_right: bool = Tr
               f"in {'(' if open_left else '['}0, 1{']' if closed_right else ')'}", value)
 
 
+def divisible(section: Any, name: str, by: str, path: str) -> None:
+    """Field ``name`` is a multiple of field ``by`` (attention heads split the model width)."""
+    if getattr(section, name) % getattr(section, by):
+        raise ConfigError(f"{path}.{name} ({getattr(section, name)}) must be divisible by {path}.{by} "
+                          f"({getattr(section, by)})")
+
+
 # --- sections --------------------------------------------------------------------------------------
 
 @dataclass
@@ -114,9 +121,7 @@ class TeacherModel(Section):
 
     def check(self, path: str) -> None:
         positive(self, "d_model", "num_layers", "num_heads", "ff_dim", path=path)
-        if self.d_model % self.num_heads:
-            raise ConfigError(f"{path}.d_model ({self.d_model}) must be divisible by {path}.num_heads "
-                              f"({self.num_heads})")
+        divisible(self, "d_model", "num_heads", path)
 
 
 @dataclass

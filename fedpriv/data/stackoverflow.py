@@ -534,7 +534,9 @@ def load_stackoverflow(
         },
     )
 
+
 # --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+
 
 @dataclass
 class StackOverflowData(TextPipeline):

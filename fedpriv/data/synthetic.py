@@ -507,7 +507,9 @@ def generate(cfg: SyntheticConfig | None = None) -> FederatedDataset:
     """Generate the synthetic federated dataset (deterministic in ``cfg.seed``)."""
     return generate_with_truth(cfg or SyntheticConfig())[0]
 
+
 # --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+
 
 @dataclass
 class SyntheticParams(Section):

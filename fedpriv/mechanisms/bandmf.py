@@ -324,7 +324,9 @@ class BandMFMechanism(CorrelatedMechanism):
                 raise ValueError("checkpoint's BandMF strategy differs from this run's (rounds, bands or matrix)")
         super().load_state_dict(state)
 
+
 # --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
+
 
 @dataclass
 class BandMFNoise(Option):

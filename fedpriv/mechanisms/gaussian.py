@@ -72,7 +72,9 @@ class GaussianMechanism(NoiseMechanism):
         """The DpEvent of ``rounds`` rounds: the one source of truth the accountant composes."""
         return dp_accounting.SelfComposedDpEvent(self.round_event(sampler, noise_multiplier), rounds)
 
+
 # --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
+
 
 @dataclass
 class GaussianNoise(Option):

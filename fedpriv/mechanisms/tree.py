@@ -167,7 +167,9 @@ class TreeMechanism(CorrelatedMechanism):
 
 __all__ = ["ESTIMATORS", "TreeMechanism", "TreeOperator", "TreeState", "node_variances"]
 
+
 # --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
+
 
 @dataclass
 class TreeNoise(Option):

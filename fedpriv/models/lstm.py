@@ -137,7 +137,9 @@ class LSTMLanguageModel(nn.Module):
         """``tokens``: int [B, T] → logits [B, T, vocab_size]."""
         return self.head(self.features(tokens))
 
+
 # --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+
 
 @dataclass
 class LSTMModel(Option):

@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpriv.errors import ConfigError
-from fedpriv.schema import Option, positive, register_option
+from fedpriv.schema import Option, divisible, positive, register_option
 
 
 class CausalSelfAttention(nn.Module):
@@ -77,7 +76,9 @@ class TransformerLanguageModel(nn.Module):
         """``tokens``: int [B, T] (T <= max_len) → logits [B, T, vocab_size]."""
         return self.head(self.features(tokens))
 
+
 # --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+
 
 @dataclass
 class TransformerModel(Option):
@@ -90,9 +91,7 @@ class TransformerModel(Option):
 
     def check(self, path: str) -> None:
         positive(self, "d_model", "num_layers", "num_heads", "ff_dim", path=path)
-        if self.d_model % self.num_heads:
-            raise ConfigError(f"{path}.d_model ({self.d_model}) must be divisible by {path}.num_heads "
-                              f"({self.num_heads})")
+        divisible(self, "d_model", "num_heads", path)
 
 
 register_option("model", "transformer", TransformerModel())

@@ -203,7 +203,9 @@ ADAPTIVE_NAMES = {f"dp{rule}_{variant}": (rule, variant) for rule in RULES for v
                   if variant != "noiseless"}
 ADAPTIVE_NAMES.update({f"{rule}_noiseless_precond": (rule, "noiseless") for rule in RULES})
 
+
 # --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+
 
 @dataclass
 class AdamOptimizer(Option):

@@ -103,6 +103,7 @@ def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> Se
 
 # --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
 
+
 @dataclass
 class SGDOptimizer(Option):
     """``θ ← θ + η_t Δ̄`` (fedpriv/optim/server.py)."""
