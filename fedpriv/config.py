@@ -48,12 +48,23 @@ def validate(cfg: dict) -> RunConfig:
     return parsed
 
 
-def _fill(cfg: dict, defaults: dict) -> None:
+def _fill(cfg: dict, defaults: dict, root: dict | None = None) -> None:
+    root = cfg if root is None else root
     for key, value in defaults.items():
         if key not in cfg:
-            cfg[key] = value
+            cfg[key] = _resolve(value, root)
         elif isinstance(value, dict) and isinstance(cfg[key], dict):
-            _fill(cfg[key], value)
+            _fill(cfg[key], value, root)
+
+
+def _resolve(value, root: dict):
+    """A default of the form ``${a.b}`` (Hydra interpolation) read from the config it fills."""
+    if isinstance(value, str) and value.startswith("${") and value.endswith("}") and ":" not in value:
+        node = root
+        for part in value[2:-1].split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+    return value
 
 
 def validate_against_data(cfg: dict, population: int, unit: str = "user") -> None:

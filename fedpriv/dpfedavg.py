@@ -71,6 +71,7 @@ class DPFedAvg:
         self.mechanism = mechanism
         self.clip_norm = clip_norm
         self.optimizer = optimizer
+        self.plan = optimizer.query_plan  # declared once (checked by the runner against mechanism and algorithm)
         self.ema_decay = ema_decay
         self.ema = params.clone()
 
@@ -109,7 +110,7 @@ class DPFedAvg:
         ledger does NOT cover (realised cohort size, dropped, rejected, clipped fraction, median
         unclipped norm, clients' training loss), for the research-only diagnostics file.
         """
-        opt, plan = self.optimizer, self.optimizer.query_plan
+        opt, plan = self.optimizer, self.plan
         scale = opt.pre_clip_scale() if plan.pre_clip_scale else None  # from earlier releases only
         agg = RoundAggregate.zeros(self.params.numel(), self.clip_norm, squares=plan.squares, scale=scale)
         expected = {int(u) for u in cohort}

@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
+from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.cohort import CohortSum  # noqa: F401 (RoundFn)
 from fedpriv.config import diagnostics_enabled, resolve_config, validate, validate_against_data
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
@@ -36,6 +37,7 @@ from fedpriv.observe import RoundObserver, check_observability
 from fedpriv.public.stages import Stage, build_stages
 from fedpriv.randomness import RESEARCH_NOTE, ClientRandomness, RunRandomness, computing_config, research_key
 from fedpriv.rundir import CHECKPOINT_FORMAT, RunDirectory
+from fedpriv.schema import load
 from fedpriv.sampling import make_sampler
 from fedpriv.task import Task, load_task
 from fedpriv.training import local_update
@@ -106,7 +108,7 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     validate_against_data(cfg, len(task.units), task.algorithm.privacy_unit)
     privacy = cfg["privacy"]
     sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), randomness.subkey("sampling"),
-                           groups=(cfg.get("mechanism") or {}).get("bands"))
+                           groups=load("mechanism", cfg["mechanism"]).sampling_groups())
     # calibrate on an accounting-only build, then build the mechanism once, with its σ and its stream
     accounting = build_mechanism(cfg["mechanism"], 1.0, privacy["clip_norm"], rounds=int(cfg["rounds"]))
     mechanism = build_mechanism(cfg["mechanism"], _noise_multiplier(cfg, accounting, sampler), privacy["clip_norm"],
@@ -301,7 +303,8 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
 
 def _epsilon_fields(epsilon: float) -> dict:
     """ε for a metrics row: a number, or null with ``non_private: true`` (the privacy.json convention)."""
-    return {"epsilon": None, "non_private": True} if math.isinf(epsilon) else {"epsilon": epsilon}
+    value = json_epsilon(epsilon)
+    return {"epsilon": None, "non_private": True} if value is None else {"epsilon": value}
 
 
 def _checkpoint(session: RunSession, round_done: int, wall_s: float) -> dict:
@@ -353,7 +356,7 @@ def _example_privacy(session: RunSession) -> dict:
         return {}
     eps = dp.epsilon(session.ledger.rounds_done, session.cfg["privacy"]["accountant"])
     return {"example_privacy": {
-        "epsilon": None if math.isinf(eps) else eps, "delta": dp.delta, "noise_multiplier": dp.noise_multiplier,
+        "epsilon": json_epsilon(eps), "delta": dp.delta, "noise_multiplier": dp.noise_multiplier,
         "accountant": session.cfg["privacy"]["accountant"], "neighboring_relation": "add_or_remove_one",
         "sampling_rate": dp.sampling_rate, "steps_per_round": dp.steps, "clip_norm": dp.clip_norm,
         "denominator": dp.denominator,

@@ -215,14 +215,16 @@ class ParticipationBound(SeparatedPattern):
 Sampler = PoissonSampler | FixedSizeSampler | CyclicSampler | CyclicPoissonSampler
 
 
-# sampling=auto: the sampler each mechanism is accounted with by default (amplified where possible).
-DEFAULT_SAMPLING = {"gaussian": POISSON, "tree": CYCLIC, "bandmf": CYCLIC_POISSON}
-
-
 def resolve_sampling(kind: str, mechanism: str) -> str:
-    """``auto`` → the mechanism's default sampler (Poisson for independent noise, cyclic for the
-    tree, cyclic-Poisson for BandMF); any other value is returned unchanged (and validated later)."""
-    return DEFAULT_SAMPLING.get(mechanism, kind) if kind == "auto" else kind
+    """``auto`` → the sampler the mechanism option declares (``default_sampling``: Poisson for
+    independent noise, cyclic for the tree, cyclic-Poisson for BandMF); any other value is
+    returned unchanged (and validated later)."""
+    if kind != "auto":
+        return kind
+    from fedpriv.schema import option_preset
+
+    option = option_preset("mechanism", mechanism)
+    return getattr(option, "default_sampling", kind) if option is not None else kind
 
 
 def make_sampler(kind: str, population: int, cohort_size: int, key: bytes | None,

@@ -1,10 +1,12 @@
-"""The typed run configuration: one dataclass per config group — and per option of the groups
-that choose between implementations (data, model, algorithm, mechanism, optimizer, backend) —
-holding the only copy of every default and the checks of its own fields.
+"""The typed run configuration: one dataclass per config section, and one per option of the
+groups that choose between implementations (data, model, algorithm, mechanism, optimizer,
+backend), holding the only copy of every default and the checks of its own fields. The sections
+(client, public, privacy, the top level) and the backends live here; every other option's
+dataclass lives next to its implementation, which registers it (:func:`register_option`), and
+public stages may register sections of their own (:func:`register_section`).
 
-The dataclasses are registered with Hydra's ConfigStore (:func:`register`): the options of a
-group *are* ConfigStore entries, so YAML under configs/ keeps only experiments and the defaults
-list. :func:`parse` turns a composed config (a plain dict) into a :class:`RunConfig`, refusing
+All are registered with Hydra's ConfigStore (:func:`register`): the options of a group *are*
+ConfigStore entries, so YAML under configs/ keeps only experiments and the defaults list. :func:`parse` turns a composed config (a plain dict) into a :class:`RunConfig`, refusing
 
 * an unknown or misspelt key, naming it and the closest valid key;
 * a value of the wrong type — strictly: ``3.0`` is not an int, ``"no"`` is not a bool, ``"abc"``
@@ -12,8 +14,9 @@ list. :func:`parse` turns a composed config (a plain dict) into a :class:`RunCon
 * a value out of its range, and combinations no run supports;
 
 each as one :class:`~fedpriv.errors.ConfigError` line (exit 2 on the CLI), before anything is
-written. The dict the run computes with is left exactly as composed: its research key (a hash of
-the config) is what the run's reproducibility rests on.
+written. A composed config already holds every key, so the dict the run computes with is exactly
+what Hydra composed (its research key, a hash of the config, is what reproducibility rests on);
+a partial dict given to ``fedpriv.config.validate`` is completed with the defaults first.
 """
 
 from __future__ import annotations
@@ -36,18 +39,19 @@ def _fail(path: str, message: str, value: Any) -> typing.NoReturn:
 
 
 def positive(section: Any, *names: str, path: str) -> None:
-    """Each named field is > 0 (``None`` allowed where the type is Optional)."""
+    """Each named field is finite and > 0 (``None`` allowed where the type is Optional)."""
     for name in names:
         value = getattr(section, name)
-        if value is not None and not value > 0:
-            _fail(f"{path}.{name}" if path else name, "> 0", value)
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            _fail(f"{path}.{name}" if path else name, "> 0" if math.isfinite(value) else "finite", value)
 
 
 def nonnegative(section: Any, *names: str, path: str) -> None:
+    """Each named field is finite and >= 0 (``None`` allowed where the type is Optional)."""
     for name in names:
         value = getattr(section, name)
-        if value is not None and not value >= 0:
-            _fail(f"{path}.{name}" if path else name, ">= 0", value)
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            _fail(f"{path}.{name}" if path else name, ">= 0" if math.isfinite(value) else "finite", value)
 
 
 def in_unit_interval(section: Any, name: str, path: str, closed_right: bool = True, open_left: bool = True) -> None:
@@ -190,6 +194,18 @@ class Option(Section):
     central: ClassVar[bool] = False
     local_training: ClassVar[bool] = False
 
+    def build_model(self, vocab_size: int, pad_id: int, seq_len: int):
+        """Model options: the model (its ``model_class`` with this option's fields)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
+        return self.model_class(vocab_size=vocab_size, pad_id=pad_id, **fields, **self.extra_model_args(seq_len))
+
+    def extra_model_args(self, seq_len: int) -> dict:
+        return {}
+
+    def sampling_groups(self) -> int | None:
+        """Mechanism options: the groups of ``sampling=cyclic_poisson`` (BandMF: its bands)."""
+        return None
+
 
 @dataclass
 class TextPipeline(Option):
@@ -297,6 +313,15 @@ def _import_section_plugins() -> None:
 
 def _default(group: str):
     return lambda: dataclasses.replace(options(group)[DEFAULT_OPTIONS[group]])
+
+
+def option_preset(group: str, name: Any) -> Option | None:
+    """The registered defaults of option ``name`` (``optimizer=dpadagrad_bc`` has lr 0.1, not the
+    class's 0.01): the preset registered under that name, else the first whose ``name`` it is."""
+    found = options(group)
+    if name in found and found[name].name == name:
+        return found[name]
+    return next((o for o in found.values() if o.name == name), None)
 
 
 def option_class(group: str, name: Any, path: str) -> type[Option]:
@@ -424,7 +449,9 @@ def _fields(cls: type) -> tuple[list[str], dict[str, Any]]:
     return names, hints
 
 
-def _section(data: Any, cls: type, path: str) -> Any:
+def _section(data: Any, cls: type, path: str, base: Any = None) -> Any:
+    """``data`` parsed as section ``cls``; missing keys take ``base``'s values (a group option's
+    registered preset) or the class defaults."""
     if not isinstance(data, dict):
         _fail(path or "the config", "a mapping", data)
     names, hints = _fields(cls)
@@ -444,8 +471,10 @@ def _section(data: Any, cls: type, path: str) -> Any:
             if not isinstance(data[name], dict):
                 _fail(sub, "a mapping", data[name])
             tp = option_class(name, data[name].get("name"), sub)
+            kwargs[name] = _section(data[name], tp, sub, option_preset(name, data[name].get("name")))
+            continue
         (kwargs if name in own else extra)[name] = _value(data[name], tp, sub)
-    section = cls(**kwargs)
+    section = dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
     for name, value in extra.items():
         setattr(section, name, value)
     section.check(path)
@@ -511,5 +540,6 @@ def load(kind: type[Section] | str, data: Any, path: str = "") -> Any:
         path = path or kind
         if not isinstance(data, dict):
             _fail(path, "a mapping", data)
-        kind = option_class(kind, data.get("name"), path)
+        group, kind = kind, option_class(kind, data.get("name"), path)
+        return _section(dict(data), kind, path, option_preset(group, data.get("name")))
     return _section(dict(data) if data is not None else {}, kind, path)

@@ -68,6 +68,7 @@ def _run(cfg) -> None:
         if (plain.get("backend") or {}).get("name") == "deployment":
             raise ConfigError("backend=deployment runs under `flwr run` against a SuperLink: "
                               "use scripts/deploy_local.sh (see README)")
+        run_backend = backend(plain["backend"]["name"])  # an unregistered backend: one error line, nothing written
         session = prepare(plain, run=run)
     except (ConfigError, PrivacyBudgetExceeded) as err:
         run.abandon()
@@ -81,7 +82,7 @@ def _run(cfg) -> None:
             _fail(str(err).splitlines()[0])
         raise
     try:
-        summary = backend(plain["backend"]["name"])(session)
+        summary = run_backend(session)
     except OutputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -53,11 +53,8 @@ def _load_words(data_cfg: Mapping[str, Any]) -> FederatedDataset:
 
 
 def _model(model_cfg: Mapping[str, Any], data: FederatedDataset, seed: int) -> nn.Module:
-    kwargs = {k: v for k, v in model_cfg.items() if k != "name"}
-    if model_cfg["name"] == "transformer":
-        kwargs.setdefault("max_len", data.seq_len)
     torch.manual_seed(seed)
-    return build_model(str(model_cfg["name"]), data.vocab.size, pad_id=data.vocab.pad_id, **kwargs)
+    return schema.load("model", dict(model_cfg)).build_model(data.vocab.size, data.vocab.pad_id, data.seq_len)
 
 
 def task_key(cfg: Mapping[str, Any]) -> str:

@@ -471,3 +471,12 @@ def test_pld_ledger_refuses_up_front_too():
     with pytest.raises(ConfigError, match="limit 2 GB"):
         PrivacyLedger(GaussianMechanism(0.1, clip_norm=1.0), _poisson(1.0, 100), 1e-5, accountant=PLD,
                       planned_rounds=1000).check_can_run(1000)
+
+
+def test_a_nan_in_the_ledger_is_never_published(tmp_path, monkeypatch):
+    """privacy.json never states "nan" as a guarantee: the write is refused."""
+    ledger = _ledger()
+    monkeypatch.setattr(ledger, "to_dict", lambda: {"epsilon": float("nan"), "non_private": False})
+    with pytest.raises(ValueError, match="NaN"):
+        ledger.save(tmp_path)
+    assert not (tmp_path / "privacy.json").exists()

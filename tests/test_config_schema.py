@@ -35,6 +35,8 @@ BAD = [
     (["optimizer.lr=-1"], "optimizer.lr must be > 0"),
     (["optimizer.momentum=5"], "optimizer.momentum must be in [0, 1)"),
     (["privacy.delta=1"], "privacy.delta must be in (0, 1)"),
+    (["client.dp=example", "client.example.clip_norm=inf"], "client.example.clip_norm must be finite"),
+    (["client.lr=inf"], "client.lr must be finite"),
     (["privacy.accountant=rpd"], "unknown privacy.accountant 'rpd'"),
     (["optimizer=adamw"], "unknown optimizer 'adamw'"),
     (["+experiment=[smoke,distil]"], "unknown experiment 'distil'"),
@@ -93,6 +95,18 @@ def test_every_option_composes_to_its_schema_defaults(group):
         if group == "data":  # the one interpolated default: the teacher's directory (null by default)
             assert want.pop("tokenizer_path") == "${public.teacher_path}" and composed.pop("tokenizer_path") is None
         assert composed == want, f"{group}={name}"
+
+
+def test_a_partial_option_takes_its_presets_defaults():
+    """`optimizer=dpadagrad_bc` has lr 0.1 (its preset), not the dataclass's 0.01 — also from a
+    partial dict, and the filled config equals the composed one."""
+    from fedpriv.config import validate
+
+    assert schema.load("optimizer", {"name": "dpadagrad_bc"}).lr == 0.1
+    partial = {"optimizer": {"name": "dpadagrad_bc"}, "data": {"name": "synthetic"}}
+    validate(partial)
+    assert partial["optimizer"] == compose_config(["optimizer=dpadagrad_bc"])["optimizer"]
+    assert partial["data"]["tokenizer_path"] is None  # the ${public.teacher_path} default, resolved
 
 
 def test_defaults_live_in_the_schema_only():

@@ -217,7 +217,10 @@ class PrivacyLedger:
         target = Path(path)
         if target.is_dir():
             target = target / PRIVACY_FILE
-        write_json(target, self.to_dict())
+        ledger = self.to_dict()
+        if any(isinstance(v, float) and math.isnan(v) for v in ledger.values()):
+            raise ValueError("the ledger holds a NaN: refusing to publish privacy.json")  # never "nan" as a claim
+        write_json(target, ledger)
         return target
 
     # ------------------------------------------------------------ helpers

@@ -18,7 +18,6 @@ from fedpriv.randomness import NoiseStream
 from fedpriv.schema import load
 
 Mechanism = NoiseMechanism
-MECHANISM_NAMES = ("bandmf", "gaussian", "tree")
 
 
 def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: float,
@@ -28,5 +27,5 @@ def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: 
     return load("mechanism", dict(cfg)).build(noise_multiplier, clip_norm, noise=noise, rounds=rounds)
 
 
-__all__ = ["BandMFMechanism", "GaussianMechanism", "MECHANISM_NAMES", "Mechanism", "NoiseMechanism", "TreeMechanism",
+__all__ = ["BandMFMechanism", "GaussianMechanism", "Mechanism", "NoiseMechanism", "TreeMechanism",
            "build_mechanism"]

@@ -29,7 +29,7 @@ import io
 import logging
 import math
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import dp_accounting
 import torch
@@ -41,7 +41,7 @@ from fedpriv.mechanisms.analysis import prefix_mse
 from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
-from fedpriv.sampling import GroupedPoissonPattern, Sampler, SeparatedPattern
+from fedpriv.sampling import CYCLIC_POISSON, GroupedPoissonPattern, Sampler, SeparatedPattern
 from fedpriv.schema import Option, positive, register_option
 
 log = logging.getLogger(__name__)
@@ -332,6 +332,7 @@ class BandMFMechanism(CorrelatedMechanism):
 class BandMFNoise(Option):
     """Banded matrix-factorization noise (sampling cyclic or cyclic_poisson)."""
 
+    default_sampling: ClassVar[str] = CYCLIC_POISSON  # what sampling=auto picks for this mechanism
     name: str = "bandmf"
     bands: int = 16
     strategy: Literal["auto", "general", "toeplitz"] = "auto"  # auto: toeplitz above 512 rounds
@@ -339,6 +340,9 @@ class BandMFNoise(Option):
 
     def check(self, path: str) -> None:
         positive(self, "bands", "iterations", path=path)
+
+    def sampling_groups(self) -> int | None:
+        return self.bands
 
     def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None):
         if not rounds:

@@ -9,13 +9,14 @@ sampling without replacement the relation is replace-one, under which the sum's 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import ADD_REMOVE, NoiseMechanism, REPLACE_ONE, require_noise
-from fedpriv.sampling import FixedSizePattern, PoissonPattern, Sampler
+from fedpriv.sampling import POISSON, FixedSizePattern, PoissonPattern, Sampler
 from fedpriv.schema import Option, register_option
 
 class GaussianMechanism(NoiseMechanism):
@@ -78,6 +79,7 @@ class GaussianMechanism(NoiseMechanism):
 
 @dataclass
 class GaussianNoise(Option):
+    default_sampling: ClassVar[str] = POISSON  # what sampling=auto picks for this mechanism
     name: str = "gaussian"
 
     def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None):

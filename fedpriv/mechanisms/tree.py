@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 import dp_accounting
 import torch
@@ -34,7 +34,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import ZERO_OUT, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
-from fedpriv.sampling import Sampler, SeparatedPattern
+from fedpriv.sampling import CYCLIC, Sampler, SeparatedPattern
 from fedpriv.schema import Option, positive, register_option
 
 ESTIMATORS = ("plain", "efficient")
@@ -120,9 +120,16 @@ class TreeMechanism(CorrelatedMechanism):
         if restart_every is not None and (not isinstance(restart_every, int) or restart_every < 1):
             raise ConfigError(f"mechanism.restart_every must be a positive integer or null, got {restart_every!r}")
         super().__init__(noise_multiplier, clip_norm, TreeOperator(estimator, restart_every), noise)
-        self.estimator = estimator
-        self.restart_every = restart_every
         self.rounds = rounds  # the planned run: prefixes are accounted without re-running its worst case
+
+    @property
+    def estimator(self) -> str:
+        return self.operator.estimator
+
+    @property
+    def restart_every(self) -> int | None:
+        """The noise and the accounting read the same value: the operator's."""
+        return self.operator.restart_every
 
     # ---------------------------------------------------------------- accounting
 
@@ -175,6 +182,7 @@ __all__ = ["ESTIMATORS", "TreeMechanism", "TreeOperator", "TreeState", "node_var
 class TreeNoise(Option):
     """DP-FTRL tree aggregation (needs sampling=cyclic)."""
 
+    default_sampling: ClassVar[str] = CYCLIC  # what sampling=auto picks for this mechanism
     name: str = "tree"
     estimator: Literal["plain", "efficient"] = "efficient"  # efficient: Honaker's inverse-variance node estimates
     restart_every: Optional[int] = None  # start a new tree every k rounds (null: one tree)

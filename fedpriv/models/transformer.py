@@ -93,6 +93,9 @@ class TransformerModel(Option):
         positive(self, "d_model", "num_layers", "num_heads", "ff_dim", path=path)
         divisible(self, "d_model", "num_heads", path)
 
+    def extra_model_args(self, seq_len: int) -> dict:
+        return {"max_len": seq_len}  # positions: the dataset's row length
+
 
 register_option("model", "transformer", TransformerModel())
 register_option("model", "transformer_tiny", TransformerModel(d_model=32, num_layers=2, num_heads=4, ff_dim=64))

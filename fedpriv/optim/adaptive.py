@@ -104,14 +104,6 @@ class DPAdaptive(ServerOptimizerBase):
         return self.client_scale()
 
     @property
-    def needs_squares(self) -> bool:
-        return self.variant == "ime"
-
-    @property
-    def needs_noise_std(self) -> bool:
-        return self.variant == "bc"
-
-    @property
     def non_private_reason(self) -> str | None:
         if self.variant == "noiseless":
             return f"{self.name} builds its preconditioner from the noiseless updates"

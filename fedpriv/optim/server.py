@@ -55,7 +55,9 @@ class ServerFTRL(ServerOptimizerBase):
 
     ``S_t = Σ_{τ≤t} Δ̄_τ`` (the running sum of privatized average deltas: with tree noise its
     noise is the tree's prefix noise), ``m_t = β m_{t−1} + S_t``, ``θ_t = θ_0 + η m_t``
-    (β = 0: ``θ_t = θ_0 + η S_t``). Post-processing of the released stream.
+    (β = 0: ``θ_t = θ_0 + η S_t``). Post-processing of the released stream. After :meth:`reset`
+    at round T' (a public stage's model) the sums restart: ``S_t = Σ_{T'<τ≤t} Δ̄_τ``, whose tree
+    noise is ``P_t − P_{T'}`` (two prefix estimates, so somewhat noisier; no privacy cost).
     """
 
     def __init__(self, lr: float = 1.0, momentum: float = 0.0) -> None:
@@ -90,7 +92,7 @@ class ServerFTRL(ServerOptimizerBase):
         self.origin, self.total, self.buffer = state["origin"], state["total"], state["buffer"]
 
 
-ServerOptimizer = ServerSGD | DPAdaptive | ServerFTRL
+ServerOptimizer = ServerOptimizerBase
 
 
 def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> ServerOptimizer:

@@ -42,8 +42,6 @@ def _teacher(public_cfg: Mapping[str, Any], data, seed: int) -> nn.Module | None
         if not isinstance(data.tokenizer, HFTokenizer):
             raise ConfigError("public.teacher=hf needs data.tokenizer=hf: the student must use the teacher's tokenizer")
         return HFTeacher.load(public.teacher_path, data.tokenizer)
-    if kind != "embedded":
-        raise ConfigError(f"unknown public.teacher {kind!r} (choose one of: embedded, hf, none)")
     if data.public is None:
         raise ConfigError(f"public.teacher needs a public corpus; dataset {data.name!r} has none")
     from fedpriv.public.teacher import embedded_teacher
