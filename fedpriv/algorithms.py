@@ -101,13 +101,13 @@ class ExampleLevelFedAvg(FedAvg):
 class FedSGD(Algorithm):
     """One full-batch gradient step per unit: delta = −lr · ∇(mean token loss)."""
 
-    def __init__(self, spec: schema.Option) -> None:
-        super().__init__(spec)
-        self.per_unit_deltas = not self._one_pass
-
     @property
     def _one_pass(self) -> bool:
         return bool(getattr(self.spec, "one_pass", True))
+
+    @property
+    def per_unit_deltas(self) -> bool:  # type: ignore[override]
+        return not self._one_pass
 
     def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
         return LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client.lr), max_steps=1)
@@ -140,19 +140,17 @@ class DPSGD(FedSGD):
 
 
 @dataclass
-class FedAvgOption(schema.Option):
+class FedAvgOption(schema.AlgorithmOption):
     """DP-FedAvg: local epochs on each sampled user, user-level clipping of the delta."""
 
-    local_training: ClassVar[bool] = True  # clients run local steps (client.dp=example applies to them)
+    local_training: ClassVar[bool] = True
     name: str = "dp_fedavg"
 
 
 @dataclass
-class FedSGDOption(schema.Option):
-    """DP-FedSGD: one full-batch gradient step per sampled user; one batched BK pass when one_pass."""
+class BatchedOption(schema.AlgorithmOption):
+    """The keys of the algorithms whose cohort's clipped sum comes from batched BK passes."""
 
-    name: str = "dp_fedsgd"
-    one_pass: bool = True
     clipping_mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
     max_rows: int = 512  # rows per batched backward (whole users per chunk)
 
@@ -161,16 +159,19 @@ class FedSGDOption(schema.Option):
 
 
 @dataclass
-class DPSGDOption(schema.Option):
+class FedSGDOption(BatchedOption):
+    """DP-FedSGD: one full-batch gradient step per sampled user; one batched BK pass when one_pass."""
+
+    name: str = "dp_fedsgd"
+    one_pass: bool = True
+
+
+@dataclass
+class DPSGDOption(BatchedOption):
     """Central DP-SGD on the pooled examples (example-level accounting)."""
 
-    central: ClassVar[bool] = True  # pooled data, no clients: in-process only
+    central: ClassVar[bool] = True
     name: str = "dpsgd"
-    clipping_mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
-    max_rows: int = 512
-
-    def check(self, path: str) -> None:
-        schema.positive(self, "max_rows", path=path)
 
 
 _CLASSES: dict[type, type[Algorithm]] = {FedAvgOption: FedAvg, FedSGDOption: FedSGD, DPSGDOption: DPSGD}

@@ -89,7 +89,7 @@ def check_overrides(args: Sequence[str], multirun: bool = False) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from fedpriv.schema import parse
+    from fedpriv.schema import GROUPS, parse
 
     plain_args = [a for a in args if not a.startswith("-")]
     try:
@@ -108,8 +108,7 @@ def check_overrides(args: Sequence[str], multirun: bool = False) -> None:
             values = list(override.sweep_string_iterator())
         else:
             values = [override.get_value_element_as_str()] if not override.is_delete() or override.value() else [None]
-        options = group_options(group) if group in ("experiment", "data", "model", "algorithm", "mechanism",
-                                                     "optimizer", "backend") else None
+        options = group_options(group) if group in ("experiment", *GROUPS) else None
         for value in values:
             names = value.strip("[]").split(",") if (options is not None and value) else []
             for name in (n.strip() for n in names):

@@ -34,6 +34,11 @@ from fedpriv.errors import ConfigError
 
 # --- field checks ---------------------------------------------------------------------------------
 
+def _key(path: str, name: str) -> str:
+    """The dotted key of field ``name`` of the section at ``path`` ("" for the top level)."""
+    return f"{path}.{name}" if path else name
+
+
 def _fail(path: str, message: str, value: Any) -> typing.NoReturn:
     raise ConfigError(f"{path} must be {message}, got {value!r}")
 
@@ -43,7 +48,7 @@ def positive(section: Any, *names: str, path: str) -> None:
     for name in names:
         value = getattr(section, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
-            _fail(f"{path}.{name}" if path else name, "> 0" if math.isfinite(value) else "finite", value)
+            _fail(_key(path, name), "> 0" if math.isfinite(value) else "finite", value)
 
 
 def nonnegative(section: Any, *names: str, path: str) -> None:
@@ -51,15 +56,14 @@ def nonnegative(section: Any, *names: str, path: str) -> None:
     for name in names:
         value = getattr(section, name)
         if value is not None and not (value >= 0 and math.isfinite(value)):
-            _fail(f"{path}.{name}" if path else name, ">= 0" if math.isfinite(value) else "finite", value)
+            _fail(_key(path, name), ">= 0" if math.isfinite(value) else "finite", value)
 
 
 def in_unit_interval(section: Any, name: str, path: str, closed_right: bool = True, open_left: bool = True) -> None:
     value = getattr(section, name)
     ok = (value > 0 if open_left else value >= 0) and (value <= 1 if closed_right else value < 1)
     if not ok:
-        _fail(f"{path}.{name}" if path else name,
-              f"in {'(' if open_left else '['}0, 1{']' if closed_right else ')'}", value)
+        _fail(_key(path, name), f"in {'(' if open_left else '['}0, 1{']' if closed_right else ')'}", value)
 
 
 def divisible(section: Any, name: str, by: str, path: str) -> None:
@@ -178,10 +182,8 @@ class Privacy(Section):
         nonnegative(self, "noise_multiplier", path=path)
         in_unit_interval(self, "delta", path, closed_right=False)
         positive(self, "clip_norm", path=path)
-        for name in ("target_epsilon", "noise_multiplier", "clip_norm"):
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):
-                _fail(f"{path}.{name}", "finite", value)
+        if self.target_epsilon is not None and not math.isfinite(self.target_epsilon):
+            _fail(_key(path, "target_epsilon"), "finite", self.target_epsilon)  # also beside a fixed sigma
 
 
 # --- options of the polymorphic groups --------------------------------------------------------------
@@ -191,20 +193,44 @@ class Option(Section):
     """An option of a config group; ``name`` selects the implementation."""
 
     name: str = ""
-    central: ClassVar[bool] = False
-    local_training: ClassVar[bool] = False
+
+
+@dataclass
+class ModelOption(Option):
+    """A ``model`` option: ``model_class`` built with this option's fields."""
+
+    model_class: ClassVar[type]
 
     def build_model(self, vocab_size: int, pad_id: int, seq_len: int):
-        """Model options: the model (its ``model_class`` with this option's fields)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
         return self.model_class(vocab_size=vocab_size, pad_id=pad_id, **fields, **self.extra_model_args(seq_len))
 
     def extra_model_args(self, seq_len: int) -> dict:
+        """Constructor arguments that come from the data, not the config (a transformer's max_len)."""
         return {}
 
+
+@dataclass
+class MechanismOption(Option):
+    """A ``mechanism`` option: ``build`` makes the mechanism; ``default_sampling`` is what
+    ``sampling=auto`` picks for it."""
+
+    default_sampling: ClassVar[str]
+
+    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None):
+        raise NotImplementedError
+
     def sampling_groups(self) -> int | None:
-        """Mechanism options: the groups of ``sampling=cyclic_poisson`` (BandMF: its bands)."""
+        """The groups of ``sampling=cyclic_poisson`` (BandMF: its bands)."""
         return None
+
+
+@dataclass
+class AlgorithmOption(Option):
+    """An ``algorithm`` option (fedpriv/algorithms.py builds the algorithm from it)."""
+
+    central: ClassVar[bool] = False  # pooled data, no clients: in-process only
+    local_training: ClassVar[bool] = False  # clients run local steps (client.dp=example applies to them)
 
 
 @dataclass
@@ -352,9 +378,9 @@ class RunConfig(Section):
     public: Public = field(default_factory=Public)
     privacy: Privacy = field(default_factory=Privacy)
     data: TextPipeline = field(default_factory=_default("data"))
-    model: Option = field(default_factory=_default("model"))
-    algorithm: Option = field(default_factory=_default("algorithm"))
-    mechanism: Option = field(default_factory=_default("mechanism"))
+    model: ModelOption = field(default_factory=_default("model"))
+    algorithm: AlgorithmOption = field(default_factory=_default("algorithm"))
+    mechanism: MechanismOption = field(default_factory=_default("mechanism"))
     optimizer: Option = field(default_factory=_default("optimizer"))
     backend: Option = field(default_factory=_default("backend"))
 
@@ -371,15 +397,19 @@ class RunConfig(Section):
 
 # --- parsing ---------------------------------------------------------------------------------------
 
+# scalar annotation -> (what a value must be, the test it must pass); no coercion anywhere
+_SCALARS: dict[Any, tuple[str, Any]] = {
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+            and not (isinstance(v, float) and math.isnan(v))),
+    str: ("a string", lambda v: isinstance(v, str)),
+}
+
+
 def _type_name(tp: Any) -> str:
-    if tp is bool:
-        return "true or false"
-    if tp is int:
-        return "an integer"
-    if tp is float:
-        return "a number"
-    if tp is str:
-        return "a string"
+    if tp in _SCALARS:
+        return _SCALARS[tp][0]
     if typing.get_origin(tp) is Literal:
         return "one of: " + ", ".join(str(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", str(tp))
@@ -405,22 +435,10 @@ def _value(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(f"unknown {path} {value!r} (choose one of: "
                               f"{', '.join(str(a) for a in typing.get_args(tp))})")
         return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            _fail(path, "true or false", value)
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            _fail(path, "an integer", value)
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
-                                                                              and math.isnan(value)):
-            _fail(path, "a number", value)
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            _fail(path, "a string", value)
+    if tp in _SCALARS:
+        what, ok = _SCALARS[tp]
+        if not ok(value):
+            _fail(path, what, value)
         return value
     if tp is Any:
         return value
@@ -431,10 +449,9 @@ def _value(value: Any, tp: Any, path: str) -> Any:
 
 def unknown_key(path: str, key: str, known: list[str]) -> ConfigError:
     """The error for an unknown ``key`` under ``path``, naming the closest of the ``known`` keys."""
-    full = f"{path}.{key}" if path else key
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f" (did you mean '{f'{path}.{close[0]}' if path else close[0]}'?)" if close else ""
-    return ConfigError(f"unknown config key '{full}'{hint}")
+    hint = f" (did you mean '{_key(path, close[0])}'?)" if close else ""
+    return ConfigError(f"unknown config key '{_key(path, key)}'{hint}")
 
 
 def _fields(cls: type) -> tuple[list[str], dict[str, Any]]:
@@ -461,17 +478,14 @@ def _section(data: Any, cls: type, path: str, base: Any = None) -> Any:
     kwargs, extra = {}, {}
     own = {f.name for f in dataclasses.fields(cls)}
     for name in names:
-        sub = f"{path}.{name}" if path else name
+        sub = _key(path, name)
         if name not in data:
             if name not in own:
                 extra[name] = hints[name]()  # a registered section's defaults
             continue  # its default
         tp = hints[name]
         if name in GROUPS and cls is RunConfig:  # a group: the option its `name` selects
-            if not isinstance(data[name], dict):
-                _fail(sub, "a mapping", data[name])
-            tp = option_class(name, data[name].get("name"), sub)
-            kwargs[name] = _section(data[name], tp, sub, option_preset(name, data[name].get("name")))
+            kwargs[name] = _option(name, data[name], sub)
             continue
         (kwargs if name in own else extra)[name] = _value(data[name], tp, sub)
     section = dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
@@ -479,6 +493,14 @@ def _section(data: Any, cls: type, path: str, base: Any = None) -> Any:
         setattr(section, name, value)
     section.check(path)
     return section
+
+
+def _option(group: str, data: Any, path: str) -> Option:
+    """The option of ``group`` that ``data["name"]`` selects, its missing keys from its preset."""
+    if not isinstance(data, dict):
+        _fail(path, "a mapping", data)
+    name = data.get("name")
+    return _section(dict(data), option_class(group, name, path), path, option_preset(group, name))
 
 
 def parse(plain: dict) -> RunConfig:
@@ -537,9 +559,5 @@ def load(kind: type[Section] | str, data: Any, path: str = "") -> Any:
     class (``load(Public, cfg["public"], "public")``) or a group name, whose option the mapping's
     ``name`` selects (``load("mechanism", {"name": "tree"})``)."""
     if isinstance(kind, str):
-        path = path or kind
-        if not isinstance(data, dict):
-            _fail(path, "a mapping", data)
-        group, kind = kind, option_class(kind, data.get("name"), path)
-        return _section(dict(data), kind, path, option_preset(group, data.get("name")))
+        return _option(kind, data, path or kind)
     return _section(dict(data) if data is not None else {}, kind, path)

@@ -150,7 +150,8 @@ def test_a_new_mechanism_is_its_module_only(tmp_path):
     from fedpriv.mechanisms import GaussianMechanism, build_mechanism
 
     @dataclass
-    class ScaledGaussian(schema.Option):
+    class ScaledGaussian(schema.MechanismOption):
+        default_sampling = "poisson"
         name: str = "scaled_gaussian"
         factor: float = 2.0
 

@@ -42,7 +42,7 @@ from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC_POISSON, GroupedPoissonPattern, Sampler, SeparatedPattern
-from fedpriv.schema import Option, positive, register_option
+from fedpriv.schema import MechanismOption, positive, register_option
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +329,7 @@ class BandMFMechanism(CorrelatedMechanism):
 
 
 @dataclass
-class BandMFNoise(Option):
+class BandMFNoise(MechanismOption):
     """Banded matrix-factorization noise (sampling cyclic or cyclic_poisson)."""
 
     default_sampling: ClassVar[str] = CYCLIC_POISSON  # what sampling=auto picks for this mechanism

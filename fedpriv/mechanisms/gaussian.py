@@ -17,7 +17,7 @@ import torch
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import ADD_REMOVE, NoiseMechanism, REPLACE_ONE, require_noise
 from fedpriv.sampling import POISSON, FixedSizePattern, PoissonPattern, Sampler
-from fedpriv.schema import Option, register_option
+from fedpriv.schema import MechanismOption, register_option
 
 class GaussianMechanism(NoiseMechanism):
     """Adds ``N(0, (noise_multiplier * clip_norm)^2)`` to every coordinate of a round's sum.
@@ -78,7 +78,7 @@ class GaussianMechanism(NoiseMechanism):
 
 
 @dataclass
-class GaussianNoise(Option):
+class GaussianNoise(MechanismOption):
     default_sampling: ClassVar[str] = POISSON  # what sampling=auto picks for this mechanism
     name: str = "gaussian"
 

@@ -35,7 +35,7 @@ from fedpriv.mechanisms.base import ZERO_OUT, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC, Sampler, SeparatedPattern
-from fedpriv.schema import Option, positive, register_option
+from fedpriv.schema import MechanismOption, positive, register_option
 
 ESTIMATORS = ("plain", "efficient")
 
@@ -179,7 +179,7 @@ __all__ = ["ESTIMATORS", "TreeMechanism", "TreeOperator", "TreeState", "node_var
 
 
 @dataclass
-class TreeNoise(Option):
+class TreeNoise(MechanismOption):
     """DP-FTRL tree aggregation (needs sampling=cyclic)."""
 
     default_sampling: ClassVar[str] = CYCLIC  # what sampling=auto picks for this mechanism

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from fedpriv.clipping import LayerRule, no_contributions, register_hint, register_rule
-from fedpriv.schema import Option, positive, register_option
+from fedpriv.schema import ModelOption, positive, register_option
 
 
 class LSTM(nn.Module):
@@ -142,7 +142,7 @@ class LSTMLanguageModel(nn.Module):
 
 
 @dataclass
-class LSTMModel(Option):
+class LSTMModel(ModelOption):
     model_class: ClassVar[type] = LSTMLanguageModel
     name: str = "lstm"
     embed_dim: int = 64

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpriv.schema import Option, divisible, positive, register_option
+from fedpriv.schema import ModelOption, divisible, positive, register_option
 
 
 class CausalSelfAttention(nn.Module):
@@ -81,7 +81,7 @@ class TransformerLanguageModel(nn.Module):
 
 
 @dataclass
-class TransformerModel(Option):
+class TransformerModel(ModelOption):
     model_class: ClassVar[type] = TransformerLanguageModel
     name: str = "transformer"
     d_model: int = 96
