@@ -42,8 +42,10 @@ class RoundAggregate:
         return cls(clip_norm=clip_norm, total=torch.zeros(dim), squares=torch.zeros(dim) if squares else None,
                    scale=scale)
 
-    def add(self, delta: torch.Tensor) -> bool:
+    def add(self, delta: torch.Tensor, tally: bool = True) -> bool:
         """Clip and add one user's delta; reject (and count) a wrong shape or non-finite values.
+        ``tally=False`` (an audit's canary): clipped and added the same way, left out of the
+        round's statistics (accepted, clipped, norms).
 
         A NaN or ±inf entry makes the L2 norm non-finite, so one pass over the delta both detects
         it and yields the clip factor (a finite delta whose norm overflows float32 is rejected too).
@@ -60,6 +62,8 @@ class RoundAggregate:
         self.total.add_(delta, alpha=factor)  # fused scale-and-add: no clipped copy
         if self.squares is not None:
             self.squares.addcmul_(delta, delta, value=factor * factor)
+        if not tally:
+            return True
         self.accepted += 1
         self.clipped += int(norm > self.clip_norm)
         self.norms.append(norm)

@@ -7,7 +7,12 @@ Informational lines (the ``verbose=true`` round lines) are printed as they are; 
 
 from __future__ import annotations
 
+import argparse
 import logging
+import sys
+from typing import NoReturn
+
+EXIT_BAD_INPUT = 2  # every CLI's exit status for bad input
 
 
 class ConsoleFormatter(logging.Formatter):
@@ -31,3 +36,16 @@ def console_handler(stream=None, level: int = logging.NOTSET) -> logging.Handler
     handler.setFormatter(ConsoleFormatter())
     handler.setLevel(level)
     return handler
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: <message>`` as one line on stderr and exit with :data:`EXIT_BAD_INPUT`."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one ``error: ...`` line and exit status 2 (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(message)

@@ -9,7 +9,8 @@ One round t flows one way:
    expected cohort size — the queries the optimizer declared once in its query plan;
 4. the server optimizer steps on the release (post-processing).
 The only thing that reaches upstream is the plan (declared before round 1) and, for a
-pre-clip-scaled plan, ``s_t``, computed from earlier releases only.
+pre-clip-scaled plan, ``s_t``, computed from earlier releases only. An audited run's canaries
+(:mod:`fedpriv.audit.canaries`) join step 2 as further units and score each release.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class DPFedAvg:
     """Server state of DP-FedAvg: global parameters, sampler, noise mechanism, optimizer."""
 
     def __init__(self, params: torch.Tensor, sampler: Sampler, mechanism: Mechanism,
-                 clip_norm: float, optimizer: ServerOptimizer, ema_decay: float = 0.0) -> None:
+                 clip_norm: float, optimizer: ServerOptimizer, ema_decay: float = 0.0, canaries=None) -> None:
         if not 0.0 <= ema_decay < 1.0:
             raise ConfigError(f"ema_decay must be in [0, 1), got {ema_decay}")
         self.params = params.clone()
@@ -74,6 +75,9 @@ class DPFedAvg:
         self.plan = optimizer.query_plan  # declared once (checked by the runner against mechanism and algorithm)
         self.ema_decay = ema_decay
         self.ema = params.clone()
+        self.canaries = canaries  # a fedpriv.audit.CanarySet, or None (no audit)
+        if canaries is not None:
+            canaries.begin(self.model_params)
 
     @property
     def model_params(self) -> torch.Tensor:
@@ -116,8 +120,12 @@ class DPFedAvg:
         expected = {int(u) for u in cohort}
         replies = updates if isinstance(updates, CohortSum) else ClientReplies(updates)
         seen, losses = replies.add_to(agg, expected, round_idx)
+        if self.canaries is not None:
+            self.canaries.add_to(agg, round_idx)
         noise = self.mechanism.noise(round_idx, self.params.shape)
         release = privatize(agg, noise, plan, self.mechanism, self.sampler.expected_cohort, scale)
+        if self.canaries is not None:
+            self.canaries.observe(release.update)
         self.params, extra = opt.step_release(self.params, release)
         if self.ema_decay:
             self.ema = self.ema_decay * self.ema + (1.0 - self.ema_decay) * self.params
@@ -127,11 +135,16 @@ class DPFedAvg:
                        "train_loss": float(np.mean(losses)) if losses else float("nan")}
 
     def state_dict(self) -> dict:
-        return {"params": self.params, "ema": self.ema, "optimizer": self.optimizer.state_dict(),
-                "mechanism": self.mechanism.state_dict()}
+        state = {"params": self.params, "ema": self.ema, "optimizer": self.optimizer.state_dict(),
+                 "mechanism": self.mechanism.state_dict()}
+        if self.canaries is not None:
+            state["canaries"] = self.canaries.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.params = state["params"].clone()
         self.ema = state["ema"].clone()
         self.optimizer.load_state_dict(state["optimizer"])
         self.mechanism.load_state_dict(state["mechanism"])
+        if self.canaries is not None:
+            self.canaries.load_state_dict(state["canaries"])

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.accounting.ledger import json_epsilon
+from fedpriv.audit.run import build_canaries, finish_audit
 from fedpriv.cohort import CohortSum  # noqa: F401 (RoundFn)
 from fedpriv.config import diagnostics_enabled, resolve_config, validate, validate_against_data
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
@@ -131,7 +132,9 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     initial = task.initial_params
     for stage in stages:
         initial = stage.initial_params(initial)
-    server = DPFedAvg(initial, sampler, mechanism, privacy["clip_norm"], optimizer, ema_decay=float(cfg["ema_decay"]))
+    canaries = build_canaries(cfg, initial.numel(), sampler, randomness)
+    server = DPFedAvg(initial, sampler, mechanism, privacy["clip_norm"], optimizer, ema_decay=float(cfg["ema_decay"]),
+                      canaries=canaries)
     session = RunSession(cfg=cfg, run=run, task=task, server=server, ledger=ledger, stages=stages,
                          randomness=randomness)
     if checkpoint is not None:
@@ -297,6 +300,9 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
     if not last_eval:  # resumed after the last round: evaluate the restored model
         last_eval = evaluate_params(session.task, server.model_params)
     summary = _summary(session, last_eval, time.perf_counter() - started)
+    if server.canaries is not None:  # post-processing of the releases and the canaries (docs/PRIVACY.md)
+        summary["audit"] = finish_audit(server.canaries, server.model_params, run.path, cfg,
+                                        ledger.reported_epsilon(), session.randomness.mode)
     run.write_json("summary.json", summary)
     return summary
 

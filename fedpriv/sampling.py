@@ -9,6 +9,11 @@ sampling assumes. A sampler built without a key (``key=None``) only states its a
 
 User ``u``'s draw in round ``t`` is the ``u``-th value of the round's keystream, so it does not
 depend on the population size; the cyclic-Poisson group of ``u`` is a keyed hash of ``u`` alone.
+
+``sample_extra(t, key, count)`` draws, from another key, which of ``count`` units outside the
+population (an audit's canaries, :mod:`fedpriv.audit.canaries`) take part in round t with the
+participation a user has under the sampler's pattern; the population's own draws do not change.
+Fixed-size sampling refuses: its replace-one accounting has no place for a unit outside the cohort.
 """
 
 from __future__ import annotations
@@ -80,6 +85,11 @@ class PoissonSampler(PoissonPattern):
         draws = uniforms(_need_key(self.key), "poisson", (round_idx,), self.population)
         return np.flatnonzero(draws < self.rate).astype(np.int64)
 
+    def sample_extra(self, round_idx: int, key: bytes, count: int) -> np.ndarray:
+        """Which of ``count`` units outside the population (canaries) join round t, each with
+        probability ``rate``, independently: draws from ``key``, not the sampling key."""
+        return np.flatnonzero(uniforms(key, "extra-poisson", (round_idx,), count) < self.rate).astype(np.int64)
+
 
 class _CohortSized:
     """Samplers whose cohort size is fixed (``cohort``): rate m/N, expected cohort m."""
@@ -114,6 +124,12 @@ class FixedSizeSampler(_CohortSized, FixedSizePattern):
         random subset (ties, probability < N²/2⁶⁴, are broken by user id)."""
         words = uint64s(_need_key(self.key), "fixed", (round_idx,), self.population)
         return np.sort(np.argsort(words, kind="stable")[:self.cohort]).astype(np.int64)
+
+    def sample_extra(self, round_idx: int, key: bytes, count: int) -> np.ndarray:
+        """Refused: a unit outside a fixed-size cohort has no participation that the replace-one
+        accounting of this sampler covers (units join the population, not the cohort)."""
+        raise ConfigError("sampling=fixed cannot take canaries: a unit added to a fixed-size cohort is not "
+                          "accounted by its replace-one analysis (use sampling=poisson to audit)")
 
 
 @functools.lru_cache(maxsize=4)
@@ -167,6 +183,13 @@ class CyclicSampler(_CohortSized, SeparatedPattern):
         block = round_idx % self.blocks
         return np.sort(order[block * self.cohort:(block + 1) * self.cohort]).astype(np.int64)
 
+    def sample_extra(self, round_idx: int, key: bytes, count: int) -> np.ndarray:
+        """Which of ``count`` units outside the population (canaries) take part in round t: each
+        has a uniformly random block (from ``key``) and joins the rounds of that block, so it takes
+        part at most once per ``blocks`` rounds, like a user of the population."""
+        block = uint64s(key, "extra-block", (), count) % np.uint64(self.blocks)
+        return np.flatnonzero(block == np.uint64(round_idx % self.blocks)).astype(np.int64)
+
 
 @dataclass(frozen=True)
 class CyclicPoissonSampler(_CohortSized, GroupedPoissonPattern):
@@ -195,6 +218,15 @@ class CyclicPoissonSampler(_CohortSized, GroupedPoissonPattern):
         key = _need_key(self.key)
         draws = uniforms(key, "cyclic-poisson", (round_idx,), self.population)
         chosen = (user_groups(key, self.population, self.groups) == round_idx % self.groups) & (draws < self.group_rate)
+        return np.flatnonzero(chosen).astype(np.int64)
+
+    def sample_extra(self, round_idx: int, key: bytes, count: int) -> np.ndarray:
+        """Which of ``count`` units outside the population (canaries) join round t: each has a
+        uniformly random group (from ``key``) and is Poisson-sampled with ``group_rate`` in its
+        group's rounds, like a user of the population."""
+        group = uint64s(key, "extra-group", (), count) % np.uint64(self.groups)
+        draws = uniforms(key, "extra-cyclic-poisson", (round_idx,), count)
+        chosen = (group == np.uint64(round_idx % self.groups)) & (draws < self.group_rate)
         return np.flatnonzero(chosen).astype(np.int64)
 
 

@@ -186,6 +186,21 @@ class Privacy(Section):
             _fail(_key(path, "target_epsilon"), "finite", self.target_epsilon)  # also beside a fixed sigma
 
 
+@dataclass
+class Audit(Section):
+    """``audit``: the empirical privacy audit of a run (fedpriv/audit/; docs/PRIVACY.md)."""
+
+    canaries: int = 0  # M canary units with a secret inclusion coin, plus M never inserted (0: no audit)
+    support: int = 4096  # coordinates of each canary's random direction (0: all of the model's)
+    confidence: float = 0.95  # of the one-run lower bound
+
+    def check(self, path: str) -> None:
+        nonnegative(self, "canaries", "support", path=path)
+        if self.canaries == 1:
+            _fail(_key(path, "canaries"), "0 (off) or at least 2", self.canaries)
+        in_unit_interval(self, "confidence", path, closed_right=False)
+
+
 # --- options of the polymorphic groups --------------------------------------------------------------
 
 @dataclass
@@ -377,6 +392,7 @@ class RunConfig(Section):
     client: Client = field(default_factory=Client)
     public: Public = field(default_factory=Public)
     privacy: Privacy = field(default_factory=Privacy)
+    audit: Audit = field(default_factory=Audit)
     data: TextPipeline = field(default_factory=_default("data"))
     model: ModelOption = field(default_factory=_default("model"))
     algorithm: AlgorithmOption = field(default_factory=_default("algorithm"))

@@ -18,8 +18,9 @@ from fedpriv.compose import CONFIG_DIR
 
 
 def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    from fedpriv.console import fail
+
+    fail(message)
 
 
 def check_args(args: list[str]) -> None:

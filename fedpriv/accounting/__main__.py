@@ -17,7 +17,7 @@ import argparse
 import logging
 import math
 import sys
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Sequence
 
 import dp_accounting
 
@@ -25,7 +25,8 @@ from fedpriv.accounting.accountant import (ACCOUNTANTS, RDP, calibrate_noise_mul
                                            check_delta, check_epsilon, compute_epsilon,
                                            relation_name)
 from fedpriv.accounting.ledger import json_epsilon
-from fedpriv.console import console_handler
+from fedpriv.console import console_handler, fail as _fail
+from fedpriv.console import OneLineParser as _Parser
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
@@ -34,7 +35,6 @@ from fedpriv.rundir import json_text
 from fedpriv.sampling import (CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, CyclicPoissonSampler, CyclicSampler,
                               FixedSizeSampler, ParticipationBound, PoissonSampler, Sampler)
 
-EXIT_BAD_INPUT = 2
 
 
 def _gaussian(args: argparse.Namespace, noise_multiplier: float) -> GaussianMechanism:
@@ -58,18 +58,6 @@ def _bandmf(args: argparse.Namespace, noise_multiplier: float) -> BandMFMechanis
 # name -> builder(args, noise_multiplier) of a mechanism with ``dp_event`` / ``neighboring_relation``.
 MECHANISMS: dict[str, Callable[[argparse.Namespace, float], Any]] = {
     "gaussian": _gaussian, "tree": _tree, "bandmf": _bandmf}
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (``error: ...``) and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        _fail(message)
-
-
-def _fail(message: str) -> NoReturn:
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
-    sys.exit(EXIT_BAD_INPUT)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,9 +13,8 @@ Bad input: one ``error:`` line, exit 2.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import NoReturn, Sequence
+from typing import Sequence
 
 import torch
 
@@ -24,16 +23,11 @@ from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.analysis import prefix_rmse
 from fedpriv.mechanisms.tree import TreeMechanism
+from fedpriv.console import OneLineParser as _Parser
 from fedpriv.rundir import json_text
 
 CHOICES = ("gaussian", "tree", "tree-efficient", "bandmf")
 MAX_ROUNDS = 4096
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def rmse(mechanism: str, rounds: int, bands: int | None = None) -> float:

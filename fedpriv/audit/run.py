@@ -1,0 +1,33 @@
+"""The audit's two moments in a run: canaries built before round 1, results after the last."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fedpriv.atomic import write_atomic
+from fedpriv.audit.canaries import CanarySet
+from fedpriv.audit.report import PLOT_FILE, SCORES_FILE, analyse, plot_png, scores_record
+from fedpriv.randomness import RESEARCH
+from fedpriv.rundir import write_json
+
+
+def build_canaries(cfg: dict, dim: int, sampler, randomness) -> CanarySet | None:
+    """The run's canaries (``audit.canaries`` > 0), drawn from the run's ``audit`` subkey."""
+    audit = cfg.get("audit") or {}
+    if not audit.get("canaries"):
+        return None
+    return CanarySet(int(audit["canaries"]), dim, float(cfg["privacy"]["clip_norm"]), randomness.subkey("audit"),
+                     sampler, support=int(audit["support"]))
+
+
+def finish_audit(canaries: CanarySet, released, run_path, cfg: dict, epsilon: float, mode: str) -> dict[str, Any]:
+    """Score the final model, write ``audit_scores.json`` and ``audit.png``, return the summary's
+    ``audit`` block (``epsilon``: the ledger's claim; infinite for a non-private run)."""
+    record = scores_record(canaries.scores(released), canaries.coins, float(cfg["privacy"]["delta"]),
+                           epsilon if math.isfinite(epsilon) else None, float(cfg["audit"]["confidence"]),
+                           canaries.seconds if mode == RESEARCH else None, mode)  # no timing in secure mode
+    result = analyse(record)
+    write_json(run_path / SCORES_FILE, record, indent=None)
+    write_atomic(run_path / PLOT_FILE, plot_png(record, result))
+    return result
