@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.accounting.ledger import json_epsilon
+from fedpriv.audit.report import headline as audit_headline
 from fedpriv.audit.run import build_canaries, finish_audit
 from fedpriv.cohort import CohortSum  # noqa: F401 (RoundFn)
 from fedpriv.config import diagnostics_enabled, resolve_config, validate, validate_against_data
@@ -393,7 +394,8 @@ def format_result(summary: dict) -> str:
             f"{summary.get('privacy_unit', 'user')}-level epsilon {eps_text} at delta {summary['privacy']['delta']:g} "
             f"({summary['privacy']['accountant']}, {summary['privacy']['neighboring_relation']}), "
             f"noise multiplier {summary['privacy']['noise_multiplier']:.4g}, {_rounds_text(summary['rounds'])} "
-            f"[{mode}]{_example_line(summary, mode)}")
+            f"[{mode}]{_example_line(summary, mode)}"
+            + (f"\n{audit_headline(summary['audit'])}" if "audit" in summary else ""))
 
 
 def _rounds_text(rounds: int) -> str:

@@ -12,7 +12,8 @@ depend on the population size; the cyclic-Poisson group of ``u`` is a keyed hash
 
 ``sample_extra(t, key, count)`` draws, from another key, which of ``count`` units outside the
 population (an audit's canaries, :mod:`fedpriv.audit.canaries`) take part in round t with the
-participation a user has under the sampler's pattern; the population's own draws do not change.
+participation a user has under the sampler's pattern; for a given sampling key, the population's
+own draws do not depend on them.
 Fixed-size sampling refuses: its replace-one accounting has no place for a unit outside the cohort.
 """
 

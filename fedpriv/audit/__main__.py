@@ -70,7 +70,7 @@ def run_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     try:
         result = analyse(read_scores(args.run_dir), args.confidence)
-    except (ConfigError, DamagedFileError) as err:
+    except (ConfigError, DamagedFileError, ValueError) as err:
         fail(str(err))
     print(json_text(result, indent=2) if args.json else headline(result))
     return 0

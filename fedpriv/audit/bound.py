@@ -60,7 +60,7 @@ def epsilon_lower_bound(m: int, guesses: int, correct: int, delta: float, confid
     while p_value(m, guesses, correct, hi, delta) <= level:
         lo, hi = hi, 2.0 * hi
         if hi > EPS_MAX:
-            return EPS_MAX
+            return lo  # rejected at every ε tried (q is 1 in float64 long before this)
     while hi - lo > tol:
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if p_value(m, guesses, correct, mid, delta) <= level else (lo, mid)

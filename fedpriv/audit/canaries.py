@@ -6,7 +6,8 @@ model's parameter space. Canary ``j < M`` is inserted into the population when i
 more unit of the run's sampler (:meth:`Sampler.sample_extra`: the same participation pattern a
 user of the population has) and, in each round it joins, contributes ``OVERSHOOT · C · u_j`` — a
 delta with no data, whose norm is past the clip bound, so the server's clipping makes it exactly
-``C · u_j``. It enters the round's clipped sum where every unit's reply does
+``C · u_j`` (under a plan that scales deltas before clipping, the raw delta is divided by the
+scale first, so the clipped contribution is again ``C · u_j`` in the clipped space). It enters the round's clipped sum where every unit's reply does
 (:meth:`~fedpriv.aggregation.RoundAggregate.add`), before the mechanism's noise; for central
 DP-SGD a canary unit is a gradient canary (an example whose clipped gradient contribution is
 ``C · u_j``), added beside Book-Keeping's clipped sum.
@@ -43,7 +44,8 @@ from fedpriv.errors import ConfigError
 from fedpriv.randomness import keystream, uniforms
 
 OVERSHOOT = 10.0  # a canary's raw delta has norm OVERSHOOT · C (its clipped contribution is C · u)
-MAX_DENSE_VALUES = 1 << 31  # refuse 2M × support above this many stored values (8 GiB of float32)
+MAX_DENSE_VALUES = 1 << 31  # refuse 2M × support above this many stored values (8 GiB of float32 values,
+# plus 16 GiB of int64 coordinates when sparse)
 
 
 class CanarySet:
@@ -89,7 +91,10 @@ class CanarySet:
         """Add this round's participating canaries to the round's clipped sum (clipped there)."""
         started = time.perf_counter()
         for j in self.participants(round_idx):
-            agg.add(self.delta(int(j)), tally=False)
+            delta = self.delta(int(j))
+            if agg.scale is not None:  # scaled before clipping (STP): its scaled norm is then OVERSHOOT · C
+                delta = delta / agg.scale
+            agg.add(delta, tally=False)
         self.seconds += time.perf_counter() - started
 
     def cosines(self, vector: torch.Tensor) -> torch.Tensor:

@@ -51,10 +51,13 @@ def analyse(record: dict[str, Any], confidence: float | None = None) -> dict[str
     estimates = {}
     for kind in SCORE_KINDS:
         inserted, never = _groups(scores[kind], coins)
-        estimates[kind] = estimate_epsilon(inserted, never, record["delta"])
-    top = max(SCORE_KINDS, key=lambda k: estimates[k]["epsilon_estimate"])
+        # fewer than two inserted canaries (a few canaries, unlucky coins): no fit, the bound still stands
+        estimates[kind] = estimate_epsilon(inserted, never, record["delta"]) if inserted.size >= 2 else None
+    fitted = [k for k in SCORE_KINDS if estimates[k] is not None]
+    top = max(fitted, key=lambda k: estimates[k]["epsilon_estimate"]) if fitted else None
     return {"canaries": m, "guesses": bound.guesses, "correct": bound.correct,
-            "epsilon_lower_bound": bound.epsilon_lower_bound, "epsilon_estimate": estimates[top]["epsilon_estimate"],
+            "epsilon_lower_bound": bound.epsilon_lower_bound,
+            "epsilon_estimate": estimates[top]["epsilon_estimate"] if top else None,
             "confidence": confidence, "claimed_epsilon": record["claimed_epsilon"], "delta": record["delta"],
             "bound_score": bound.score, "estimate_score": top, "hypotheses": bound.hypotheses,
             "inserted": int(coins.sum()), "estimates": estimates,
@@ -89,11 +92,12 @@ def headline(result: dict[str, Any]) -> str:
     """One line for people: the claim beside the bound and the estimate."""
     claimed = result["claimed_epsilon"]
     claim = "inf (non-private)" if claimed is None else f"{claimed:.4g}"
+    estimate = ("none (fewer than 2 canaries inserted)" if result["epsilon_estimate"] is None
+                else f"{result['epsilon_estimate']:.4g} ({result['estimate_score']})")
     return (f"audit: claimed epsilon {claim} at delta {result['delta']:g}; one-run lower bound "
             f"{result['epsilon_lower_bound']:.4g} ({result['confidence']:.0%} confidence, {result['correct']} of "
             f"{result['guesses']} guesses right on {result['bound_score']} scores, {result['canaries']} canaries, "
-            f"{result['inserted']} inserted); Gaussian-fit estimate {result['epsilon_estimate']:.4g} "
-            f"({result['estimate_score']})")
+            f"{result['inserted']} inserted); Gaussian-fit estimate {estimate}")
 
 
 def plot_png(record: dict[str, Any], result: dict[str, Any]) -> bytes:
@@ -115,9 +119,10 @@ def plot_png(record: dict[str, Any], result: dict[str, Any]) -> bytes:
         ax.legend(fontsize=8)
     claimed = result["claimed_epsilon"]
     claim = "∞" if claimed is None or not math.isfinite(claimed) else f"{claimed:.3g}"
+    estimate = "none" if result["epsilon_estimate"] is None else f"{result['epsilon_estimate']:.3g}"
     fig.suptitle(f"claimed ε = {claim} (δ = {result['delta']:g});  one-run lower bound "
                  f"{result['epsilon_lower_bound']:.3g} ({result['confidence']:.0%});  Gaussian-fit estimate "
-                 f"{result['epsilon_estimate']:.3g}", fontsize=10)
+                 f"{estimate}", fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
