@@ -206,7 +206,7 @@ def test_canary_contribution_is_clipped_to_exactly_c():
 
 
 def test_canaries_follow_the_samplers_participation_pattern():
-    poisson = _canaries(count=20000)
+    poisson = _canaries()
     rate = np.mean([len(poisson.sampler.sample_extra(t, poisson.key, 20000)) / 20000 for t in range(5)])
     assert rate == pytest.approx(0.1, abs=4 * math.sqrt(0.1 * 0.9 / 1e5))
     # only inserted canaries (coin 1) join
@@ -224,9 +224,9 @@ def test_canaries_follow_the_samplers_participation_pattern():
         for j in grouped.sampler.sample_extra(t, grouped.key, 50):
             seen.setdefault(int(j), set()).add(t % 4)
     assert seen and all(len(g) == 1 for g in seen.values())
-    big = _canaries(kind="cyclic_poisson", groups=4, count=40000)  # rate group_rate in its group's rounds
-    joined = np.mean([len(big.sampler.sample_extra(t, big.key, 40000)) for t in range(4)]) / (40000 / 4)
-    rate = big.sampler.group_rate
+    # rate group_rate in its group's rounds
+    joined = np.mean([len(grouped.sampler.sample_extra(t, grouped.key, 40000)) for t in range(4)]) / (40000 / 4)
+    rate = grouped.sampler.group_rate
     assert joined == pytest.approx(rate, abs=4 * math.sqrt(rate * (1 - rate) / 40000))
 
     with pytest.raises(ConfigError, match="sampling=fixed"):
