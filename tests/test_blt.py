@@ -82,3 +82,82 @@ def test_rmse_cli_for_blt_and_its_errors(capsys):
             main(["rmse", *bad])
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and err.startswith("error:") and len(err.splitlines()) == 1, err
+
+
+# --- the mechanism (mechanism=blt) ------------------------------------------------------------------
+
+def _mechanism(rounds=6, buffers=2, sigma=1.0, seed=0):
+    from fedpriv.mechanisms.blt import BLTMechanism
+    from fedpriv.randomness import NoiseStream, key_from_seed
+
+    return BLTMechanism(sigma, 1.0, rounds=rounds, buffers=buffers, noise=NoiseStream(key_from_seed(seed)))
+
+
+def test_mechanism_noise_equals_its_explicit_matrix_and_resumes_with_its_buffers():
+    mech = _mechanism()
+    torch.testing.assert_close(mech.matrix(6), torch.linalg.inv(mech.params.matrix(6)), rtol=1e-10, atol=1e-12)
+    full = [mech.noise(t, (5,)) for t in range(6)]
+    first = _mechanism()
+    head = [first.noise(t, (5,)) for t in range(3)]
+    resumed = _mechanism()
+    resumed.load_state_dict(first.state_dict())
+    tail = [resumed.noise(t, (5,)) for t in range(3, 6)]
+    for a, b in zip(full, head + tail):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert first.state_dict()["blt_buffers"].shape == (2, 5)  # O(buffers · d) state
+
+
+def test_mechanism_is_accounted_with_cyclic_sampling_only():
+    from fedpriv.errors import ConfigError
+    from fedpriv.sampling import make_sampler
+
+    mech = _mechanism(rounds=12, buffers=2, sigma=2.0)
+    cyclic = make_sampler("cyclic", 40, 10, None)  # 4 blocks: 3 participations, 3 rounds strictly between
+    event = mech.dp_event(cyclic, 12)
+    sens_sq = float(sensitivity_sq(mech.params.coefficients(12), 3, 3))
+    assert event.noise_multiplier == pytest.approx(2.0 / math.sqrt(sens_sq), rel=1e-12)
+    assert mech.accounting_details(cyclic, 12)["blt_sensitivity_sq"] == pytest.approx(sens_sq)
+    # a prefix is accounted with its own participations and coefficients
+    assert mech.dp_event(cyclic, 4).noise_multiplier == pytest.approx(
+        2.0 / math.sqrt(float(sensitivity_sq(mech.params.coefficients(4), 1, 3))), rel=1e-12)
+    for kind in ("poisson", "fixed"):
+        with pytest.raises(ConfigError, match="sampling=cyclic"):
+            mech.dp_event(make_sampler(kind, 40, 10, None), 12)
+
+
+def test_smoke_run_with_blt(tmp_path):
+    from fedpriv.runner import prepare
+    from server.app import run_local
+    from conftest import compose_cfg
+
+    summary = run_local(prepare(compose_cfg("+experiment=smoke", "mechanism=blt", "mechanism.buffers=2",
+                                            "progress=false", run_dir=tmp_path / "r")))
+    privacy = json.loads((tmp_path / "r" / "privacy.json").read_text())
+    assert privacy["mechanism"] == "blt" and privacy["sampling"]["kind"] == "cyclic"
+    assert privacy["neighboring_relation"] == "zero_out" and privacy["blt_buffers"] == 2 and privacy["blt_sensitivity_sq"] > 1
+    assert summary["privacy"]["epsilon"] <= 50.0 + 1e-9
+    from fedpriv.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="mechanism.buffers"):
+        prepare(compose_cfg("+experiment=smoke", "mechanism=blt", "mechanism.buffers=9", run_dir=tmp_path / "x"))
+    with pytest.raises(ConfigError, match="sampling=cyclic"):
+        prepare(compose_cfg("+experiment=smoke", "mechanism=blt", "sampling=poisson", run_dir=tmp_path / "y"))
+
+
+def test_accounting_cli_for_blt(capsys):
+    import dp_accounting
+
+    from fedpriv.accounting.__main__ import main
+    from fedpriv.mechanisms.blt import planned_params
+
+    assert main(["epsilon", "--mechanism", "blt", "--noise-multiplier", "4", "--rounds", "60", "--participations", "2",
+                 "--min-separation", "29", "--delta", "1e-5", "--buffers", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    sens_sq = float(sensitivity_sq(planned_params(60, 2, "mean", 300).coefficients(60), 2, 29))
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(4 / math.sqrt(sens_sq)))
+    assert out["blt_sensitivity_sq"] == pytest.approx(sens_sq) and out["neighboring_relation"] == "zero_out"
+    assert out["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9)
+    with pytest.raises(SystemExit):
+        main(["epsilon", "--mechanism", "blt", "--noise-multiplier", "4", "--rounds", "60", "--sampling", "poisson",
+              "--sampling-rate", "0.1", "--delta", "1e-5"])

@@ -29,6 +29,8 @@ from fedpriv.console import console_handler, fail as _fail
 from fedpriv.console import OneLineParser as _Parser
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.bandmf import BandMFMechanism
+from fedpriv.mechanisms.blt import MAX_BUFFERS as BLT_MAX_BUFFERS
+from fedpriv.mechanisms.blt import BLTMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.tree import TreeMechanism
 from fedpriv.rundir import json_text
@@ -55,9 +57,18 @@ def _bandmf(args: argparse.Namespace, noise_multiplier: float) -> BandMFMechanis
     return BandMFMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, rounds=args.rounds, bands=args.bands)
 
 
+def _blt(args: argparse.Namespace, noise_multiplier: float) -> BLTMechanism:
+    """BLT, optimised for ``--rounds`` (``--buffers``, default auto) as a run optimises it; its
+    sensitivity is computed for the participation pattern."""
+    buffers = args.buffers
+    if buffers is not None and not 1 <= buffers <= BLT_MAX_BUFFERS:
+        raise ConfigError(f"--buffers must be in [1, {BLT_MAX_BUFFERS}], got {buffers}")
+    return BLTMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, rounds=args.rounds, buffers=buffers)
+
+
 # name -> builder(args, noise_multiplier) of a mechanism with ``dp_event`` / ``neighboring_relation``.
 MECHANISMS: dict[str, Callable[[argparse.Namespace, float], Any]] = {
-    "gaussian": _gaussian, "tree": _tree, "bandmf": _bandmf}
+    "gaussian": _gaussian, "tree": _tree, "bandmf": _bandmf, "blt": _blt}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="poisson (default for gaussian) | fixed | cyclic (default for tree, bandmf) | "
                             "cyclic_poisson (bandmf, amplified; needs --population, --cohort)")
         p.add_argument("--bands", type=int, default=None, help="bandmf: number of bands b")
+        p.add_argument("--buffers", type=int, default=None, help="blt: buffers d (default: auto)")
         p.add_argument("--population", type=int, default=None,
                        help="population N (--sampling fixed: cohort = round(q*N); cyclic: with --cohort)")
         p.add_argument("--cohort", type=int, default=None, help="cohort size per round (--sampling cyclic)")
@@ -94,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _validate(args: argparse.Namespace) -> None:
     check_delta(args.delta)
     if args.sampling is None:
-        args.sampling = CYCLIC if args.mechanism in ("tree", "bandmf") else POISSON
+        args.sampling = CYCLIC if args.mechanism in ("tree", "bandmf", "blt") else POISSON
     if args.sampling in (POISSON, FIXED_SIZE):
         if args.sampling_rate is None:
             raise ConfigError(f"--sampling {args.sampling} needs --sampling-rate")

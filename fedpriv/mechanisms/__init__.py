@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.base import NoiseMechanism
+from fedpriv.mechanisms.blt import BLTMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.tree import TreeMechanism
 from fedpriv.randomness import NoiseStream
@@ -27,5 +28,5 @@ def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: 
     return load("mechanism", dict(cfg)).build(noise_multiplier, clip_norm, noise=noise, rounds=rounds)
 
 
-__all__ = ["BandMFMechanism", "GaussianMechanism", "Mechanism", "NoiseMechanism", "TreeMechanism",
+__all__ = ["BandMFMechanism", "BLTMechanism", "GaussianMechanism", "Mechanism", "NoiseMechanism", "TreeMechanism",
            "build_mechanism"]

@@ -25,7 +25,7 @@ import torch
 
 from fedpriv.accounting.tree import max_sensitivity_sq
 from fedpriv.mechanisms.bandmf import BandMFMechanism
-from fedpriv.mechanisms.blt import ERRORS
+from fedpriv.mechanisms.blt import ERRORS, MAX_BUFFERS, optimize_auto
 from fedpriv.mechanisms.blt import optimize as optimize_blt
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.analysis import prefix_rmse
@@ -34,8 +34,6 @@ from fedpriv.console import OneLineParser as _Parser
 from fedpriv.rundir import json_text
 
 CHOICES = ("gaussian", "tree", "tree-efficient", "bandmf", "blt")
-MAX_BUFFERS = 8  # --buffers auto tries 1 … this many
-AUTO_GAIN = 1e-3  # auto: one more buffer must lower the RMSE by at least this fraction
 MAX_ROUNDS = 4096
 
 
@@ -56,20 +54,12 @@ def rmse(mechanism: str, rounds: int, bands: int | None = None, participations: 
 
 
 def blt_rmse(rounds: int, buffers: int | None, participations: int, separation: int, kind: str) -> tuple[float, dict]:
-    """Optimise a BLT for the pattern. ``buffers=None`` (auto): counts 1, 2, … up to MAX_BUFFERS,
-    stopping at the first that lowers the error by less than AUTO_GAIN; the smallest count within
-    AUTO_GAIN of the best wins (every buffer is one more model-sized vector of state)."""
-    counts = [buffers] if buffers is not None else list(range(1, MAX_BUFFERS + 1))
-    best = None
-    seconds = 0.0
-    for count in counts:
-        params, report = optimize_blt(rounds, count, participations, separation, kind)
-        seconds += report["seconds"]
-        if best is not None and report["rmse"] > best[1]["rmse"] * (1 - AUTO_GAIN):
-            break
-        best = (params, {**report, "buffers": count})
-    params, report = best
-    report["seconds"] = seconds
+    """Optimise a BLT for the pattern (``buffers=None``: :func:`fedpriv.mechanisms.blt.optimize_auto`)."""
+    if buffers is None:
+        params, report = optimize_auto(rounds, participations, separation, kind)
+    else:
+        params, report = optimize_blt(rounds, buffers, participations, separation, kind)
+        report["buffers"] = buffers
     report["weights"], report["decays"] = params.weights.tolist(), params.decays.tolist()
     return report["rmse"], report
 

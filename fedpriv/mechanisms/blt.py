@@ -1,5 +1,5 @@
-"""Buffered-linear-Toeplitz (BLT) strategies: the mathematics (first step of issue 16; the
-mechanism and its accounting come next).
+"""Buffered-linear-Toeplitz (BLT) correlated noise: the strategy, its optimiser, and the
+``mechanism=blt`` mechanism.
 
 Dvijotham et al., "Efficient and Near-Optimal Noise Generation for Streaming Differential
 Privacy" (2024). With ``d`` buffers, decays ``θ_i ∈ (0, 1)`` and weights ``ω_i > 0``, C is the
@@ -20,19 +20,43 @@ worst pattern is the earliest, ``t_j = j(s + 1)``: ``sens² = ‖Σ_j C e_{t_j}�
 brute force in tests/test_blt.py). Error: mean over rounds of the prefix-sum variance,
 ``sens² · ‖A C⁻¹‖_F² / n``, or its max over rounds; both are minimised over (ω, θ) by L-BFGS in
 float64 through the unconstrained ``log ω`` and ``logit θ``.
+
+Why the earliest pattern is the worst: ``(CᵀC)[a, b] = Σ_{m ≤ n−1−max(a,b)} c_m c_{m+|a−b|}``;
+every term is non-negative, so it grows as ``max(a, b)`` moves earlier (more terms), and since
+``c_k`` is non-increasing for ``k ≥ 1`` it grows as the lag ``|a − b| ≥ 1`` shrinks (termwise). The
+earliest pattern has the smallest positions and lags of any valid pattern, hence every entry of
+its Gram sum dominates.
+
+Mechanism (:class:`BLTMechanism`): the strategy is optimised once per process for the planned
+rounds and a single participation (``mechanism.buffers``: a count, or ``auto``); the accounting
+then takes the sampler's actual pattern — cyclic sampling (k = ⌈T/blocks⌉ participations,
+blocks − 1 rounds apart), the only sampler that guarantees one — and states
+``GaussianDpEvent(σ / √sens²(k, s))`` under zero-out neighbouring, for each prefix of rounds
+with the prefix's own k and coefficients. Other samplers are refused.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
+from typing import ClassVar, Literal, Union
 
+import dp_accounting
 import torch
 
+from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.bandmf import _lbfgs, toeplitz_matrix
+from fedpriv.mechanisms.base import ZERO_OUT, trivial_event
+from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
+from fedpriv.randomness import NoiseStream
+from fedpriv.sampling import CYCLIC, Sampler, SeparatedPattern
+from fedpriv.schema import MechanismOption, positive, register_option
 
 ERRORS = ("mean", "max")
+MAX_BUFFERS = 8  # auto tries 1 … this many
+AUTO_GAIN = 1e-3  # auto: one more buffer must lower the RMSE by at least this fraction
 
 
 @dataclass(frozen=True)
@@ -137,3 +161,144 @@ def optimize(n: int, buffers: int, participations: int = 1, separation: int = 0,
     report = {"seconds": time.perf_counter() - started,
               "rmse": rmse(params, n, participations, separation, kind)}
     return params, report
+
+
+def optimize_auto(n: int, participations: int = 1, separation: int = 0, kind: str = "mean",
+                  iterations: int = 300) -> tuple[BLTParams, dict]:
+    """Buffer counts 1, 2, … up to :data:`MAX_BUFFERS`, stopping at the first that lowers the
+    RMSE by less than :data:`AUTO_GAIN`: the smallest count within that of the best (every buffer
+    is one more model-sized vector of state). The report's ``seconds`` covers every count tried."""
+    best, seconds = None, 0.0
+    for count in range(1, MAX_BUFFERS + 1):
+        params, report = optimize(n, count, participations, separation, kind, iterations)
+        seconds += report["seconds"]
+        if best is not None and report["rmse"] > best[1]["rmse"] * (1 - AUTO_GAIN):
+            break
+        best = (params, {**report, "buffers": count})
+    params, report = best
+    return params, {**report, "seconds": seconds}
+
+
+@functools.lru_cache(maxsize=8)
+def planned_params(n: int, buffers: int | None, kind: str, iterations: int) -> BLTParams:
+    """The strategy a run uses (one optimisation per process and setting; ``buffers=None``: auto)."""
+    if buffers is None:
+        return optimize_auto(n, kind=kind, iterations=iterations)[0]
+    return optimize(n, buffers, kind=kind, iterations=iterations)[0]
+
+
+class BLTOperator(StreamingOperator):
+    """Row t of ``C⁻¹Z`` online: ``x_t = z_t − Σ_i ω_i b_i``, ``b_i ← θ_i b_i + x_t`` (float64
+    buffers, one model-sized vector each)."""
+
+    def __init__(self, params) -> None:
+        self._params = params  # () -> BLTParams (lazily: accounting alone never needs the buffers)
+        self._buffers: torch.Tensor | None = None
+
+    def next(self, draw) -> torch.Tensor:
+        z = draw()
+        p = self._params()
+        if self._buffers is None:
+            self._buffers = torch.zeros((p.buffers, *z.shape), dtype=torch.float64)
+        view = (-1, *[1] * z.dim())
+        x = z.double() - (p.weights.view(view) * self._buffers).sum(0)
+        self._buffers.mul_(p.decays.view(view)).add_(x)
+        return x.to(z.dtype)
+
+    def fresh(self) -> "BLTOperator":
+        return BLTOperator(self._params)
+
+    def state_dict(self) -> dict:
+        return {"blt_buffers": self._buffers}
+
+    def load_state_dict(self, state: dict) -> None:
+        buffers = state["blt_buffers"]
+        self._buffers = None if buffers is None else buffers.clone()
+
+
+class BLTMechanism(CorrelatedMechanism):
+    """BLT residual noise ``(C⁻¹Z)_t`` with σ = ``noise_multiplier`` (std σ·C_clip per coordinate)."""
+
+    name = "blt"
+
+    def __init__(self, noise_multiplier: float, clip_norm: float, rounds: int, buffers: int | None = None,
+                 error_kind: str = "mean", iterations: int = 300, noise: NoiseStream | None = None,
+                 params: BLTParams | None = None) -> None:
+        super().__init__(noise_multiplier, clip_norm, BLTOperator(lambda: self.params), noise)
+        self.rounds, self.buffers, self.error_kind, self.iterations = int(rounds), buffers, error_kind, int(iterations)
+        self._params = params
+
+    @property
+    def params(self) -> BLTParams:
+        if self._params is None:
+            self._params = planned_params(self.rounds, self.buffers, self.error_kind, self.iterations)
+        return self._params
+
+    def matrix(self, rounds: int) -> torch.Tensor:
+        """``C⁻¹`` for the first ``rounds`` rounds (float64), from the online operator."""
+        return self.operator.matrix(rounds, max_draws=rounds)
+
+    def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
+        self._check_sampler(sampler)
+        return ZERO_OUT
+
+    def _check_sampler(self, sampler: Sampler) -> None:
+        if not isinstance(sampler, SeparatedPattern):
+            raise ConfigError(f"the BLT mechanism is accounted with sampling=cyclic (participations a fixed number "
+                              f"of rounds apart, no amplification), not sampling={sampler.kind}")
+
+    def sensitivity_sq(self, sampler: Sampler, rounds: int) -> float:
+        """sens² of the first ``rounds`` rounds for the sampler's pattern (closed form)."""
+        self._check_sampler(sampler)
+        k = sampler.max_participations(rounds)
+        return float(sensitivity_sq(self.params.coefficients(rounds), k, sampler.min_separation))
+
+    def accounting_details(self, sampler: Sampler, rounds: int) -> dict:
+        return {"blt_sensitivity_sq": self.sensitivity_sq(sampler, rounds), "blt_buffers": self.params.buffers}
+
+    def dp_event(self, sampler: Sampler, rounds: int, noise_multiplier: float | None = None
+                 ) -> dp_accounting.DpEvent:
+        self._check_sampler(sampler)
+        sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        if (trivial := trivial_event(sigma, rounds)) is not None:
+            return trivial
+        return dp_accounting.GaussianDpEvent(sigma / math.sqrt(self.sensitivity_sq(sampler, rounds)))
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "blt_weights": self.params.weights.clone(),
+                "blt_decays": self.params.decays.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("name") == self.name and not (torch.equal(state["blt_weights"], self.params.weights)
+                                                   and torch.equal(state["blt_decays"], self.params.decays)):
+            raise ValueError("checkpoint's BLT parameters differ from this run's")
+        super().load_state_dict(state)
+
+
+# --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
+
+
+@dataclass
+class BLTNoise(MechanismOption):
+    """Buffered-linear-Toeplitz noise (sampling cyclic)."""
+
+    default_sampling: ClassVar[str] = CYCLIC  # what sampling=auto picks for this mechanism
+    name: str = "blt"
+    buffers: Union[int, Literal["auto"]] = "auto"  # model-sized buffers of noise state (auto: fewest within 0.1%)
+    error: Literal["mean", "max"] = "mean"  # prefix-sum error the strategy minimises
+    iterations: int = 300  # L-BFGS iterations per buffer count
+
+    def check(self, path: str) -> None:
+        positive(self, "iterations", path=path)
+        if self.buffers != "auto" and not 1 <= self.buffers <= MAX_BUFFERS:
+            raise ConfigError(f"{path}.buffers must be auto or an integer in [1, {MAX_BUFFERS}], got {self.buffers!r}")
+
+    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None):
+        if not rounds:
+            raise ConfigError("the BLT mechanism needs the number of rounds")
+        return BLTMechanism(noise_multiplier, clip_norm, rounds=int(rounds),
+                            buffers=None if self.buffers == "auto" else int(self.buffers), error_kind=self.error,
+                            iterations=self.iterations, noise=noise)
+
+
+register_option("mechanism", "blt", BLTNoise())
