@@ -37,7 +37,7 @@ import torch
 from fedpriv.atomic import write_atomic
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.analysis import prefix_mse
+from fedpriv.mechanisms.analysis import lbfgs_minimize, prefix_mse, toeplitz_matrix, toeplitz_prefix_column
 from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
@@ -59,15 +59,6 @@ def sqrt_toeplitz_coefficients(n: int) -> torch.Tensor:
     return out
 
 
-def toeplitz_matrix(coefs: torch.Tensor, n: int) -> torch.Tensor:
-    """Lower-triangular Toeplitz n×n with first column ``coefs`` (zero beyond its length)."""
-    b = len(coefs)
-    idx = torch.arange(n)
-    lag = idx[:, None] - idx[None, :]
-    padded = torch.cat([coefs, coefs.new_zeros(max(n - b, 0) + 1)])
-    return torch.where((lag >= 0) & (lag < b), padded[lag.clamp(0, len(padded) - 1)], coefs.new_zeros(()))
-
-
 def band_mask(n: int, bands: int) -> torch.Tensor:
     idx = torch.arange(n)
     lag = idx[:, None] - idx[None, :]
@@ -86,28 +77,9 @@ def mean_squared_error(c: torch.Tensor) -> torch.Tensor:
 
 def _toeplitz_error(coefs: torch.Tensor, n: int) -> torch.Tensor:
     """Same objective for Toeplitz C (sensitivity ‖coefs‖): B = A C⁻¹ is Toeplitz too."""
-    c = toeplitz_matrix(coefs, n)
-    e0 = torch.zeros(n, 1, dtype=coefs.dtype)
-    e0[0] = 1.0
-    first = torch.linalg.solve_triangular(c, e0, upper=False)[:, 0]  # first column of C⁻¹
-    beta = torch.cumsum(first, 0)
+    beta = toeplitz_prefix_column(coefs, n)
     weights = torch.arange(n, 0, -1, dtype=coefs.dtype)  # (n − k) copies of β_k
     return coefs.pow(2).sum() * (weights * beta.pow(2)).sum() / n
-
-
-def _lbfgs(params: torch.Tensor, loss_fn, iterations: int) -> torch.Tensor:
-    params = params.clone().requires_grad_(True)
-    opt = torch.optim.LBFGS([params], lr=1.0, max_iter=iterations, history_size=50,
-                            tolerance_grad=1e-12, tolerance_change=1e-15, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss = loss_fn(params)
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return params.detach()
 
 
 def optimize_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 500) -> torch.Tensor:
@@ -120,7 +92,7 @@ def optimize_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 
         kind = "toeplitz" if n > AUTO_TOEPLITZ_ABOVE else "general"
     start = sqrt_toeplitz_coefficients(bands)
     if kind == "toeplitz":
-        coefs = _lbfgs(start, lambda x: _toeplitz_error(x, n), iterations)
+        coefs = lbfgs_minimize(start, lambda x: _toeplitz_error(x, n), iterations)
         return toeplitz_matrix(coefs / torch.linalg.vector_norm(coefs), n)  # max column norm 1
     mask = band_mask(n, bands)
     init = toeplitz_matrix(start, n)[mask]
@@ -130,7 +102,7 @@ def optimize_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 
         c = c.masked_scatter(mask, values)
         return mean_squared_error(normalize_columns(c))
 
-    values = _lbfgs(init, loss, iterations)
+    values = lbfgs_minimize(init, loss, iterations)
     c = torch.zeros(n, n, dtype=torch.float64).masked_scatter(mask, values)
     return normalize_columns(c)
 

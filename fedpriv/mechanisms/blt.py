@@ -47,7 +47,7 @@ import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.bandmf import _lbfgs, toeplitz_matrix
+from fedpriv.mechanisms.analysis import lbfgs_minimize, toeplitz_matrix, toeplitz_prefix_column
 from fedpriv.mechanisms.base import ZERO_OUT, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
@@ -120,12 +120,8 @@ def sensitivity_sq(coefs: torch.Tensor, participations: int = 1, separation: int
 
 def prefix_variances(coefs: torch.Tensor) -> torch.Tensor:
     """Per-round variance of the prefix-sum noise at unit noise: row norms² of ``A C⁻¹``."""
-    n = coefs.shape[0]
-    e0 = torch.zeros(n, 1, dtype=coefs.dtype)
-    e0[0] = 1.0
-    first = torch.linalg.solve_triangular(toeplitz_matrix(coefs, n), e0, upper=False)[:, 0]  # C⁻¹'s column
-    beta = torch.cumsum(first, 0)  # A C⁻¹ is Toeplitz with first column β
-    return torch.cumsum(beta.pow(2), 0)  # row t holds β_0 … β_t
+    beta = toeplitz_prefix_column(coefs, coefs.shape[0])
+    return torch.cumsum(beta.pow(2), 0)  # row t of A C⁻¹ holds β_t … β_0
 
 
 def error(coefs: torch.Tensor, participations: int = 1, separation: int = 0, kind: str = "mean") -> torch.Tensor:
@@ -156,7 +152,7 @@ def optimize(n: int, buffers: int, participations: int = 1, separation: int = 0,
         w, theta = p[:buffers].exp(), torch.sigmoid(p[buffers:])
         return error(coefficients(w, theta, n), participations, separation, kind)
 
-    best = _lbfgs(start, loss, iterations)
+    best = lbfgs_minimize(start, loss, iterations)
     params = BLTParams(best[:buffers].exp(), torch.sigmoid(best[buffers:]))
     report = {"seconds": time.perf_counter() - started,
               "rmse": rmse(params, n, participations, separation, kind)}
