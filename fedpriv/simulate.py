@@ -15,12 +15,7 @@ import sys
 from pathlib import Path
 
 from fedpriv.compose import CONFIG_DIR
-
-
-def _fail(message: str) -> None:
-    from fedpriv.console import fail
-
-    fail(message)
+from fedpriv.console import fail as _fail
 
 
 def check_args(args: list[str]) -> None:
