@@ -112,9 +112,9 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), randomness.subkey("sampling"),
                            groups=load("mechanism", cfg["mechanism"]).sampling_groups())
     # calibrate on an accounting-only build, then build the mechanism once, with its σ and its stream
-    accounting = build_mechanism(cfg["mechanism"], 1.0, privacy["clip_norm"], rounds=int(cfg["rounds"]))
+    accounting = build_mechanism(cfg["mechanism"], 1.0, privacy["clip_norm"], rounds=int(cfg["rounds"]), sampler=sampler)
     mechanism = build_mechanism(cfg["mechanism"], _noise_multiplier(cfg, accounting, sampler), privacy["clip_norm"],
-                                noise=randomness.noise("mechanism"), rounds=int(cfg["rounds"]))
+                                noise=randomness.noise("mechanism"), rounds=int(cfg["rounds"]), sampler=sampler)
     opt_cfg = dict(cfg["optimizer"])
     optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
     optimizer.query_plan.check(cfg["optimizer"]["name"], mechanism, task.algorithm.per_unit_deltas)

@@ -232,7 +232,8 @@ class MechanismOption(Option):
 
     default_sampling: ClassVar[str]
 
-    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None):
+    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
+              sampler=None):
         raise NotImplementedError
 
     def sampling_groups(self) -> int | None:

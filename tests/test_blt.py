@@ -153,7 +153,9 @@ def test_accounting_cli_for_blt(capsys):
     assert main(["epsilon", "--mechanism", "blt", "--noise-multiplier", "4", "--rounds", "60", "--participations", "2",
                  "--min-separation", "29", "--delta", "1e-5", "--buffers", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    sens_sq = float(sensitivity_sq(planned_params(60, 2, "mean", 300).coefficients(60), 2, 29))
+    # the CLI optimises the strategy for the pattern it accounts (as a run does)
+    sens_sq = float(sensitivity_sq(planned_params(60, 2, "mean", 300, 2, 29).coefficients(60), 2, 29))
+    assert out["blt_optimised_for"] == {"rounds": 60, "participations": 2, "min_separation": 29, "error": "mean"}
     accountant = dp_accounting.rdp.RdpAccountant()
     accountant.compose(dp_accounting.GaussianDpEvent(4 / math.sqrt(sens_sq)))
     assert out["blt_sensitivity_sq"] == pytest.approx(sens_sq) and out["neighboring_relation"] == "zero_out"
@@ -161,3 +163,15 @@ def test_accounting_cli_for_blt(capsys):
     with pytest.raises(SystemExit):
         main(["epsilon", "--mechanism", "blt", "--noise-multiplier", "4", "--rounds", "60", "--sampling", "poisson",
               "--sampling-rate", "0.1", "--delta", "1e-5"])
+
+
+def test_strategy_is_optimised_for_the_samplers_pattern():
+    from fedpriv.mechanisms.blt import BLTMechanism, rmse
+    from fedpriv.sampling import make_sampler
+
+    cyclic = make_sampler("cyclic", 40, 10, None)  # 12 rounds: 3 participations, 3 rounds strictly between
+    fitted = BLTMechanism(2.0, 1.0, rounds=12, buffers=2, sampler=cyclic)
+    single = BLTMechanism(2.0, 1.0, rounds=12, buffers=2)
+    assert fitted.pattern == (3, 3) and single.pattern == (1, 0)
+    assert rmse(fitted.params, 12, 3, 3) < rmse(single.params, 12, 3, 3) * 0.999
+    assert fitted.accounting_details(cyclic, 12)["blt_optimised_for"]["participations"] == 3

@@ -158,7 +158,7 @@ def test_a_new_mechanism_is_its_module_only(tmp_path):
         def check(self, path: str) -> None:
             schema.positive(self, "factor", path=path)
 
-        def build(self, noise_multiplier, clip_norm, noise=None, rounds=None):
+        def build(self, noise_multiplier, clip_norm, noise=None, rounds=None, sampler=None):
             return GaussianMechanism(noise_multiplier * self.factor, clip_norm, noise=noise)
 
     schema.register_option("mechanism", "scaled_gaussian", ScaledGaussian())

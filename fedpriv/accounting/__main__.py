@@ -39,35 +39,36 @@ from fedpriv.sampling import (CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, Cycli
 
 
 
-def _gaussian(args: argparse.Namespace, noise_multiplier: float) -> GaussianMechanism:
+def _gaussian(args: argparse.Namespace, noise_multiplier: float, sampler: Sampler) -> GaussianMechanism:
     """Independent Gaussian noise; the clip norm does not enter accounting (events are per unit sensitivity)."""
     return GaussianMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0)
 
 
-def _tree(args: argparse.Namespace, noise_multiplier: float) -> TreeMechanism:
+def _tree(args: argparse.Namespace, noise_multiplier: float, sampler: Sampler) -> TreeMechanism:
     """Tree aggregation (DP-FTRL); the estimator does not change privacy."""
     return TreeMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0,
                          restart_every=args.restart_every)
 
 
-def _bandmf(args: argparse.Namespace, noise_multiplier: float) -> BandMFMechanism:
+def _bandmf(args: argparse.Namespace, noise_multiplier: float, sampler: Sampler) -> BandMFMechanism:
     """BandMF; accounting depends only on the band count (the strategy is not optimized here)."""
     if args.bands is None:
         raise ConfigError("--mechanism bandmf needs --bands")
     return BandMFMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, rounds=args.rounds, bands=args.bands)
 
 
-def _blt(args: argparse.Namespace, noise_multiplier: float) -> BLTMechanism:
-    """BLT, optimised for ``--rounds`` (``--buffers``, default auto) as a run optimises it; its
-    sensitivity is computed for the participation pattern."""
+def _blt(args: argparse.Namespace, noise_multiplier: float, sampler: Sampler) -> BLTMechanism:
+    """BLT, optimised for ``--rounds`` (``--buffers``, default auto) and the sampler's participation
+    pattern, as a run optimises it; its sensitivity is computed for that pattern."""
     buffers = args.buffers
     if buffers is not None and not 1 <= buffers <= BLT_MAX_BUFFERS:
         raise ConfigError(f"--buffers must be in [1, {BLT_MAX_BUFFERS}], got {buffers}")
-    return BLTMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, rounds=args.rounds, buffers=buffers)
+    return BLTMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, rounds=args.rounds, buffers=buffers,
+                        sampler=sampler)
 
 
-# name -> builder(args, noise_multiplier) of a mechanism with ``dp_event`` / ``neighboring_relation``.
-MECHANISMS: dict[str, Callable[[argparse.Namespace, float], Any]] = {
+# name -> builder(args, noise_multiplier, sampler) of a mechanism with ``dp_event`` / ``neighboring_relation``.
+MECHANISMS: dict[str, Callable[[argparse.Namespace, float, Sampler], Any]] = {
     "gaussian": _gaussian, "tree": _tree, "bandmf": _bandmf, "blt": _blt}
 
 
@@ -159,14 +160,14 @@ def make_cli_sampler(kind: str, rate: float | None, population: int | None,
 
 
 def _epsilon(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
-    mechanism = MECHANISMS[args.mechanism](args, args.noise_multiplier)
+    mechanism = MECHANISMS[args.mechanism](args, args.noise_multiplier, sampler)
     relation = mechanism.neighboring_relation(sampler)
     eps = compute_epsilon(mechanism.dp_event(sampler, args.rounds), args.delta, args.accountant, relation)
     return _with_epsilon(mechanism.accounting_details(sampler, args.rounds), eps, args, relation)
 
 
 def _noise(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
-    mechanism = MECHANISMS[args.mechanism](args, 1.0)
+    mechanism = MECHANISMS[args.mechanism](args, 1.0, sampler)
     relation = mechanism.neighboring_relation(sampler)
 
     def make_event(sigma: float) -> dp_accounting.DpEvent:

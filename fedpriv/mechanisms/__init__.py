@@ -22,10 +22,11 @@ Mechanism = NoiseMechanism
 
 
 def build_mechanism(cfg: Mapping[str, Any], noise_multiplier: float, clip_norm: float,
-                    noise: NoiseStream | None = None, rounds: int | None = None) -> Mechanism:
+                    noise: NoiseStream | None = None, rounds: int | None = None, sampler=None) -> Mechanism:
     """The mechanism named by ``cfg['name']`` with its options from ``cfg`` (the Hydra group), its
-    draws from ``noise`` (None: accounting only); ``rounds`` sizes BandMF's strategy."""
-    return load("mechanism", dict(cfg)).build(noise_multiplier, clip_norm, noise=noise, rounds=rounds)
+    draws from ``noise`` (None: accounting only); ``rounds`` sizes BandMF's and BLT's strategies,
+    ``sampler`` (its participation pattern) is what BLT optimises for."""
+    return load("mechanism", dict(cfg)).build(noise_multiplier, clip_norm, noise=noise, rounds=rounds, sampler=sampler)
 
 
 __all__ = ["BandMFMechanism", "BLTMechanism", "GaussianMechanism", "Mechanism", "NoiseMechanism", "TreeMechanism",

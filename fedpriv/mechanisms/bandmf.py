@@ -316,7 +316,8 @@ class BandMFNoise(MechanismOption):
     def sampling_groups(self) -> int | None:
         return self.bands
 
-    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None):
+    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
+              sampler=None):
         if not rounds:
             raise ConfigError("the BandMF mechanism needs the number of rounds")
         return BandMFMechanism(noise_multiplier, clip_norm, rounds=int(rounds), bands=self.bands, noise=noise,

@@ -28,9 +28,9 @@ earliest pattern has the smallest positions and lags of any valid pattern, hence
 its Gram sum dominates.
 
 Mechanism (:class:`BLTMechanism`): the strategy is optimised once per process for the planned
-rounds and a single participation (``mechanism.buffers``: a count, or ``auto``); the accounting
-then takes the sampler's actual pattern — cyclic sampling (k = ⌈T/blocks⌉ participations,
-blocks − 1 rounds apart), the only sampler that guarantees one — and states
+rounds and the sampler's pattern over them (``mechanism.buffers``: a count, or ``auto``) — cyclic
+sampling (k = ⌈T/blocks⌉ participations, blocks − 1 rounds apart), the only sampler that
+guarantees one; the accounting takes the same pattern and states
 ``GaussianDpEvent(σ / √sens²(k, s))`` under zero-out neighbouring, for each prefix of rounds
 with the prefix's own k and coefficients. Other samplers are refused.
 """
@@ -176,11 +176,21 @@ def optimize_auto(n: int, participations: int = 1, separation: int = 0, kind: st
 
 
 @functools.lru_cache(maxsize=8)
-def planned_params(n: int, buffers: int | None, kind: str, iterations: int) -> BLTParams:
-    """The strategy a run uses (one optimisation per process and setting; ``buffers=None``: auto)."""
+def planned_params(n: int, buffers: int | None, kind: str, iterations: int, participations: int = 1,
+                   separation: int = 0) -> BLTParams:
+    """The strategy a run uses: optimised for its rounds and its sampler's pattern (k participations
+    at least s rounds apart); one optimisation per process and setting (``buffers=None``: auto)."""
     if buffers is None:
-        return optimize_auto(n, kind=kind, iterations=iterations)[0]
-    return optimize(n, buffers, kind=kind, iterations=iterations)[0]
+        return optimize_auto(n, participations, separation, kind=kind, iterations=iterations)[0]
+    return optimize(n, buffers, participations, separation, kind=kind, iterations=iterations)[0]
+
+
+def sampler_pattern(sampler: Sampler | None, rounds: int) -> tuple[int, int]:
+    """``(k, s)`` of a cyclic sampler over ``rounds`` rounds; ``(1, 0)`` without one (or for a sampler
+    BLT cannot be accounted with: the accounting refuses it, the strategy need not)."""
+    if not isinstance(sampler, SeparatedPattern):
+        return 1, 0
+    return int(sampler.max_participations(rounds)), int(sampler.min_separation)
 
 
 class BLTOperator(StreamingOperator):
@@ -219,15 +229,16 @@ class BLTMechanism(CorrelatedMechanism):
 
     def __init__(self, noise_multiplier: float, clip_norm: float, rounds: int, buffers: int | None = None,
                  error_kind: str = "mean", iterations: int = 300, noise: NoiseStream | None = None,
-                 params: BLTParams | None = None) -> None:
+                 params: BLTParams | None = None, sampler: Sampler | None = None) -> None:
         super().__init__(noise_multiplier, clip_norm, BLTOperator(lambda: self.params), noise)
         self.rounds, self.buffers, self.error_kind, self.iterations = int(rounds), buffers, error_kind, int(iterations)
+        self.pattern = sampler_pattern(sampler, self.rounds)  # what the strategy is optimised for
         self._params = params
 
     @property
     def params(self) -> BLTParams:
         if self._params is None:
-            self._params = planned_params(self.rounds, self.buffers, self.error_kind, self.iterations)
+            self._params = planned_params(self.rounds, self.buffers, self.error_kind, self.iterations, *self.pattern)
         return self._params
 
     def matrix(self, rounds: int) -> torch.Tensor:
@@ -250,7 +261,9 @@ class BLTMechanism(CorrelatedMechanism):
         return float(sensitivity_sq(self.params.coefficients(rounds), k, sampler.min_separation))
 
     def accounting_details(self, sampler: Sampler, rounds: int) -> dict:
-        return {"blt_sensitivity_sq": self.sensitivity_sq(sampler, rounds), "blt_buffers": self.params.buffers}
+        return {"blt_sensitivity_sq": self.sensitivity_sq(sampler, rounds), "blt_buffers": self.params.buffers,
+                "blt_optimised_for": {"rounds": self.rounds, "participations": self.pattern[0],
+                                      "min_separation": self.pattern[1], "error": self.error_kind}}
 
     def dp_event(self, sampler: Sampler, rounds: int, noise_multiplier: float | None = None
                  ) -> dp_accounting.DpEvent:
@@ -289,12 +302,13 @@ class BLTNoise(MechanismOption):
         if self.buffers != "auto" and not 1 <= self.buffers <= MAX_BUFFERS:
             raise ConfigError(f"{path}.buffers must be auto or an integer in [1, {MAX_BUFFERS}], got {self.buffers!r}")
 
-    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None):
+    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
+              sampler=None):
         if not rounds:
             raise ConfigError("the BLT mechanism needs the number of rounds")
         return BLTMechanism(noise_multiplier, clip_norm, rounds=int(rounds),
                             buffers=None if self.buffers == "auto" else int(self.buffers), error_kind=self.error,
-                            iterations=self.iterations, noise=noise)
+                            iterations=self.iterations, noise=noise, sampler=sampler)
 
 
 register_option("mechanism", "blt", BLTNoise())

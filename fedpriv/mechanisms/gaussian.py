@@ -82,7 +82,8 @@ class GaussianNoise(MechanismOption):
     default_sampling: ClassVar[str] = POISSON  # what sampling=auto picks for this mechanism
     name: str = "gaussian"
 
-    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None):
+    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
+              sampler=None):
         return GaussianMechanism(noise_multiplier, clip_norm, noise=noise)
 
 
