@@ -121,6 +121,7 @@ class FedSGD(Algorithm):
 
         def round_fn(round_idx: int, cohort: np.ndarray) -> CohortSum:
             del round_idx  # one full-batch step: no data order to seed
+            clipper.set_clip_norm(session.server.clip_norm)  # this round's bound (adaptive clipping: C_t)
             return clipper.clipped_sum(session.server.params, cohort, lambda u: task.units[u])
 
         return round_fn

@@ -85,6 +85,11 @@ class CohortClipper:
         self.bk = BookKeeping(model, clip_norm=self.clip_norm / self.lr, noise_multiplier=0.0, mode=mode)
         self._params = [p for p in model.parameters() if p.requires_grad]
 
+    def set_clip_norm(self, clip_norm: float) -> None:
+        """Clip the next sums to ``clip_norm`` (adaptive clipping's C_t)."""
+        self.clip_norm = float(clip_norm)
+        self.bk.clip_norm = self.clip_norm / self.lr
+
     def clipped_sum(self, params: torch.Tensor, users: np.ndarray, rows_of) -> CohortSum:
         set_flat_params(self.model, params)
         self.model.train()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedpriv.adaptive_clipping import AdaptiveClip
 from fedpriv.aggregation import RoundAggregate
 from fedpriv.cohort import CohortSum
 from fedpriv.errors import ConfigError
@@ -64,13 +65,15 @@ class DPFedAvg:
     """Server state of DP-FedAvg: global parameters, sampler, noise mechanism, optimizer."""
 
     def __init__(self, params: torch.Tensor, sampler: Sampler, mechanism: Mechanism,
-                 clip_norm: float, optimizer: ServerOptimizer, ema_decay: float = 0.0, canaries=None) -> None:
+                 clip_norm: float, optimizer: ServerOptimizer, ema_decay: float = 0.0, canaries=None,
+                 clip: AdaptiveClip | None = None) -> None:
         if not 0.0 <= ema_decay < 1.0:
             raise ConfigError(f"ema_decay must be in [0, 1), got {ema_decay}")
         self.params = params.clone()
         self.sampler = sampler
         self.mechanism = mechanism
-        self.clip_norm = clip_norm
+        self.fixed_clip_norm = clip_norm
+        self.clip = clip  # adaptive clipping (fedpriv.adaptive_clipping), or None: the fixed bound
         self.optimizer = optimizer
         self.plan = optimizer.query_plan  # declared once (checked by the runner against mechanism and algorithm)
         self.ema_decay = ema_decay
@@ -78,6 +81,17 @@ class DPFedAvg:
         self.canaries = canaries  # a fedpriv.audit.CanarySet, or None (no audit)
         if canaries is not None:
             canaries.begin(self.model_params)
+
+    @property
+    def clip_norm(self) -> float:
+        """The bound of the next round: C_t under adaptive clipping (from earlier releases only)."""
+        return self.clip.bound if self.clip is not None else self.fixed_clip_norm
+
+    @clip_norm.setter
+    def clip_norm(self, value: float) -> None:
+        if self.clip is not None:
+            raise ValueError("the bound of an adaptive clip follows the privatized count; it is not set by hand")
+        self.fixed_clip_norm = float(value)
 
     @property
     def model_params(self) -> torch.Tensor:
@@ -122,11 +136,17 @@ class DPFedAvg:
         seen, losses = replies.add_to(agg, expected, round_idx)
         if self.canaries is not None:
             self.canaries.add_to(agg, round_idx)
-        noise = self.mechanism.noise(round_idx, self.params.shape)
-        release = privatize(agg, noise, plan, self.mechanism, self.sampler.expected_cohort, scale)
+        # adaptive clipping: one more coordinate, the count's, in the same draw (one Gaussian query)
+        shape = self.params.shape if self.clip is None else (self.params.numel() + 1,)
+        noise = self.mechanism.noise(round_idx, shape)
+        release = privatize(agg, noise, plan, self.mechanism, self.sampler.expected_cohort, scale, clip=self.clip)
         if self.canaries is not None:
             self.canaries.observe(release.update)
         self.params, extra = opt.step_release(self.params, release)
+        if self.clip is not None:  # C_t (public: from earlier releases) and the privatized fraction
+            extra = {**extra, "clip_norm": agg.clip_norm,
+                     "privatized_clipped_fraction": 1.0 - release.unclipped_fraction}
+            self.clip.step(release.unclipped_fraction)
         if self.ema_decay:
             self.ema = self.ema_decay * self.ema + (1.0 - self.ema_decay) * self.params
         if not diagnostics:
@@ -139,6 +159,8 @@ class DPFedAvg:
                  "mechanism": self.mechanism.state_dict()}
         if self.canaries is not None:
             state["canaries"] = self.canaries.state_dict()
+        if self.clip is not None:
+            state["clip"] = self.clip.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -148,3 +170,5 @@ class DPFedAvg:
         self.mechanism.load_state_dict(state["mechanism"])
         if self.canaries is not None:
             self.canaries.load_state_dict(state["canaries"])
+        if self.clip is not None:
+            self.clip.load_state_dict(state["clip"])

@@ -34,6 +34,7 @@ class RoundRelease:
     noise_std: float | None = None  # per-coordinate std of the noise in ``update`` (independent noise)
     squares: torch.Tensor | None = None  # ime: privatized average of squared clipped deltas
     noiseless: torch.Tensor | None = None  # noiseless average (noiseless variant only; not private)
+    unclipped_fraction: float | None = None  # adaptive clipping: the privatized b̃_t
 
 
 @dataclass(frozen=True)
@@ -75,16 +76,24 @@ def joint_noise_multiplier(sigma: float, update_factor: float, squares_factor: f
 
 
 def privatize(agg: RoundAggregate, noise: torch.Tensor, plan: QueryPlan, mechanism, denominator: float,
-              scale: torch.Tensor | None = None) -> RoundRelease:
+              scale: torch.Tensor | None = None, clip=None) -> RoundRelease:
     """The round's release per ``plan``: ``(Σ + z_t·f₁)/D`` (divided by ``s_t`` when scaled before
     clipping), and what else the plan declares. ``noise`` is the mechanism's z_t for the round; the
-    squares' noise is drawn after it, from the same stream."""
-    update = agg.privatize(noise * plan.update_noise_factor, denominator)
+    squares' noise is drawn after it, from the same stream. With adaptive clipping (``clip``, an
+    :class:`~fedpriv.adaptive_clipping.AdaptiveClip`) the mechanism runs at unit sensitivity on one
+    more coordinate, the centred count's: its update block is scaled by C_t·z_Δ/σ and the count read
+    off the last coordinate (the joint query of :mod:`fedpriv.adaptive_clipping`)."""
+    unit, count_noise = 1.0, 0.0
+    if clip is not None:
+        noise, count_noise, unit = noise[:-1], float(noise[-1]), clip.update_scale
+    update = agg.privatize(noise * (plan.update_noise_factor * unit), denominator)
     if scale is not None:
         update = update / scale
     release = RoundRelease(update=update)
+    if clip is not None:
+        release.unclipped_fraction = clip.unclipped_fraction(agg.accepted, agg.clipped, count_noise, denominator)
     if plan.noise_std:
-        release.noise_std = mechanism.std * plan.update_noise_factor / denominator
+        release.noise_std = mechanism.std * plan.update_noise_factor * unit / denominator
     if plan.squares:
         sigma = mechanism.noise_multiplier
         noise2 = (mechanism.unit_noise(agg.squares.shape) * (sigma * plan.squares_noise_factor * agg.clip_norm ** 2)

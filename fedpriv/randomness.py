@@ -92,10 +92,15 @@ def normals(key: bytes, label: str, index: tuple[int, ...], shape: tuple[int, ..
 
 def computing_config(cfg: Mapping[str, Any]) -> dict:
     """``cfg`` without the :data:`PRESENTATION_KEYS` (and without an ``audit`` section that inserts
-    no canaries, which changes nothing): what determines the run's results."""
+    no canaries, or the adaptive-clipping keys of a fixed-clip run, which change nothing): what
+    determines the run's results."""
     out = json.loads(json.dumps(cfg, default=str))
     if isinstance(out.get("audit"), dict) and not out["audit"].get("canaries"):
         out.pop("audit")
+    privacy = out.get("privacy")
+    if isinstance(privacy, dict) and privacy.get("clipping", "fixed") == "fixed":  # a fixed clip: as before
+        privacy.pop("clipping", None)
+        privacy.pop("adaptive", None)
     for path in PRESENTATION_KEYS:
         *parents, leaf = path.split(".")
         node = out

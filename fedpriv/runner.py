@@ -31,6 +31,7 @@ from fedpriv.cohort import CohortSum  # noqa: F401 (RoundFn)
 from fedpriv.config import diagnostics_enabled, resolve_config, validate, validate_against_data
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
+from fedpriv.adaptive_clipping import build_adaptive_clip
 from fedpriv.mechanisms import Mechanism, build_mechanism
 from fedpriv.metrics import evaluate
 from fedpriv.models import set_flat_params
@@ -112,12 +113,16 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), randomness.subkey("sampling"),
                            groups=load("mechanism", cfg["mechanism"]).sampling_groups())
     # calibrate on an accounting-only build, then build the mechanism once, with its σ and its stream
-    accounting = build_mechanism(cfg["mechanism"], 1.0, privacy["clip_norm"], rounds=int(cfg["rounds"]), sampler=sampler)
-    mechanism = build_mechanism(cfg["mechanism"], _noise_multiplier(cfg, accounting, sampler), privacy["clip_norm"],
+    # adaptive clipping normalises each round by C_t: the mechanism then runs at unit sensitivity
+    mechanism_clip = 1.0 if privacy.get("clipping", "fixed") == "adaptive" else privacy["clip_norm"]
+    accounting = build_mechanism(cfg["mechanism"], 1.0, mechanism_clip, rounds=int(cfg["rounds"]), sampler=sampler)
+    mechanism = build_mechanism(cfg["mechanism"], _noise_multiplier(cfg, accounting, sampler), mechanism_clip,
                                 noise=randomness.noise("mechanism"), rounds=int(cfg["rounds"]), sampler=sampler)
     opt_cfg = dict(cfg["optimizer"])
     optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
     optimizer.query_plan.check(cfg["optimizer"]["name"], mechanism, task.algorithm.per_unit_deltas)
+    clip = build_adaptive_clip(privacy, mechanism.noise_multiplier, sampler.expected_cohort,
+                               squares=optimizer.query_plan.squares, optimizer=cfg["optimizer"]["name"])
     reasons = [r for r in (getattr(optimizer, "non_private_reason", None), task.data.info.get("non_private_reason"))
                if r]
     reason = "; ".join(reasons) or None
@@ -126,7 +131,7 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     target = privacy["target_epsilon"] if privacy.get("noise_multiplier") is None else None
     ledger = PrivacyLedger(mechanism, sampler, privacy["delta"], privacy["accountant"], target_epsilon=target,
                            planned_rounds=int(cfg["rounds"]), non_private_reason=reason,
-                           randomness=randomness.describe())
+                           randomness=randomness.describe(), query=None if clip is None else clip.describe())
     ledger.check_can_run(int(cfg["rounds"]))
     check_observability(cfg)
     stages = build_stages(cfg["public"], task, int(cfg["seed"]), int(cfg["rounds"]))
@@ -135,7 +140,7 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
         initial = stage.initial_params(initial)
     canaries = build_canaries(cfg, initial.numel(), sampler, randomness)
     server = DPFedAvg(initial, sampler, mechanism, privacy["clip_norm"], optimizer, ema_decay=float(cfg["ema_decay"]),
-                      canaries=canaries)
+                      canaries=canaries, clip=clip)
     session = RunSession(cfg=cfg, run=run, task=task, server=server, ledger=ledger, stages=stages,
                          randomness=randomness)
     if checkpoint is not None:
@@ -342,6 +347,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
         "model": cfg["model"]["name"], "algorithm": cfg["algorithm"]["name"],
         "optimizer": cfg["optimizer"]["name"], "backend": cfg["backend"]["name"],
         "clip_norm": cfg["privacy"]["clip_norm"], "cohort_size": cfg["cohort_size"],
+        **({"clipping": "adaptive", "final_clip_norm": session.server.clip_norm} if session.server.clip else {}),
         **_example_privacy(session),
         **{k: v for stage in session.stages for k, v in stage.summary(session.history).items()},
     }

@@ -164,13 +164,29 @@ class Public(Section):
 
 
 @dataclass
+class AdaptiveClipping(Section):
+    """``privacy.adaptive``: the clip bound's update under ``privacy.clipping=adaptive``
+    (fedpriv/adaptive_clipping.py states the math; defaults from Andrew et al. 2021)."""
+
+    target_quantile: float = 0.5  # γ: the share of users the bound should leave unclipped
+    learning_rate: float = 0.2  # η_C of C_{t+1} = C_t · exp(−η_C (b̃_t − γ))
+    count_noise: Optional[float] = None  # σ_b, std of the privatized count (null: expected cohort / 20)
+
+    def check(self, path: str) -> None:
+        in_unit_interval(self, "target_quantile", path, closed_right=False)
+        positive(self, "learning_rate", "count_noise", path=path)
+
+
+@dataclass
 class Privacy(Section):
     """``privacy``: the user-level guarantee and how its randomness is drawn."""
 
     target_epsilon: Optional[float] = 8.0  # calibrate the noise multiplier to this epsilon after `rounds` rounds
     delta: float = 1.0e-5
     noise_multiplier: Optional[float] = None  # a fixed multiplier instead of a target (0: non-private)
-    clip_norm: float = 0.5  # user-level L2 bound on each client delta
+    clip_norm: float = 0.5  # user-level L2 bound on each client delta (adaptive: the initial bound C_0)
+    clipping: Literal["fixed", "adaptive"] = "fixed"  # adaptive: the bound follows a quantile of the norms
+    adaptive: AdaptiveClipping = field(default_factory=AdaptiveClipping)
     accountant: Literal["rdp", "pld"] = "rdp"
     secure_rng: Optional[bool] = None  # true: secure mode; false: research mode; null: secure for deployments
 

@@ -23,7 +23,8 @@ from tests.conftest import ROOT, compose_cfg
 
 SMOKE = ("+experiment=smoke", "progress=false")
 # the only keys a metrics row may hold: quantities the ledger covers, or test-set metrics
-COVERED = {"round", "epsilon", "non_private", "mode", "v_negative_fraction", "distribution_matching"}
+COVERED = {"round", "epsilon", "non_private", "mode", "v_negative_fraction", "distribution_matching",
+           "clip_norm", "privatized_clipped_fraction"}  # adaptive clipping: C_t (earlier releases), the private count
 
 
 def _run(tmp_path, name, *overrides):
@@ -137,8 +138,9 @@ def test_replies_carry_the_delta_and_nothing_data_dependent(tmp_path, overrides,
 
 # ------------------------------------------------------------------ finding 5: published statistics
 
-def test_metrics_hold_only_covered_quantities_and_diagnostics_are_labelled(tmp_path):
-    _run(tmp_path, "r")
+@pytest.mark.parametrize("clipping", ["fixed", "adaptive"])
+def test_metrics_hold_only_covered_quantities_and_diagnostics_are_labelled(tmp_path, clipping):
+    _run(tmp_path, "r", f"privacy.clipping={clipping}")
     rows = read_jsonl(tmp_path / "r" / "metrics.jsonl")
     for row in rows:
         assert set(row) - COVERED <= {k for k in row if k.startswith("test_")}, row

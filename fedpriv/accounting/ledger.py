@@ -71,7 +71,7 @@ class PrivacyLedger:
     def __init__(self, mechanism: AccountedMechanism, sampler: Sampler, delta: float,
                  accountant: str = RDP, target_epsilon: float | None = None,
                  planned_rounds: int | None = None, non_private_reason: str | None = None,
-                 randomness: dict[str, Any] | None = None) -> None:
+                 randomness: dict[str, Any] | None = None, query: dict[str, Any] | None = None) -> None:
         self.mechanism = mechanism
         self.sampler = sampler
         self.delta = check_delta(delta)
@@ -82,6 +82,7 @@ class PrivacyLedger:
         self.relation = mechanism.neighboring_relation(sampler)
         self.non_private_reason = non_private_reason
         self.randomness = randomness  # how the run's randomness was made (privacy.json says so)
+        self.query = query  # the joint query the mechanism privatizes, when not the sum alone (adaptive clipping)
         self._round_indices: list[int] = []
         self._cache: dict[int, float] = {0: 0.0}
         self._compositions: dict[str, SelfComposition] = {}
@@ -170,6 +171,8 @@ class PrivacyLedger:
                      "accounted_epsilon_of_the_noised_update_only": json_epsilon(self.epsilon())}
         if self.randomness is not None:
             extra["randomness"] = self.randomness
+        if self.query is not None:
+            extra["clipping"] = self.query
         return {
             "epsilon": json_epsilon(eps),
             "non_private": math.isinf(eps),

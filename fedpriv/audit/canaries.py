@@ -92,6 +92,8 @@ class CanarySet:
         started = time.perf_counter()
         for j in self.participants(round_idx):
             delta = self.delta(int(j))
+            if agg.clip_norm != self.clip_norm:  # adaptive clipping: OVERSHOOT times this round's bound
+                delta = delta * (agg.clip_norm / self.clip_norm)
             if agg.scale is not None:  # scaled before clipping (STP): its scaled norm is then OVERSHOOT · C
                 delta = delta / agg.scale
             agg.add(delta, tally=False)

@@ -1,0 +1,135 @@
+"""Adaptive clipping: the user-level clip bound C_t follows a target quantile γ of the update norms
+through a privatized count ("Differentially Private Learning with Adaptive Clipping", Andrew,
+Thakkar, McMahan, Ramaswamy 2021).
+
+Round t (D the fixed denominator, the expected cohort size; s_t a pre-clip scale, if any):
+
+* each accepted user u adds ``c_u = Δ_u · min(1, C_t/‖Δ_u‖)`` to the sum and reports the bit
+  ``b_u = 1[‖Δ_u‖ ≤ C_t]``;
+* the server releases the update ``(Σ_u c_u + C_t·z_Δ·w_t)/D`` and the unclipped fraction
+  ``b̃_t = (Σ_u (b_u − ½) + σ_b·w'_t)/D + ½``, and sets ``C_{t+1} = C_t · exp(−η_C (b̃_t − γ))``
+  (a geometric step of the quantile loss in log C).
+
+**One Gaussian query.** Normalised by C_t, user u contributes the vector
+``y_u = ((σ/z_Δ) · c_u/C_t, (σ/σ_b) · (b_u − ½))`` of norm² ≤ σ²/z_Δ² + σ²/(4σ_b²), which is exactly 1
+when ``z_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2)`` (:func:`update_noise_multiplier`). The stream Σ_u y_u goes
+through the run's mechanism unchanged — the same noise multiplier σ at unit sensitivity, the same
+stream of (C⁻¹Z)_t for correlated noise, on one more coordinate — so the DpEvent the ledger
+composes is the one it composes for a fixed clip. Centring the bit (b_u − ½) makes its share of
+a user's norm ½ in every case: add/remove-one (a user's y_u appears or not), zero-out (y_u is
+replaced by 0) and replace-one (the difference of two such vectors, norm ≤ 2, as for the sum). The
+update and the count are then read off the release by scaling each block back (post-processing):
+update noise std z_Δ·C_t, count noise std σ_b per unit of the mechanism's residual.
+
+**Why rescaling is valid for correlated noise.** C_t is a function of the releases of rounds
+< t only, so the normalised inputs form an adaptively chosen stream of unit-sensitivity vectors;
+the Gaussian matrix mechanism is private for adaptive streams at the same sensitivity ("Improved
+Differential Privacy for SGD via Optimal Private Linear Operators on Adaptive Streams", Denisov,
+McMahan, Rush, Smith, Thakurta 2022), and multiplying round t's normalised release by the public
+C_t is post-processing. What does not carry over is utility: the prefix sums of the *normalised*
+noise have the mechanism's optimised error; the rescaled noise Σ_t C_t·w_t has it only while C_t
+is constant (it is nearly so once the bound has converged). Under correlated noise the count's
+noise is the mechanism's residual on its coordinate, so its std is σ_b times that residual's
+(larger than σ_b for the tree, BandMF and BLT).
+
+Assumptions: the bits are computed by the curator from the same deltas it clips (a client never
+reports one); rejected replies and audit canaries report no bit (they are out of the count, which
+only lowers it: a unit contributes 0 in place of ±½).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedpriv.errors import ConfigError
+
+QUERY = "adaptive_clipping_joint_gaussian"  # how privacy.json names the (sum, count) query
+
+
+def update_noise_multiplier(sigma: float, count_noise: float) -> float:
+    """``z_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2)``: the update's noise multiplier that makes the (sum, count)
+    pair one Gaussian query of multiplier σ (0 when σ = 0: non-private). Needs ``σ < 2σ_b``."""
+    if sigma == 0.0:
+        return 0.0
+    if not count_noise > 0 or not sigma < 2.0 * count_noise:
+        raise ConfigError(f"privacy.adaptive.count_noise={count_noise:g} is too small for noise multiplier "
+                          f"{sigma:g}: the count alone would spend the whole budget (it needs count_noise > "
+                          f"{sigma / 2:g}, and the update's noise grows as it nears that)")
+    return 1.0 / math.sqrt(sigma ** -2 - (2.0 * count_noise) ** -2)
+
+
+def joint_multiplier(update_multiplier: float, count_noise: float) -> float:
+    """The multiplier of the single Gaussian query equal to releasing the normalised sum (unit
+    sensitivity) with multiplier z_Δ and the centred count (sensitivity ½) with std σ_b."""
+    return 1.0 / math.sqrt(update_multiplier ** -2 + (2.0 * count_noise) ** -2)
+
+
+@dataclass
+class AdaptiveClip:
+    """The clip bound of each round and its geometric update from the privatized count."""
+
+    bound: float  # C_t, the bound of the next round (C_0 before round 1)
+    target_quantile: float  # γ
+    learning_rate: float  # η_C
+    count_noise: float  # σ_b
+    sigma: float  # the mechanism's (accounted) noise multiplier σ
+    initial: float = 0.0  # C_0 (set from ``bound`` when left 0)
+
+    def __post_init__(self) -> None:
+        self.update_multiplier = update_noise_multiplier(self.sigma, self.count_noise)
+        self.initial = self.initial or self.bound
+
+    @property
+    def update_scale(self) -> float:
+        """What multiplies the mechanism's unit-sensitivity noise on the update block: C_t·z_Δ/σ."""
+        return self.bound * self.update_multiplier / self.sigma if self.sigma else 0.0
+
+    @property
+    def count_scale(self) -> float:
+        """What multiplies the mechanism's noise on the count coordinate: σ_b/σ."""
+        return self.count_noise / self.sigma if self.sigma else 0.0
+
+    def unclipped_fraction(self, accepted: int, clipped: int, noise: float, denominator: float) -> float:
+        """``b̃_t = (Σ_u (b_u − ½) + noise·σ_b/σ)/D + ½`` from the round's tallies (``noise`` is the
+        mechanism's draw on the count coordinate)."""
+        centred = (accepted - clipped) - 0.5 * accepted
+        return (centred + noise * self.count_scale) / denominator + 0.5
+
+    def step(self, unclipped: float) -> None:
+        """``C_{t+1} = C_t · exp(−η_C (b̃_t − γ))``."""
+        self.bound = self.bound * math.exp(-self.learning_rate * (unclipped - self.target_quantile))
+        if not (math.isfinite(self.bound) and self.bound > 0):
+            raise FloatingPointError(f"the adaptive clip bound left (0, inf): {self.bound}")
+
+    def describe(self) -> dict:
+        """What privacy.json states about the query."""
+        return {"clipping": "adaptive", "query": QUERY, "initial_clip_norm": self.initial,
+                "target_quantile": self.target_quantile, "learning_rate": self.learning_rate,
+                "count_noise_std": self.count_noise, "update_noise_multiplier": self.update_multiplier,
+                "joint_noise_multiplier": (joint_multiplier(self.update_multiplier, self.count_noise)
+                                           if self.sigma else 0.0),
+                "count_sensitivity": 0.5}
+
+    def state_dict(self) -> dict:
+        return {"bound": self.bound}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.bound = float(state["bound"])
+
+
+def build_adaptive_clip(privacy: dict, sigma: float, expected_cohort: float, squares: bool = False,
+                        optimizer: str = "") -> AdaptiveClip | None:
+    """The run's adaptive clip (None for ``privacy.clipping=fixed``); ``σ_b`` defaults to the
+    expected cohort / 20. Refuses a plan whose joint query is derived for a fixed clip (IME's squares)."""
+    if privacy.get("clipping", "fixed") != "adaptive":
+        return None
+    if squares:
+        raise ConfigError(f"optimizer={optimizer} releases the squared updates in a noise split derived for a "
+                          "fixed clip bound: use privacy.clipping=fixed with it")
+    spec = privacy.get("adaptive") or {}
+    count_noise = spec.get("count_noise")
+    count_noise = float(expected_cohort) / 20.0 if count_noise is None else float(count_noise)
+    return AdaptiveClip(bound=float(privacy["clip_norm"]), target_quantile=float(spec.get("target_quantile", 0.5)),
+                        learning_rate=float(spec.get("learning_rate", 0.2)), count_noise=count_noise,
+                        sigma=float(sigma))

@@ -1,0 +1,198 @@
+"""Adaptive clipping (privacy.clipping=adaptive): the joint (sum, count) query is one Gaussian
+query of the ledger's multiplier, the release is exactly that query read back, the bound follows
+the target quantile, and every mechanism runs with it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedpriv.adaptive_clipping import AdaptiveClip, build_adaptive_clip, joint_multiplier, update_noise_multiplier
+from fedpriv.aggregation import RoundAggregate
+from fedpriv.errors import ConfigError
+from fedpriv.mechanisms import GaussianMechanism
+from fedpriv.queries import QueryPlan, privatize
+from fedpriv.randomness import NoiseStream
+from tests.conftest import compose_cfg
+
+SMOKE = ("+experiment=smoke", "progress=false", "privacy.clipping=adaptive")
+
+
+def _clip(bound=0.5, sigma=1.2, count_noise=2.0, **kw) -> AdaptiveClip:
+    return AdaptiveClip(bound=bound, target_quantile=kw.get("q", 0.5), learning_rate=kw.get("lr", 0.2),
+                        count_noise=count_noise, sigma=sigma)
+
+
+@pytest.mark.parametrize("sigma,count_noise", [(0.58, 7.5), (1.2, 2.0), (3.49, 1.8), (1.0, 0.51)])
+def test_update_multiplier_makes_the_pair_one_gaussian_query_of_multiplier_sigma(sigma, count_noise):
+    z = update_noise_multiplier(sigma, count_noise)
+    assert z == pytest.approx((sigma ** -2 - (2 * count_noise) ** -2) ** -0.5, rel=1e-14)
+    assert z > sigma  # the count's share of the budget comes out of the update's
+    assert joint_multiplier(z, count_noise) == pytest.approx(sigma, rel=1e-12)
+
+
+def test_count_noise_at_or_below_half_sigma_is_refused():
+    for count_noise in (0.5, 0.3):
+        with pytest.raises(ConfigError, match="count_noise"):
+            update_noise_multiplier(1.0, count_noise)
+    assert update_noise_multiplier(0.0, 0.1) == 0.0  # non-private: no noise to split
+
+
+def test_each_users_normalised_contribution_has_unit_norm_at_most():
+    """y_u = ((σ/z_Δ)·c_u/C_t, (σ/σ_b)(b_u − ½)): ‖y_u‖ ≤ 1, with equality for a clipped user."""
+    clip = _clip(sigma=1.3, count_noise=1.1)
+    s = clip.sigma
+    for norm_ratio, bit in ((1.0, 1), (1.0, 0), (0.3, 1)):  # clipped (norm C_t), or inside
+        y_sq = (s / clip.update_multiplier * norm_ratio) ** 2 + (s / clip.count_noise * (bit - 0.5)) ** 2
+        assert y_sq <= 1 + 1e-12
+    assert (s / clip.update_multiplier) ** 2 + (s / clip.count_noise / 2) ** 2 == pytest.approx(1.0, rel=1e-12)
+
+
+def test_release_is_the_unit_sensitivity_stream_read_back_block_by_block():
+    """The released update and count are linear in (Σ_u y_u + σ·w): subtracting the exact sums
+    leaves the mechanism's own draw, scaled by C_t·z_Δ/σ and σ_b/σ — nothing else is added."""
+    torch.manual_seed(0)
+    d, denominator = 50, 6.0
+    clip = _clip(bound=0.7, sigma=1.2, count_noise=2.0)
+    mech = GaussianMechanism(1.2, 1.0, noise=NoiseStream.from_seed(3))  # unit sensitivity
+    agg = RoundAggregate.zeros(d, clip.bound)
+    deltas = [torch.randn(d) * s for s in (0.01, 0.05, 0.2, 1.0, 3.0)]
+    for delta in deltas:
+        agg.add(delta)
+    assert agg.clipped == sum(float(torch.linalg.vector_norm(x)) > 0.7 for x in deltas)
+    noise = mech.noise(0, (d + 1,))
+    release = privatize(agg, noise, QueryPlan(), mech, denominator, clip=clip)
+    update_noise = (release.update * denominator - agg.total) / (clip.bound * clip.update_multiplier / clip.sigma)
+    torch.testing.assert_close(update_noise, noise[:-1], rtol=1e-4, atol=1e-5)
+    centred = (agg.accepted - agg.clipped) - agg.accepted / 2
+    count_noise = ((release.unclipped_fraction - 0.5) * denominator - centred) / (clip.count_noise / clip.sigma)
+    assert count_noise == pytest.approx(float(noise[-1]), rel=1e-6)
+
+
+def test_noise_std_of_update_and_count_statistically():
+    """Per coordinate: update noise std z_Δ·C_t on the sum, count noise std σ_b (independent noise)."""
+    d, rounds = 20_000, 400
+    clip = _clip(bound=0.3, sigma=0.9, count_noise=1.5)
+    mech = GaussianMechanism(0.9, 1.0, noise=NoiseStream.from_seed(11))
+    agg = RoundAggregate.zeros(d, clip.bound)
+    release = privatize(agg, mech.noise(0, (d + 1,)), QueryPlan(), mech, 1.0, clip=clip)
+    assert float(release.update.std()) == pytest.approx(clip.bound * clip.update_multiplier, rel=0.03)
+    counts = [privatize(RoundAggregate.zeros(3, clip.bound), mech.noise(0, (4,)), QueryPlan(), mech, 1.0,
+                        clip=clip).unclipped_fraction - 0.5 for _ in range(rounds)]
+    assert float(np.std(counts)) == pytest.approx(1.5, rel=0.12)
+
+
+@pytest.mark.parametrize("start", [0.05, 5.0])
+def test_bound_converges_to_the_target_quantile_of_the_norms(start):
+    """Norms lognormal with median 0.4: from C₀ = 0.05 or 5 the bound reaches the median (γ = 0.5)
+    and the 0.8-quantile (γ = 0.8) within 10%, with the default count noise (cohort 150 / 20)."""
+    rng = np.random.default_rng(0)
+    for quantile, expected in ((0.5, 0.4), (0.8, 0.4 * math.exp(0.5 * 0.8416))):
+        clip = _clip(bound=start, sigma=0.6, count_noise=7.5, q=quantile)
+        noise = NoiseStream.from_seed(1)
+        for _ in range(300):
+            norms = 0.4 * np.exp(0.5 * rng.standard_normal(150))
+            unclipped = int((norms <= clip.bound).sum())
+            b = clip.unclipped_fraction(150, 150 - unclipped, float(noise.normal((1,))) * clip.sigma, 150.0)
+            clip.step(b)
+        assert clip.bound == pytest.approx(expected, rel=0.1)
+
+
+def test_ime_and_a_too_small_count_noise_are_refused(tmp_path):
+    from fedpriv.runner import prepare
+
+    with pytest.raises(ConfigError, match="privacy.clipping=fixed"):
+        prepare(compose_cfg(*SMOKE, "optimizer=dpadam_ime", run_dir=tmp_path / "a"))
+    with pytest.raises(ConfigError, match="count_noise"):
+        prepare(compose_cfg(*SMOKE, "privacy.adaptive.count_noise=0.01", run_dir=tmp_path / "b"))
+    with pytest.raises(ConfigError, match="privacy.adaptive.target_quantile"):
+        prepare(compose_cfg(*SMOKE, "privacy.adaptive.target_quantile=1.0", run_dir=tmp_path / "c"))
+    assert build_adaptive_clip({"clipping": "fixed", "clip_norm": 1.0}, 1.0, 10) is None
+    assert build_adaptive_clip({"clipping": "adaptive", "clip_norm": 1.0}, 1.0, 100).count_noise == 5.0
+
+
+MECHANISMS = [("mechanism=gaussian",), ("mechanism=tree",), ("mechanism=bandmf", "mechanism.bands=2"),
+              ("mechanism=blt", "mechanism.buffers=2")]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS, ids=lambda m: m[0].split("=")[1])
+def test_every_mechanism_runs_with_adaptive_clipping_at_the_fixed_clips_epsilon(tmp_path, mechanism):
+    from fedpriv.runner import prepare
+    from server.app import run_local
+
+    adaptive = run_local(prepare(compose_cfg(*SMOKE, *mechanism, "rounds=4", run_dir=tmp_path / "a")))
+    fixed = run_local(prepare(compose_cfg(*SMOKE, *mechanism, "rounds=4", "privacy.clipping=fixed",
+                                          run_dir=tmp_path / "f")))
+    privacy = json.loads((tmp_path / "a" / "privacy.json").read_text())
+    fixed_privacy = json.loads((tmp_path / "f" / "privacy.json").read_text())
+    # the ledger's event and multiplier are the fixed clip's: the count is paid for by the update
+    for key in ("epsilon", "noise_multiplier", "events", "neighboring_relation"):
+        assert privacy[key] == fixed_privacy[key], key
+    query = privacy["clipping"]
+    assert query["query"] == "adaptive_clipping_joint_gaussian" and "clipping" not in fixed_privacy
+    assert joint_multiplier(query["update_noise_multiplier"], query["count_noise_std"]) == pytest.approx(
+        privacy["noise_multiplier"], rel=1e-12)
+    rows = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    bounds = [r["clip_norm"] for r in rows]
+    assert bounds[0] == 0.5 and len(set(bounds)) == len(bounds)  # C_0, then one step per round
+    for prev, row, nxt in zip(rows, rows[1:], rows[2:]):  # C_{t+1} = C_t exp(-η (1 - clipped_t - γ))
+        assert nxt["clip_norm"] == pytest.approx(
+            row["clip_norm"] * math.exp(-0.2 * (1 - row["privatized_clipped_fraction"] - 0.5)), rel=1e-12)
+    assert adaptive["final_clip_norm"] == pytest.approx(
+        bounds[-1] * math.exp(-0.2 * (0.5 - rows[-1]["privatized_clipped_fraction"])), rel=1e-12)
+    assert "clip_norm" not in json.loads((tmp_path / "f" / "metrics.jsonl").read_text().splitlines()[0])
+    del fixed
+
+
+def test_resume_keeps_the_bound_and_equals_an_uninterrupted_run(tmp_path):
+    from client.app import make_client_app
+    from fedpriv.runner import prepare, train
+    from server.app import grid_round_fn, run_local
+    from server.grid import LocalGrid
+
+    over = (*SMOKE, "mechanism=blt", "mechanism.buffers=2", "rounds=4")
+    whole = prepare(compose_cfg(*over, run_dir=tmp_path / "w"))
+    run_local(whole)
+    cfg = compose_cfg(*over, run_dir=tmp_path / "p")
+    first = prepare(cfg)
+    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
+
+    def crashing(round_idx, cohort):
+        if round_idx == 2:
+            raise KeyError("killed")
+        return inner(round_idx, cohort)
+
+    with pytest.raises(KeyError):
+        train(first, crashing)
+    resumed = prepare({**cfg, "resume": True})
+    assert resumed.start_round == 2 and resumed.server.clip_norm == first.server.clip_norm != 0.5
+    run_local(resumed)
+    torch.testing.assert_close(resumed.server.params, whole.server.params, rtol=0, atol=0)
+    assert resumed.server.clip_norm == whole.server.clip_norm
+
+
+@pytest.mark.parametrize("algorithm", [("algorithm=dp_fedsgd",), ("algorithm=dpsgd", "cohort_size=40")],
+                         ids=["one_pass_fedsgd", "central_dpsgd"])
+def test_batched_book_keeping_rounds_clip_to_the_current_bound(tmp_path, algorithm, monkeypatch):
+    from fedpriv.cohort import CohortClipper
+    from fedpriv.runner import prepare
+    from server.app import run_local
+
+    session = prepare(compose_cfg(*SMOKE, *algorithm, "rounds=3", run_dir=tmp_path / "r"))
+    seen = []
+    original = CohortClipper.set_clip_norm
+
+    def spy(self, clip_norm):
+        original(self, clip_norm)
+        seen.append((session.server.clip_norm, self.bk.clip_norm * self.lr))
+
+    monkeypatch.setattr(CohortClipper, "set_clip_norm", spy)
+    run_local(session)
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [bound for bound, _ in seen] == [r["clip_norm"] for r in rows] and len({b for b, _ in seen}) == 3
+    for bound, engine in seen:  # Book-Keeping clips each unit's delta (−lr·g) to this round's bound
+        assert engine == pytest.approx(bound, rel=1e-12)
