@@ -175,3 +175,25 @@ def test_strategy_is_optimised_for_the_samplers_pattern():
     assert fitted.pattern == (3, 3) and single.pattern == (1, 0)
     assert rmse(fitted.params, 12, 3, 3) < rmse(single.params, 12, 3, 3) * 0.999
     assert fitted.accounting_details(cyclic, 12)["blt_optimised_for"]["participations"] == 3
+
+
+def test_strategy_is_kept_on_disk_and_a_damaged_entry_is_recomputed(tmp_path, monkeypatch, caplog):
+    from fedpriv.mechanisms import blt
+
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path))
+    blt.planned_params.cache_clear()
+    first = blt.planned_params(30, 2, "mean", 50, 2, 9)
+    (path,) = (tmp_path / "blt").glob("*.pt")
+    blt.planned_params.cache_clear()
+    monkeypatch.setattr(blt, "optimize", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-optimised")))
+    again = blt.planned_params(30, 2, "mean", 50, 2, 9)  # from disk, not optimised
+    assert torch.equal(again.weights, first.weights) and torch.equal(again.decays, first.decays)
+    # a damaged entry (a decay of 1 would make the noise unbounded) is ignored, with a warning
+    torch.save({"key": path.stem, "weights": first.weights, "decays": torch.ones(2, dtype=torch.float64)}, path)
+    blt.planned_params.cache_clear()
+    monkeypatch.undo()
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path))
+    with caplog.at_level("WARNING"):
+        fixed = blt.planned_params(30, 2, "mean", 50, 2, 9)
+    assert "ignoring the cached BLT strategy" in caplog.text and bool((fixed.decays < 1).all())
+    blt.planned_params.cache_clear()

@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 import hashlib
 from collections.abc import Callable
-import io
 import logging
 import math
 from pathlib import Path
@@ -34,8 +33,7 @@ from typing import ClassVar, Literal
 import dp_accounting
 import torch
 
-from fedpriv.atomic import write_atomic
-from fedpriv.cache import cache_root
+from fedpriv.cache import cache_root, load_entry, save_entry
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.analysis import lbfgs_minimize, prefix_mse, toeplitz_matrix, toeplitz_prefix_column
 from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT, trivial_event
@@ -144,11 +142,7 @@ def cached_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 50
     key = f"v{CACHE_VERSION}-{kind}-n{n}-b{bands}-it{iterations}"
     path = cache_dir() / f"{key}.pt"
     if path.exists():
-        try:
-            stored = torch.load(path, weights_only=True)
-            c = stored["c"] if isinstance(stored, dict) and stored.get("key") == key else None
-        except Exception:  # unreadable, truncated, or not plain data
-            c = None
+        c = (load_entry(path, key) or {}).get("c")
         problem = "unreadable" if c is None else strategy_problem(c, n, bands)
         if problem is None:
             return c
@@ -157,10 +151,7 @@ def cached_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 50
     problem = strategy_problem(c, n, bands)
     if problem is not None:
         raise RuntimeError(f"the optimized BandMF strategy is invalid ({problem})")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    torch.save({"key": key, "c": c}, buffer)
-    write_atomic(path, buffer.getvalue())
+    save_entry(path, key, {"c": c})
     return c
 
 

@@ -38,6 +38,7 @@ with the prefix's own k and coefficients. Other samplers are refused.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from typing import ClassVar, Literal, Union
 import dp_accounting
 import torch
 
+from fedpriv.cache import cache_root, load_entry, save_entry
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.analysis import lbfgs_minimize, toeplitz_matrix, toeplitz_prefix_column
 from fedpriv.mechanisms.base import ZERO_OUT, trivial_event
@@ -53,6 +55,8 @@ from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC, Sampler, SeparatedPattern
 from fedpriv.schema import MechanismOption, positive, register_option
+
+log = logging.getLogger(__name__)
 
 ERRORS = ("mean", "max")
 MAX_BUFFERS = 8  # auto tries 1 … this many
@@ -175,14 +179,49 @@ def optimize_auto(n: int, participations: int = 1, separation: int = 0, kind: st
     return params, {**report, "seconds": seconds}
 
 
+CACHE_VERSION = 1
+
+
+def params_problem(entry: dict, buffers: int | None) -> str | None:
+    """Why a cached entry is not a BLT strategy the accounting may rely on, or None. Any positive
+    weights with decays in (0, 1) are: the sensitivity is computed from the parameters themselves
+    (their c_k are positive and non-increasing, as the closed form needs)."""
+    weights, decays = entry.get("weights"), entry.get("decays")
+    if not all(isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.dim() == 1 for t in (weights, decays)):
+        return "not two float64 vectors"
+    if not (torch.isfinite(weights).all() and torch.isfinite(decays).all()):
+        return "non-finite entries"
+    if buffers is not None and weights.numel() != buffers:
+        return f"{weights.numel()} buffers, not {buffers}"
+    try:
+        BLTParams(weights, decays)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 @functools.lru_cache(maxsize=8)
 def planned_params(n: int, buffers: int | None, kind: str, iterations: int, participations: int = 1,
                    separation: int = 0) -> BLTParams:
     """The strategy a run uses: optimised for its rounds and its sampler's pattern (k participations
-    at least s rounds apart); one optimisation per process and setting (``buffers=None``: auto)."""
+    at least s rounds apart; ``buffers=None``: auto), once per setting and kept on disk
+    (``$FEDPRIV_CACHE/blt``), so a resumed run — on any machine or thread count — uses the very
+    parameters its checkpoint holds. The cache is checked (:func:`params_problem`), not trusted."""
+    key = (f"v{CACHE_VERSION}-{kind}-n{n}-d{'auto' if buffers is None else buffers}-it{iterations}"
+           f"-k{participations}-s{separation}")
+    path = cache_root() / "blt" / f"{key}.pt"
+    if path.exists():
+        entry = load_entry(path, key) or {}
+        problem = "unreadable" if not entry else params_problem(entry, buffers)
+        if problem is None:
+            return BLTParams(entry["weights"], entry["decays"])
+        log.warning("ignoring the cached BLT strategy %s (%s); optimising it again", path, problem)
     if buffers is None:
-        return optimize_auto(n, participations, separation, kind=kind, iterations=iterations)[0]
-    return optimize(n, buffers, participations, separation, kind=kind, iterations=iterations)[0]
+        params = optimize_auto(n, participations, separation, kind=kind, iterations=iterations)[0]
+    else:
+        params = optimize(n, buffers, participations, separation, kind=kind, iterations=iterations)[0]
+    save_entry(path, key, {"weights": params.weights, "decays": params.decays})
+    return params
 
 
 def sampler_pattern(sampler: Sampler | None, rounds: int) -> tuple[int, int]:
