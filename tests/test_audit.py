@@ -290,8 +290,11 @@ def test_non_private_run_audits_to_a_large_bound(tmp_path):
                                    ("mechanism=bandmf", "mechanism.bands=2", "rounds=6"),
                                    ("mechanism=blt", "mechanism.buffers=2", "rounds=4", "cohort_size=10"),
                                    ("algorithm=dp_fedsgd",), ("algorithm=dpsgd", "cohort_size=200"),
-                                   ("client.dp=example",), ("optimizer=dpadam_stp",), ("optimizer=dpadam_ime",)],
-                         ids=["tree", "bandmf", "blt", "dp_fedsgd", "dpsgd", "client_example_dp", "stp", "ime"])
+                                   ("client.dp=example",), ("optimizer=dpadam_stp",), ("optimizer=dpadam_ime",),
+                                   ("privacy.clipping=adaptive", "mechanism=blt", "mechanism.buffers=2", "rounds=4",
+                                    "cohort_size=10")],
+                         ids=["tree", "bandmf", "blt", "dp_fedsgd", "dpsgd", "client_example_dp", "stp", "ime",
+                              "adaptive_clip_blt"])
 def test_every_mechanism_and_algorithm_takes_an_audit(tmp_path, extra):
     """Honest (claimed epsilon 20): bound <= claim; and the canaries reach the release (inserted
     ones score higher than never-inserted ones by more than 3 standard errors), so no path drops them."""
