@@ -1,7 +1,8 @@
 """Issue 16's clipping table: the synthetic default (DP-FedAvg, LSTM, 220 rounds) with each noise
 mechanism, the tuned fixed clip 0.5 and adaptive clipping (γ = 0.5, η_C = 0.2, σ_b = cohort/20,
 C₀ = 0.5), at ε = 8 and ε = 2; plus adaptive clipping started from C₀ = 0.05 and C₀ = 5
-(independent Gaussian noise, ε = 8).
+(independent Gaussian noise, ε = 8), and adaptive clipping with the target quantile γ = 0.1
+(every mechanism at ε = 2; the tree and independent noise at ε = 8).
 
     python scripts/clipping_results.py [--out outputs/clipping] [--jobs 2] [--only NAME ...]
                                        [--table] [--plot PNG]
@@ -34,6 +35,8 @@ MECHANISMS = {"gaussian": ["mechanism=gaussian"], "tree": ["mechanism=tree", "sa
               "blt": ["mechanism=blt", "sampling=cyclic"]}
 EPSILONS = (8, 2)
 STARTS = (0.05, 5.0)  # adaptive from these C₀ (gaussian, ε = 8)
+LOW_QUANTILE = (("tree", 8, 0.1), ("gaussian", 8, 0.1), ("gaussian", 2, 0.1), ("tree", 2, 0.1), ("bandmf", 2, 0.1),
+                ("blt", 2, 0.1))  # adaptive with a lower target quantile γ
 
 
 def runs() -> dict[str, list[str]]:
@@ -47,6 +50,10 @@ def runs() -> dict[str, list[str]]:
     for c0 in STARTS:
         out[f"gaussian-eps8-adaptive-c{c0:g}"] = [*MECHANISMS["gaussian"], "privacy.target_epsilon=8",
                                                   "privacy.clipping=adaptive", f"privacy.clip_norm={c0:g}"]
+    for mech, eps, quantile in LOW_QUANTILE:
+        out[f"{mech}-eps{eps}-adaptive-q{quantile:g}"] = [*MECHANISMS[mech], f"privacy.target_epsilon={eps}",
+                                                      "privacy.clipping=adaptive",
+                                                      f"privacy.adaptive.target_quantile={quantile:g}"]
     return out
 
 
@@ -69,10 +76,12 @@ def table(out: Path) -> str:
         s = summary(out / name)
         if s is None:
             continue
-        mech, eps, kind, *start = name.split("-")
+        mech, eps, kind, *variant = name.split("-")
         rows = read_jsonl(out / name / "metrics.jsonl")
         adaptive = kind == "adaptive"
-        label = "adaptive" + (f", C₀ = {start[0][1:]}" if start else ", C₀ = 0.5") if adaptive else "fixed 0.5"
+        start = variant[0][1:] if variant and variant[0][0] == "c" else "0.5"
+        quantile = variant[0][1:] if variant and variant[0][0] == "q" else "0.5"
+        label = f"adaptive, C₀ = {start}, γ = {quantile}" if adaptive else "fixed 0.5"
         clipped = [r["privatized_clipped_fraction"] for r in rows[-20:]] if adaptive else []
         final_c = f"{s['final_clip_norm']:.3g}" if adaptive else "0.5"
         frac = f"{sum(clipped) / len(clipped):.2f}" if clipped else "—"
