@@ -57,8 +57,11 @@ def test_sigint_prints_one_line_exits_130_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     rounds = 12  # 0.05-1 s a round on 2 cores: far from done when its first checkpoint lands; resumed in < 20 s
     args = [*SMOKE, f"rounds={rounds}", f"run_dir={run_dir}"]
+    # a shell without job control starts background jobs with SIGINT ignored, and Python keeps an
+    # ignored SIGINT ignored: restore the default in the child, as a terminal's Ctrl-C finds it
     proc = subprocess.Popen([sys.executable, "-m", "fedpriv.simulate", *args], cwd=ROOT, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     checkpoint = run_dir / "checkpoints" / "last.pt"
     deadline = time.monotonic() + 60
     while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
