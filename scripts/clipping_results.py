@@ -34,6 +34,7 @@ MECHANISMS = {"gaussian": ["mechanism=gaussian"], "tree": ["mechanism=tree", "sa
               "bandmf": ["mechanism=bandmf", "mechanism.bands=16", "sampling=cyclic_poisson"],
               "blt": ["mechanism=blt", "sampling=cyclic"]}
 EPSILONS = (8, 2)
+COLORS = {"gaussian": "tab:blue", "tree": "tab:orange", "bandmf": "tab:green", "blt": "tab:red"}
 STARTS = (0.05, 5.0)  # adaptive from these C₀ (gaussian, ε = 8)
 LOW_QUANTILE = (("tree", 8, 0.1), ("gaussian", 8, 0.1), ("gaussian", 2, 0.1), ("tree", 2, 0.1), ("bandmf", 2, 0.1),
                 ("blt", 2, 0.1))  # adaptive with a lower target quantile γ
@@ -102,14 +103,19 @@ def plot(out: Path, png: Path) -> None:
             continue
         rows = read_jsonl(out / name / "metrics.jsonl")
         rounds = [r["round"] for r in rows]
-        style = "--" if "eps2" in name else "-"
-        ax_c.plot(rounds, [r["clip_norm"] for r in rows], style, label=name.replace("-adaptive", ""), lw=1)
-        ax_f.plot(rounds, [r["privatized_clipped_fraction"] for r in rows], style, lw=0.8)
+        style = ":" if "-q" in name else "--" if "eps2" in name else "-"
+        color = COLORS[name.split("-")[0]] if "-c" not in name else ("black" if "c0.05" in name else "grey")
+        ax_c.plot(rounds, [r["clip_norm"] for r in rows], style, color=color, label=name.replace("-adaptive", ""),
+                  lw=1)
+        frac = [r["privatized_clipped_fraction"] for r in rows]  # 10-round moving average, for reading
+        smooth = [sum(frac[max(0, i - 9):i + 1]) / len(frac[max(0, i - 9):i + 1]) for i in range(len(frac))]
+        ax_f.plot(rounds, smooth, style, color=color, lw=0.8)
     ax_c.set_yscale("log")
     ax_c.axhline(0.5, color="grey", lw=0.5)
-    ax_c.set(xlabel="round", ylabel="clip bound C_t", title="adaptive clip bound (γ = 0.5, η = 0.2)")
+    ax_c.set(xlabel="round", ylabel="clip bound C_t",
+             title="adaptive clip bound (η = 0.2; solid ε 8, dashed ε 2, dotted γ 0.1)")
     ax_f.axhline(0.5, color="grey", lw=0.5)
-    ax_f.set(xlabel="round", ylabel="privatized clipped fraction 1 − b̃_t", title="clipped fraction (released)")
+    ax_f.set(xlabel="round", ylabel="privatized clipped fraction 1 − b̃_t", title="clipped fraction (released; 10-round mean)")
     ax_c.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
