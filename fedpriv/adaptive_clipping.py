@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass
 
 from fedpriv.errors import ConfigError
+from fedpriv.schema import Privacy
 
 QUERY = "adaptive_clipping_joint_gaussian"  # how privacy.json names the (sum, count) query
 
@@ -118,18 +119,17 @@ class AdaptiveClip:
         self.bound = float(state["bound"])
 
 
-def build_adaptive_clip(privacy: dict, sigma: float, expected_cohort: float, squares: bool = False,
+def build_adaptive_clip(privacy: Privacy, sigma: float, expected_cohort: float, squares: bool = False,
                         optimizer: str = "") -> AdaptiveClip | None:
-    """The run's adaptive clip (None for ``privacy.clipping=fixed``); ``σ_b`` defaults to the
-    expected cohort / 20. Refuses a plan whose joint query is derived for a fixed clip (IME's squares)."""
-    if privacy.get("clipping", "fixed") != "adaptive":
+    """The run's adaptive clip (None for ``privacy.clipping=fixed``) from the typed ``privacy``
+    section; ``σ_b`` defaults to the expected cohort / 20. Refuses a plan whose joint query is
+    derived for a fixed clip (IME's squares)."""
+    if privacy.clipping != "adaptive":
         return None
     if squares:
         raise ConfigError(f"optimizer={optimizer} releases the squared updates in a noise split derived for a "
                           "fixed clip bound: use privacy.clipping=fixed with it")
-    spec = privacy.get("adaptive") or {}
-    count_noise = spec.get("count_noise")
-    count_noise = float(expected_cohort) / 20.0 if count_noise is None else float(count_noise)
-    return AdaptiveClip(bound=float(privacy["clip_norm"]), target_quantile=float(spec.get("target_quantile", 0.5)),
-                        learning_rate=float(spec.get("learning_rate", 0.2)), count_noise=count_noise,
-                        sigma=float(sigma))
+    spec = privacy.adaptive
+    count_noise = float(expected_cohort) / 20.0 if spec.count_noise is None else float(spec.count_noise)
+    return AdaptiveClip(bound=float(privacy.clip_norm), target_quantile=float(spec.target_quantile),
+                        learning_rate=float(spec.learning_rate), count_noise=count_noise, sigma=float(sigma))

@@ -25,13 +25,13 @@ from tqdm import tqdm
 
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.accounting.ledger import json_epsilon
+from fedpriv.adaptive_clipping import build_adaptive_clip
 from fedpriv.audit.report import headline as audit_headline
 from fedpriv.audit.run import build_canaries, finish_audit
 from fedpriv.cohort import CohortSum  # noqa: F401 (RoundFn)
 from fedpriv.config import diagnostics_enabled, resolve_config, validate, validate_against_data
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
-from fedpriv.adaptive_clipping import build_adaptive_clip
 from fedpriv.mechanisms import Mechanism, build_mechanism
 from fedpriv.metrics import evaluate
 from fedpriv.models import set_flat_params
@@ -40,7 +40,7 @@ from fedpriv.observe import RoundObserver, check_observability
 from fedpriv.public.stages import Stage, build_stages
 from fedpriv.randomness import RESEARCH_NOTE, ClientRandomness, RunRandomness, computing_config, research_key
 from fedpriv.rundir import CHECKPOINT_FORMAT, RunDirectory
-from fedpriv.schema import load
+from fedpriv.schema import Privacy, load
 from fedpriv.sampling import make_sampler
 from fedpriv.task import Task, load_task
 from fedpriv.training import local_update
@@ -110,18 +110,19 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     task = load_task(cfg)
     validate_against_data(cfg, len(task.units), task.algorithm.privacy_unit)
     privacy = cfg["privacy"]
+    privacy_spec = load(Privacy, privacy, "privacy")
     sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), randomness.subkey("sampling"),
                            groups=load("mechanism", cfg["mechanism"]).sampling_groups())
     # calibrate on an accounting-only build, then build the mechanism once, with its σ and its stream
     # adaptive clipping normalises each round by C_t: the mechanism then runs at unit sensitivity
-    mechanism_clip = 1.0 if privacy.get("clipping", "fixed") == "adaptive" else privacy["clip_norm"]
+    mechanism_clip = 1.0 if privacy_spec.clipping == "adaptive" else privacy["clip_norm"]
     accounting = build_mechanism(cfg["mechanism"], 1.0, mechanism_clip, rounds=int(cfg["rounds"]), sampler=sampler)
     mechanism = build_mechanism(cfg["mechanism"], _noise_multiplier(cfg, accounting, sampler), mechanism_clip,
                                 noise=randomness.noise("mechanism"), rounds=int(cfg["rounds"]), sampler=sampler)
     opt_cfg = dict(cfg["optimizer"])
     optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
     optimizer.query_plan.check(cfg["optimizer"]["name"], mechanism, task.algorithm.per_unit_deltas)
-    clip = build_adaptive_clip(privacy, mechanism.noise_multiplier, sampler.expected_cohort,
+    clip = build_adaptive_clip(privacy_spec, mechanism.noise_multiplier, sampler.expected_cohort,
                                squares=optimizer.query_plan.squares, optimizer=cfg["optimizer"]["name"])
     reasons = [r for r in (getattr(optimizer, "non_private_reason", None), task.data.info.get("non_private_reason"))
                if r]

@@ -128,3 +128,32 @@ def encode_example(
 def user_sizes(ds: FederatedDataset) -> np.ndarray:
     """Sentences per training user."""
     return np.array([len(u) for u in ds.users], dtype=np.int64)
+
+
+# ------------------------------------------------------------------ interrupted runs
+
+class Killed(RuntimeError):
+    """Raised in place of a round to stand for the process being killed."""
+
+
+def interrupt_and_resume(cfg: dict, crash_round: int):
+    """Run ``cfg`` in process until it is "killed" during round ``crash_round`` (0-based, after
+    the previous round's checkpoint), then prepare its resume; returns ``(first, resumed)``."""
+    import pytest
+
+    from client.app import make_client_app
+    from fedpriv.runner import prepare, train
+    from server.app import grid_round_fn
+    from server.grid import LocalGrid
+
+    first = prepare(cfg)
+    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
+
+    def crashing(round_idx, cohort):
+        if round_idx == crash_round:
+            raise Killed
+        return inner(round_idx, cohort)
+
+    with pytest.raises(Killed):
+        train(first, crashing)
+    return first, prepare({**cfg, "resume": True})

@@ -111,8 +111,13 @@ def test_ime_and_a_too_small_count_noise_are_refused(tmp_path):
         prepare(compose_cfg(*SMOKE, "privacy.adaptive.count_noise=0.01", run_dir=tmp_path / "b"))
     with pytest.raises(ConfigError, match="privacy.adaptive.target_quantile"):
         prepare(compose_cfg(*SMOKE, "privacy.adaptive.target_quantile=1.0", run_dir=tmp_path / "c"))
-    assert build_adaptive_clip({"clipping": "fixed", "clip_norm": 1.0}, 1.0, 10) is None
-    assert build_adaptive_clip({"clipping": "adaptive", "clip_norm": 1.0}, 1.0, 100).count_noise == 5.0
+    from fedpriv.schema import Privacy, load
+
+    def spec(clipping):
+        return load(Privacy, {"clipping": clipping, "clip_norm": 1.0}, "privacy")
+
+    assert build_adaptive_clip(spec("fixed"), 1.0, 10) is None
+    assert build_adaptive_clip(spec("adaptive"), 1.0, 100).count_noise == 5.0
 
 
 MECHANISMS = [("mechanism=gaussian",), ("mechanism=tree",), ("mechanism=bandmf", "mechanism.bands=2"),
@@ -149,26 +154,14 @@ def test_every_mechanism_runs_with_adaptive_clipping_at_the_fixed_clips_epsilon(
 
 
 def test_resume_keeps_the_bound_and_equals_an_uninterrupted_run(tmp_path):
-    from client.app import make_client_app
-    from fedpriv.runner import prepare, train
-    from server.app import grid_round_fn, run_local
-    from server.grid import LocalGrid
+    from fedpriv.runner import prepare
+    from server.app import run_local
+    from tests.helpers import interrupt_and_resume
 
     over = (*SMOKE, "mechanism=blt", "mechanism.buffers=2", "rounds=4")
     whole = prepare(compose_cfg(*over, run_dir=tmp_path / "w"))
     run_local(whole)
-    cfg = compose_cfg(*over, run_dir=tmp_path / "p")
-    first = prepare(cfg)
-    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
-
-    def crashing(round_idx, cohort):
-        if round_idx == 2:
-            raise KeyError("killed")
-        return inner(round_idx, cohort)
-
-    with pytest.raises(KeyError):
-        train(first, crashing)
-    resumed = prepare({**cfg, "resume": True})
+    first, resumed = interrupt_and_resume(compose_cfg(*over, run_dir=tmp_path / "p"), 2)
     assert resumed.start_round == 2 and resumed.server.clip_norm == first.server.clip_norm != 0.5
     run_local(resumed)
     torch.testing.assert_close(resumed.server.params, whole.server.params, rtol=0, atol=0)

@@ -340,25 +340,13 @@ def test_audit_config_is_checked(tmp_path, run_cli):
 
 
 def test_resumed_audit_equals_uninterrupted(tmp_path):
-    from fedpriv.runner import prepare, train
-    from server.app import grid_round_fn, run_local
-    from server.grid import LocalGrid
-    from client.app import make_client_app
+    from fedpriv.runner import prepare
+    from server.app import run_local
+    from tests.helpers import interrupt_and_resume
 
     overrides = (*SMALL, "rounds=4", "audit.canaries=50")
     run_local(prepare(compose_cfg(*overrides, run_dir=tmp_path / "full")))
-    cfg = compose_cfg(*overrides, run_dir=tmp_path / "cut")
-    first = prepare(cfg)
-    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
-
-    def crashing(round_idx, cohort):
-        if round_idx == 2:
-            raise KeyError("killed")
-        return inner(round_idx, cohort)
-
-    with pytest.raises(KeyError):
-        train(first, crashing)
-    run_local(prepare({**cfg, "resume": True}))
+    run_local(interrupt_and_resume(compose_cfg(*overrides, run_dir=tmp_path / "cut"), 2)[1])
 
     def scores(name):
         record = json.loads((tmp_path / name / "audit_scores.json").read_text())

@@ -5,19 +5,14 @@ import json
 import pytest
 import torch
 
-from client.app import make_client_app
-from fedpriv.runner import prepare, train
-from server.app import grid_round_fn, run_local
-from server.grid import LocalGrid
+from fedpriv.runner import prepare
+from server.app import run_local
 from tests.conftest import compose_cfg
+from tests.helpers import interrupt_and_resume
 
 SMOKE = ("+experiment=smoke", "progress=false", "rounds=4")
 MID = ("public.mid_training_round=2", "public.mid_training_score=private", "public.mid_training_fraction=0.2",
        "public.mid_training_steps=5")
-
-
-class Crash(Exception):
-    pass
 
 
 def test_mid_training_costs_no_privacy_and_reports_matching(tmp_path):
@@ -47,18 +42,7 @@ def test_mid_training_with_teacher_scores(tmp_path, score):
 def test_resume_after_mid_training_equals_uninterrupted(tmp_path):
     full = prepare(compose_cfg(*SMOKE, *MID, run_dir=tmp_path / "full"))
     run_local(full)
-    cfg = compose_cfg(*SMOKE, *MID, run_dir=tmp_path / "cut")
-    first = prepare(cfg)
-    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
-
-    def crashing(round_idx, cohort):
-        if round_idx == 3:
-            raise Crash
-        return inner(round_idx, cohort)
-
-    with pytest.raises(Crash):
-        train(first, crashing)
-    resumed = prepare({**cfg, "resume": True})
+    _, resumed = interrupt_and_resume(compose_cfg(*SMOKE, *MID, run_dir=tmp_path / "cut"), 3)
     summary = run_local(resumed)
     torch.testing.assert_close(resumed.server.params, full.server.params, rtol=0, atol=0)
     assert summary["distribution_matching"]["selected"] == 40

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from conftest import compose_cfg
-from client.app import make_client_app
 from fedpriv.rundir import read_jsonl
-from fedpriv.runner import prepare, train
-from server.app import grid_round_fn, run_local
-from server.grid import LocalGrid
+from fedpriv.runner import prepare
+from helpers import interrupt_and_resume
+from server.app import run_local
 
 
 def test_smoke_run_writes_outputs(run_cli, tmp_path):
@@ -79,10 +78,6 @@ def test_budget_overrun_refused(tmp_path):
         session.ledger.check_can_run(4)
 
 
-class Crash(RuntimeError):
-    pass
-
-
 @pytest.mark.parametrize("extra", [(), ("mechanism=tree", "sampling=cyclic", "optimizer=ftrl", "rounds=7"),
                                    ("mechanism=bandmf", "mechanism.bands=2", "sampling=cyclic", "rounds=7")],
                          ids=["gaussian", "tree", "bandmf"])
@@ -91,18 +86,8 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, extra):
     full = prepare(compose_cfg(*overrides, run_dir=tmp_path / "full"))
     run_local(full)
 
-    cfg = compose_cfg(*overrides, run_dir=tmp_path / "cut")
-    first = prepare(cfg)
-    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
-
-    def crashing(round_idx, cohort):
-        if round_idx == 2:  # "killed" during round 3, after round 2's checkpoint
-            raise Crash
-        return inner(round_idx, cohort)
-
-    with pytest.raises(Crash):
-        train(first, crashing)
-    resumed = prepare({**cfg, "resume": True})
+    # "killed" during round 3, after round 2's checkpoint
+    _, resumed = interrupt_and_resume(compose_cfg(*overrides, run_dir=tmp_path / "cut"), 2)
     assert resumed.start_round == 2
     run_local(resumed)
 
