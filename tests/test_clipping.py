@@ -88,8 +88,16 @@ def bk_step(model: nn.Module, loss_fn: Callable, data: tuple, clip: float, mode:
     return bk
 
 
-def check_against_reference(model, loss_fn, data, mode, groups=None):
+def check_against_reference(model, loss_fn, data, mode, groups=None, lstm_forward="per_sample"):
+    """BK's norms and clipped sum against torch.func's per-sample gradients. An LSTM's reference
+    runs through its unrolled Linear-cell path; BK through ``lstm_forward`` ("per_sample": the
+    batched gate products the engine's prepare step selects; "unrolled": step by step)."""
+    lstms = [m for m in model.modules() if isinstance(m, LSTM)]
+    for lstm in lstms:
+        lstm.unrolled = True
     per = per_sample_grads(model, loss_fn, data)
+    for lstm in lstms:
+        lstm.unrolled = lstm_forward == "unrolled"
     full_norms, _ = reference(per, 1.0, groups)
     clip = full_norms.median().item()  # clips some units, not others
     norms, want = reference(per, clip, groups)
@@ -219,9 +227,21 @@ CASES = ["transformer", "transformer_T_eq_B", "lstm", "tied", "padded_transforme
 @pytest.mark.parametrize("case", CASES)
 def test_norms_and_clipped_sum_match_torch_func(case: str, mode: str) -> None:
     model, loss_fn, data = make_case(case)
-    if isinstance(model, LSTMLanguageModel):
-        model.lstm.unrolled = True  # torch.func reference through the Linear-cell path
     check_against_reference(model, loss_fn, data, mode)
+
+
+@pytest.mark.parametrize("case", ["lstm", "padded_lstm"])
+def test_lstm_per_sample_forward_equals_unrolled_bk(case: str) -> None:
+    """The batched per-sample LSTM forward (the engine's default) and the step-by-step one give
+    the same norms and clipped sums (both also match torch.func above and below)."""
+    results = []
+    for forward in ("per_sample", "unrolled"):
+        model, loss_fn, data = make_case(case)
+        bk = check_against_reference(model, loss_fn, data, "mixopt", lstm_forward=forward)
+        results.append((bk.last_norms, [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-7)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 class Unprovable(nn.Module):
@@ -288,8 +308,9 @@ def test_group_clipping_equals_clipping_summed_per_group_grads(mode: str) -> Non
 
 def test_group_clipping_lstm_user_level() -> None:
     model, loss_fn, data = make_case("padded_lstm")
-    model.lstm.unrolled = True
-    check_against_reference(model, loss_fn, data, "mixopt", groups=torch.tensor([1, 0, 1, 1, 3, 0]))
+    for forward in ("per_sample", "unrolled"):
+        check_against_reference(model, loss_fn, data, "mixopt", groups=torch.tensor([1, 0, 1, 1, 3, 0]),
+                                lstm_forward=forward)
 
 
 @pytest.mark.parametrize("case", ["tied", "transformer"])
@@ -434,38 +455,52 @@ def test_weights_used_outside_their_module_are_detected() -> None:
 
     lstm = small_lstm()
     bk = BookKeeping(lstm)
-    assert lstm.lstm.unrolled
-    lstm.lstm.unrolled = False  # fused kernel: hooks cannot see ih/hh
+    assert lstm.lstm.per_sample
+    lstm.lstm.per_sample = False  # fused kernel: hooks cannot see ih/hh
     with pytest.raises(UnsupportedLayerError, match="lstm.hh.weight"):
         bk.backward(lm_loss(lstm, tokens(3, 5, 40)))
     bk.detach()
 
 
-def test_in_place_change_of_a_hooked_output_is_refused() -> None:
-    class InPlace(nn.Module):
-        def __init__(self) -> None:
+def test_in_place_change_of_a_hooked_output_keeps_the_layers_gradient() -> None:
+    """BK takes each call's gradient at the call's own autograd node (it keeps the edge, not the
+    output), so an in-place op on the output afterwards (``relu_``) cannot change it: the result
+    equals the same model with the out-of-place op, and torch.func's per-sample gradients."""
+    class Act(nn.Module):
+        def __init__(self, in_place: bool) -> None:
             super().__init__()
+            self.in_place = in_place
             self.lin = nn.Linear(4, 3)
+            self.out = nn.Linear(3, 2)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.lin(x).relu_()
+            h = self.lin(x)
+            return self.out(h.relu_() if self.in_place else h.relu())
 
-    model = InPlace()
-    bk = BookKeeping(model)
-    with pytest.raises(RuntimeError, match="in place"):
-        bk.backward(model(torch.randn(5, 4)).sum(1))
+    torch.manual_seed(0)
+    x = torch.randn(6, 4)
+    loss_fn = lambda model, x: model(x).pow(2).sum(1)  # noqa: E731
+    in_place, out_of_place = Act(True), Act(False)
+    out_of_place.load_state_dict(in_place.state_dict())
+    check_against_reference(out_of_place, loss_fn, (x,), "ghost")
+    want = bk_step(out_of_place, loss_fn, (x,), 1.5, "ghost")
+    got = bk_step(in_place, loss_fn, (x,), 1.5, "ghost")
+    assert (want.last_norms > 1.5).any() and (want.last_norms < 1.5).any()
+    torch.testing.assert_close(got.last_norms, want.last_norms)
+    for a, b in zip(in_place.parameters(), out_of_place.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
 
 
 def test_detach_removes_hooks_and_restores_lstm() -> None:
     model = small_lstm()
     with BookKeeping(model) as bk:
-        assert model.lstm.unrolled
+        assert model.lstm.per_sample
         with torch.no_grad():
             model(tokens(2, 4, 40))
         assert bk.recorded_calls == 0  # nothing kept without grad
         model(tokens(2, 4, 40))
         assert bk.recorded_calls > 0
-    assert not model.lstm.unrolled and bk.recorded_calls == 0
+    assert not model.lstm.per_sample and bk.recorded_calls == 0
     model(tokens(2, 4, 40))
     assert bk.recorded_calls == 0
 
@@ -562,7 +597,35 @@ def test_lstm_subclass_without_its_own_rule_fails_closed() -> None:
     model = small_lstm()
     model.lstm = MyLSTM(8, 12)
     bk = BookKeeping(model)
-    assert not model.lstm.unrolled  # no rule for this exact type, so no prepare step
+    assert not model.lstm.per_sample and not model.lstm.unrolled  # no rule for this exact type, so no prepare step
     with pytest.raises(UnsupportedLayerError, match="lstm.hh.weight"):
         bk.backward(lm_loss(model, tokens(3, 5, 40)))  # fused kernel: the audit catches it
     bk.detach()
+
+
+def test_declared_per_sample_input_must_come_from_the_batch() -> None:
+    """``computed_from`` (the per-sample LSTM's stored states) is accepted only when its source is
+    itself proven per sample; a source that is a constant fails closed, naming the module."""
+    from fedpriv.clipping import computed_from
+
+    class Declared(nn.Module):
+        def __init__(self, honest: bool) -> None:
+            super().__init__()
+            self.honest = honest
+            self.emb = nn.Embedding(30, 8)
+            self.lin = nn.Linear(8, 8)
+            self.out = nn.Linear(8, 30)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            h = self.emb(tokens)
+            with torch.no_grad():
+                states = torch.tanh(h) if self.honest else torch.ones_like(h)
+            source = h if self.honest else torch.zeros(tokens.shape[0], 3)
+            return self.out(h + self.lin(computed_from(states, source)))
+
+    bk = BookKeeping(Declared(honest=True))
+    bk.backward(lm_loss(bk.model, tokens(4, 6, 30)))
+    assert bk.last_methods["lin.weight"] != "unused"
+    bk = BookKeeping(Declared(honest=False))
+    with pytest.raises(UnsupportedLayerError, match=r"^lin \(.*declared computed from"):
+        bk.backward(lm_loss(bk.model, tokens(4, 6, 30)))

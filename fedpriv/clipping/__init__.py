@@ -6,8 +6,9 @@ gradients. Add a layer type with :func:`register_rule` (model packages register 
 composite modules' rules when imported; this package imports no model).
 """
 
-from fedpriv.clipping.engine import MODES, BookKeeping, UnsupportedLayerError
+from fedpriv.clipping.engine import MODES, BookKeeping, UnsupportedLayerError, computed_from, record_call
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule, no_contributions, register_hint, register_rule
 
-__all__ = ["BookKeeping", "HINTS", "LayerRule", "MODES", "RULES", "UnsupportedLayerError", "no_contributions",
+__all__ = ["BookKeeping", "HINTS", "LayerRule", "MODES", "RULES", "UnsupportedLayerError", "computed_from",
+           "no_contributions", "record_call",
            "register_hint", "register_rule"]

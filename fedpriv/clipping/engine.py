@@ -34,12 +34,13 @@ returned with a new leading batch dim (an ``expand`` view, which broadcasts exac
 original did), so each sample gets its own part of the gradient.
 
 Assumptions: dim 0 of the model input is the batch; sample i's loss depends only on sample i (no
-BatchNorm, no mixing of samples); the hooked outputs are not modified in place; the model does
-not modify its float inputs in place.
+BatchNorm, no mixing of samples); the model does not modify its float inputs, nor a hooked call's
+input, in place. (A hooked call's *output* may be: the gradient is taken at the call's own node.)
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
@@ -47,6 +48,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.autograd.graph import get_gradient_edge
+from torch.profiler import record_function
 
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
@@ -86,16 +89,49 @@ def _hint(module: nn.Module) -> str:
 
 @dataclass
 class _Call:
-    """One recorded module call: batch-first input (detached), output (in the graph)."""
+    """One recorded module call: batch-first input (detached) and the autograd edge of its output.
+
+    Only the edge is kept, not the output tensor (a language model's logits are the largest
+    activation, and nothing else needs them after the loss), so the gradient is taken at the
+    layer's own output node: later in-place changes of the output cannot alter it."""
 
     path: str
     module: nn.Module
     rule: LayerRule
     input: Tensor
-    output: Tensor
-    version: int
+    edge: Any  # torch.autograd.graph.GradientEdge of the output
     input_node: Any  # grad_fn of the original input (graph audit continues from here)
     input_leaf: Optional[Tensor]  # the original input if it is a leaf that requires grad
+
+
+_SOURCE = "_fedpriv_computed_from"
+_RECORDERS: "weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]]" = weakref.WeakKeyDictionary()
+
+
+def record_call(module: nn.Module, input: Tensor, output: Tensor) -> Optional[Tensor]:
+    """Report ``output = module(input)`` computed by a composite module without calling
+    ``module`` (e.g. an LSTM's recurrent gate products, formed inside its recurrence), so that an
+    attached engine clips ``module``'s parameters from this call as from a real one. ``output``
+    must carry autograd's gradient of the loss w.r.t. those products. Returns the tensor to use
+    in place of ``output`` (the engine may give a shared call a batch dim), or ``None`` if no
+    engine hooks ``module`` — then the caller must make the real call, so that plain autograd
+    still reaches the parameters."""
+    hook = _RECORDERS.get(module)
+    if hook is None:
+        return None
+    replaced = hook(module, (input,), {}, output)
+    return output if replaced is None else replaced
+
+
+def computed_from(value: Tensor, source: Tensor) -> Tensor:
+    """Declare that row i of ``value`` (a tensor a module computed without autograd, e.g. the
+    states of a recurrence run under ``torch.no_grad()``) depends only on row i of ``source``, a
+    tensor of the same forward. A hooked call on ``value`` is then per sample iff ``source`` is
+    (proven as for any input; otherwise the call fails closed). The declaring module owns the
+    claim's truth, and its back-propagation must carry all of ``value``'s effect on the loss
+    (``value`` gets no gradient). Returns ``value``."""
+    setattr(value, _SOURCE, source)
+    return value
 
 
 def _first_tensor(args: tuple, kwargs: dict) -> Optional[Tensor]:
@@ -159,11 +195,17 @@ class BookKeeping:
         self._separability_checked = False
         self._in_backward = False
         managed, to_prepare = self._inspect(model)
+        # profiler labels (scripts/profile_bk.py): "bk.<phase>.<layer kind>"
+        self._kind = {id(p): type(module).__name__ for _, module, _ in reversed(managed)
+                      for p in module.parameters(recurse=False)}
         self._undo: list[Callable[[], None]] = [rule.prepare(module) for module, rule in to_prepare]
         self._handles = [model.register_forward_pre_hook(self._on_root, with_kwargs=True)]
+        self._recorded: list[nn.Module] = []
         for path, module, rule in managed:
             hook = self._make_hook(path, rule)
             self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
+            _RECORDERS[module] = hook
+            self._recorded.append(module)
 
     # ------------------------------------------------------------------ set-up
 
@@ -202,7 +244,8 @@ class BookKeeping:
 
     def _make_hook(self, path: str, rule: LayerRule):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any):
-            return self._on_forward(path, rule, module, args, kwargs, output)
+            with record_function(f"bk.hooks.{type(module).__name__}"):
+                return self._on_forward(path, rule, module, args, kwargs, output)
         return hook
 
     def detach(self) -> None:
@@ -210,6 +253,9 @@ class BookKeeping:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        for module in self._recorded:
+            _RECORDERS.pop(module, None)
+        self._recorded = []
         for undo in reversed(self._undo):
             undo()
         self._undo = []
@@ -286,6 +332,15 @@ class BookKeeping:
             raise UnsupportedLayerError(
                 f"{where}: its input {shape} is a view of the model's input whose dim 0 is not the batch of {batch} "
                 "(flattened or transposed?); keep the batch in dim 0 before every hooked layer")
+        source = getattr(x, _SOURCE, None)
+        if source is not None:  # declared by a module: computed without autograd from ``source``
+            if x.shape[0] != batch or x.dim() < rule.min_batched_ndim(module) or not (
+                    isinstance(source, Tensor) and source.dim() and source.shape[0] == batch
+                    and (any(source is r for r in self._roots) or self._derived_from_batch(source))):
+                raise UnsupportedLayerError(
+                    f"{where}: its input {shape} is declared computed from a per-sample tensor, but that tensor "
+                    f"is not derived from the batch of {batch} in dim 0")
+            return True
         if x.is_floating_point() and self._derived_from_batch(x):
             if x.dim() < rule.min_batched_ndim(module) or x.shape[0] != batch:
                 raise UnsupportedLayerError(
@@ -343,8 +398,7 @@ class BookKeeping:
             output = output.unsqueeze(0).expand((self._batch,) + tuple(output.shape))
             self._shared_storages.add(output.untyped_storage().data_ptr())
         self._sources.add(output.grad_fn)
-        self._calls.append(
-            _Call(path, module, rule, x.detach(), output, output._version, node, leaf))
+        self._calls.append(_Call(path, module, rule, x.detach(), get_gradient_edge(output), node, leaf))
         return None if batched else output
 
     # ------------------------------------------------------------------ backward side
@@ -372,26 +426,29 @@ class BookKeeping:
                     f"{call.path} was called with batch dim {call.input.shape[0]} but "
                     f"per_sample_loss has {size} entries; inputs must be batch-first "
                     f"(do not flatten batch and time before a layer); model batch was {batch}")
-            if call.output._version != call.version:
-                raise RuntimeError(
-                    f"the output of {call.path} ({type(call.module).__name__}) was modified in "
-                    "place after its forward; BookKeeping needs it intact (use out-of-place ops)")
-        self._audit(per_sample_loss, calls)
+        with record_function("bk.audit"):
+            self._audit(per_sample_loss, calls)
         self._in_backward = True
         try:
             check = bool(calls) and size > 1 and (not self._separability_checked or _ambiguous(calls, size))
-            grads = torch.autograd.grad(per_sample_loss.sum(), [c.output for c in calls],
-                                        allow_unused=True, retain_graph=check) if calls else ()
             if check:
-                self._check_separable(per_sample_loss, calls, grads)
+                with record_function("bk.separability_check"):
+                    probe = self._separability_probe(per_sample_loss, calls)
+            with record_function("bk.output_gradients"):
+                grads = torch.autograd.grad(per_sample_loss.sum(), [c.edge for c in calls],
+                                            allow_unused=True) if calls else ()
+            if check:
+                with record_function("bk.separability_check"):
+                    self._check_separable(calls, grads, *probe)
         finally:
             self._in_backward = False
         with torch.no_grad():
             contributions: dict[int, list[Contribution]] = defaultdict(list)
             for call, g in zip(calls, grads):
                 if g is not None:
-                    for p, c in call.rule.contributions(call.module, call.input, g):
-                        contributions[id(p)].append(c)
+                    with record_function(f"bk.contributions.{type(call.module).__name__}"):
+                        for p, c in call.rule.contributions(call.module, call.input, g):
+                            contributions[id(p)].append(c)
             del calls, grads
             grouping = None
             if groups is not None:
@@ -410,19 +467,20 @@ class BookKeeping:
         plans: list[tuple[nn.Parameter, list[Contribution]]] = []
         methods: dict[str, str] = {}
         for name, p in self._params:
-            parts = _merge(contributions.pop(id(p), []))
-            if not parts:
-                methods[name] = "unused"
-            elif grouping is not None:
-                methods[name] = self._add_group_norms(p, parts, grouping, sq_norms)
-            elif self._use_ghost(p, parts, _steps(parts)):
-                methods[name] = "ghost"
-                sq_norms += _ghost_sq_norms(parts)
-            else:
-                methods[name] = "instantiate"
-                total = _instantiate(parts, p.shape)
-                sq_norms += total.reshape(units, -1).pow(2).sum(1)
-                parts = [Dense(total)]
+            with record_function(f"bk.norms.{self._kind.get(id(p), 'unknown')}"):
+                parts = _merge(contributions.pop(id(p), []))
+                if not parts:
+                    methods[name] = "unused"
+                elif grouping is not None:
+                    methods[name] = self._add_group_norms(p, parts, grouping, sq_norms)
+                elif self._use_ghost(p, parts, _steps(parts)):
+                    methods[name] = "ghost"
+                    sq_norms += _ghost_sq_norms(parts)
+                else:
+                    methods[name] = "instantiate"
+                    total = _instantiate(parts, p.shape)
+                    sq_norms += total.reshape(units, -1).pow(2).sum(1)
+                    parts = [Dense(total)]
             plans.append((p, parts))
         norms = sq_norms.clamp_min(0).sqrt()
         scales = self.clip_norm / norms.clamp_min(self.clip_norm)
@@ -431,15 +489,17 @@ class BookKeeping:
         std = self.noise_multiplier * self.clip_norm
         for p, parts in plans:
             grad = None
-            for c in parts:
-                term = weighted_sum(c, coef.to(p.dtype), p.shape)
-                grad = term if grad is None else grad.add_(term)
-            if grad is None:
-                grad = torch.zeros_like(p)
+            with record_function(f"bk.clipped_sum.{self._kind.get(id(p), 'unknown')}"):
+                for c in parts:
+                    term = weighted_sum(c, coef.to(p.dtype), p.shape)
+                    grad = term if grad is None else grad.add_(term)
+                if grad is None:
+                    grad = torch.zeros_like(p)
             if std > 0:
-                noise = torch.randn(p.shape, generator=self.generator, device=p.device,
-                                    dtype=p.dtype)
-                grad.add_(noise, alpha=std)
+                with record_function("bk.noise"):
+                    noise = torch.randn(p.shape, generator=self.generator, device=p.device,
+                                        dtype=p.dtype)
+                    grad.add_(noise, alpha=std)
             p.grad = grad
         self.last_norms = norms
         self.last_scales = scales
@@ -473,7 +533,21 @@ class BookKeeping:
             return True
         return 2 * steps * steps < p.numel()
 
-    def _check_separable(self, loss: Tensor, calls: list[_Call], grads: Sequence[Optional[Tensor]]) -> None:
+    def _separability_probe(self, loss: Tensor, calls: list[_Call]) -> tuple[Tensor, list[Optional[Tensor]]]:
+        """The weighted backward of :meth:`_check_separable`, run first (graph retained) and kept
+        only as per-row fingerprints, so the check holds at most one set of output gradients."""
+        weights = torch.rand(loss.shape[0], generator=torch.Generator().manual_seed(0x5EED), dtype=loss.dtype,
+                             device=loss.device) + 0.5
+        probe = list(torch.autograd.grad((loss * weights).sum(), [c.edge for c in calls], allow_unused=True,
+                                         retain_graph=True))
+        prints: list[Optional[Tensor]] = []
+        for k in range(len(probe)):
+            g, probe[k] = probe[k], None  # each gradient freed once fingerprinted
+            prints.append(None if g is None else _fingerprint(g))
+        return weights, prints
+
+    def _check_separable(self, calls: list[_Call], grads: Sequence[Optional[Tensor]], weights: Tensor,
+                         probe: list[Optional[Tensor]]) -> None:
         """Fail if any sample's loss depends on another sample's row of a hooked call's output.
 
         Per-sample clipping attributes row i of every call to sample i, which holds iff
@@ -481,20 +555,20 @@ class BookKeeping:
         row by row; with random w, any dependence across samples (a transpose of the batch, a
         cumulative sum or mean over it) breaks that equality. One extra backward, run on the first
         backward of this engine and whenever a layer input has the batch size in another dim too
-        (where a permutation of the batch with that dim keeps every shape). Dependence smaller than
-        the float32 tolerance (1e-3 relative) goes unnoticed."""
-        weights = torch.rand(loss.shape[0], generator=torch.Generator().manual_seed(0x5EED), dtype=loss.dtype,
-                             device=loss.device) + 0.5
-        probe = torch.autograd.grad((loss * weights).sum(), [c.output for c in calls], allow_unused=True)
+        (where a permutation of the batch with that dim keeps every shape). Rows are compared
+        through :func:`_fingerprint` (squared norm and random projections, linear in the row up to
+        the norm); dependence smaller than the float32 tolerance (1e-3 relative) goes unnoticed."""
         for call, full, weighted in zip(calls, grads, probe):
             if full is None and weighted is None:
                 continue
             if full is None or weighted is None:
                 mismatch = True
             else:
-                expected = full * weights.view((-1,) + (1,) * (full.dim() - 1))
-                scale = float(expected.norm() + weighted.norm())
-                mismatch = float((weighted - expected).norm()) > 1e-3 * scale + 1e-12
+                expected = _fingerprint(full)
+                expected[:, 0] *= weights * weights  # squared norms scale by w²
+                expected[:, 1:] *= weights.unsqueeze(1)
+                scale = expected.norm(dim=0) + weighted.norm(dim=0)  # per statistic, over the rows
+                mismatch = bool(((weighted - expected).norm(dim=0) > 1e-3 * scale + 1e-12).any())
             if mismatch:
                 raise UnsupportedLayerError(
                     f"{call.path} ({type(call.module).__name__}): a sample's loss depends on other samples' rows of "
@@ -514,7 +588,7 @@ class BookKeeping:
         hidden: set[str] = set()
         cut: dict[Any, list[Any]] = defaultdict(list)
         for call in calls:
-            cut[call.output.grad_fn].append(call.input_node)
+            cut[call.edge.node].append(call.input_node)
             if call.input_leaf is not None and id(call.input_leaf) in managed:
                 hidden.add(managed[id(call.input_leaf)])
         stack, seen = [loss.grad_fn], set()
@@ -538,6 +612,16 @@ class BookKeeping:
                 "module (functional use such as F.linear(x, layer.weight), a fused kernel, or a "
                 "loss term on the weights), so BookKeeping would miss that part of their "
                 "gradient; call the module itself (weight decay belongs in the optimizer)")
+
+
+def _fingerprint(g: Tensor, projections: int = 3) -> Tensor:
+    """Per row of ``g`` [B, ...]: its squared norm and ``projections`` random projections (fixed
+    seed, so two gradients of one call are projected alike), [B, 1 + projections], float64."""
+    rows = g.reshape(g.shape[0], -1)
+    directions = torch.randn(rows.shape[1], projections, generator=torch.Generator().manual_seed(0xF1A9),
+                             dtype=rows.dtype).to(rows.device)
+    squares = torch.linalg.vector_norm(rows, dim=1, keepdim=True).pow(2)  # no [B, N] temporary
+    return torch.cat([squares, rows @ directions], 1).double()
 
 
 def _ambiguous(calls: list[_Call], batch: int) -> bool:

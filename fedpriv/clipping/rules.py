@@ -124,14 +124,13 @@ def _embedding_problem(module: nn.Embedding) -> Optional[str]:
 def layer_norm_contributions(module: nn.LayerNorm, x: Tensor, g: Tensor) -> Contributions:
     """``y = x̂ ⊙ γ + β``: ``G_γ = Σ_t g_t ⊙ x̂_t``, ``G_β = Σ_t g_t`` (Dense).
 
-    ``x̂ = (x - mean) / sqrt(var + eps)`` over the normalized dims is recomputed from the kept input.
+    ``x̂ = (x - mean) / sqrt(var + eps)`` over the normalized dims is recomputed from the kept input
+    (one fused ``layer_norm`` without affine parameters).
     """
-    dims = tuple(range(-len(module.normalized_shape), 0))
     b = x.shape[0]
     out: Contributions = []
     if _trainable(module.weight):
-        var, mean = torch.var_mean(x, dim=dims, keepdim=True, unbiased=False)
-        x_hat = (x - mean) * torch.rsqrt(var + module.eps)
+        x_hat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
         per = (g * x_hat).reshape((b, -1) + tuple(module.normalized_shape)).sum(1)
         out.append((module.weight, Dense(per)))
     if _trainable(getattr(module, "bias", None)):

@@ -6,14 +6,24 @@ Gate order (input, forget, cell, output) and the equations match ``torch.nn.LSTM
     c_t = σ(f) ⊙ c_{t-1} + σ(i) ⊙ tanh(g),   h_t = σ(o) ⊙ tanh(c_t)
 
 One bias vector (as Keras/TFF); ``nn.LSTM``'s two biases are equivalent to their sum. Because
-both weight matrices are ``nn.Linear`` modules, per-sample clipping hooks see every weight. When
-no hook needs the per-step Linear calls (``unrolled=False``, the default) the forward uses
-PyTorch's fused LSTM kernel on the very same parameters, which is numerically the same
-function and much faster.
+both weight matrices are ``nn.Linear`` modules, per-sample clipping hooks see every weight.
+
+Three forwards compute the same function:
+
+* *fused* (the default): PyTorch's LSTM kernel on the very same parameters.
+* *per-sample* (``per_sample=True``, set by the clipping ``prepare`` step): the form per-sample
+  clipping needs at almost the fused kernel's cost. ``ih`` is one hooked call over all time steps;
+  the recurrence runs without autograd (no per-step graph, no per-step hooks); ``hh`` is then one
+  hooked call on the stored states ``h_0..h_{T-2}``; :class:`_Recurrence` joins the two gate
+  products and back-propagates through time itself, so the gradient it hands both Linear calls is
+  the total ``∂L/∂gates_t`` (recurrent path included). Per-sample norms and the clipped sum then
+  come from two batched outer-product contributions (``Σ_t δ_t x_tᵀ`` and ``Σ_t δ_t h_{t-1}ᵀ``).
+* *unrolled* (``unrolled=True``): step by step through the Linear gates with autograd (the
+  reference, and the per-sample form when an initial state is passed).
 
 Importing this module registers :class:`LSTM` with :mod:`fedpriv.clipping`: a rule with no
 parameters of its own (``ih``/``hh`` are clipped by the ``nn.Linear`` rule) whose ``prepare``
-step sets ``unrolled=True`` while an engine is attached, so every gate call is a hooked call.
+step sets ``per_sample=True`` while an engine is attached.
 """
 
 from __future__ import annotations
@@ -24,7 +34,8 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
-from fedpriv.clipping import LayerRule, no_contributions, register_hint, register_rule
+from fedpriv.clipping import (LayerRule, computed_from, no_contributions, record_call, register_hint,
+                              register_rule)
 from fedpriv.schema import ModelOption, positive, register_option
 
 
@@ -50,11 +61,14 @@ class LSTM(nn.Module):
         self.batch_first = True
         self.ih = nn.Linear(input_size, 4 * hidden_size, bias=bias)
         self.hh = nn.Linear(hidden_size, 4 * hidden_size, bias=False)
-        self.unrolled = False  # set True by engines that must see each Linear call
+        self.unrolled = False  # step by step through the Linear gates, with autograd
+        self.per_sample = False  # batched gate products + _Recurrence (set by the clipping prepare step)
 
     def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """``x``: [B, T, input_size] → (output [B, T, H], (h [1, B, H], c [1, B, H]))."""
+        if self.per_sample and not self.unrolled and hx is None:
+            return self._per_sample(x)
         if not self.unrolled:
             if hx is None:
                 zeros = x.new_zeros(1, x.shape[0], self.hidden_size)
@@ -70,6 +84,21 @@ class LSTM(nn.Module):
             weights = [self.ih.weight, self.hh.weight, bias, torch.zeros_like(bias)]
         out, h, c = torch.lstm(x, hx, weights, bias is not None, 1, 0.0, self.training, False, True)
         return out, (h, c)
+
+    def _per_sample(self, x: torch.Tensor):
+        """Zero initial state. ``ih`` over all steps, the recurrence without autograd, the
+        recurrent products reported as one ``hh`` call on the stored states (made for real if no
+        engine hooks ``hh``), joined by :class:`_Recurrence` (see the module docstring)."""
+        x_gates = self.ih(x)  # [B, T, 4H], one hooked call
+        w_hh = self.hh.weight.detach()  # the recurrent product inside _Recurrence is not a hooked call
+        with torch.no_grad():
+            states = _recurrence_forward(x_gates.detach(), w_hh)
+        h_prev = computed_from(states.hidden[:, :-1], x)  # h_0..h_{T-2}: per sample, from x
+        h_gates = record_call(self.hh, h_prev, _Products.apply(x_gates, states.hh_products))
+        if h_gates is None:  # no engine: the real call, so that autograd reaches hh.weight
+            h_gates = self.hh(h_prev)
+        out, c = _Recurrence.apply(x_gates, h_gates, w_hh, states)
+        return out, (out[:, -1].unsqueeze(0), c.unsqueeze(0))
 
     def _unrolled(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None):
         """Step by step. A zero initial state (``hx=None``) skips step 0's ``hh`` call: it has no
@@ -87,19 +116,116 @@ class LSTM(nn.Module):
         return torch.stack(outputs, dim=1), (h.unsqueeze(0), c.unsqueeze(0))
 
 
-def _unroll(module: LSTM) -> Callable[[], None]:
-    """Clipping ``prepare`` step: the step-by-step forward, in which ``ih`` and ``hh`` are used
-    only through their own (hooked) ``nn.Linear`` calls; the returned undo restores the flag."""
-    before = module.unrolled
-    module.unrolled = True
+@dataclass(frozen=True)
+class _States:
+    """What the recurrence keeps for its backward: activated gates ``[σ(i), σ(f), tanh(g), σ(o)]``
+    [B, T, 4H], cells ``c_t`` and ``tanh(c_t)`` [B, T, H], outputs ``h_t`` [B, T, H]; and the
+    recurrent products ``W_hh h_{t-1}`` of steps 1..T-1 [B, T-1, 4H]."""
+
+    gates: torch.Tensor
+    hh_products: torch.Tensor
+    cells: torch.Tensor
+    tanh_cells: torch.Tensor
+    hidden: torch.Tensor
+
+
+def _recurrence_forward(x_gates: torch.Tensor, w_hh: torch.Tensor) -> _States:
+    """The LSTM recurrence from zero state given the input gate products ``x_gates`` [B, T, 4H]:
+    ``gates_t = x_gates_t + W_hh h_{t-1}``, then the cell equations of the module docstring."""
+    b, steps, four_h = x_gates.shape
+    size = four_h // 4
+    gates = torch.empty_like(x_gates)
+    products = x_gates.new_empty(b, max(steps - 1, 0), four_h)
+    cells = x_gates.new_empty(b, steps, size)
+    tanh_cells = torch.empty_like(cells)
+    hidden = torch.empty_like(cells)
+    for t in range(steps):
+        if t == 0:
+            pre = x_gates[:, 0]
+        else:
+            torch.mm(hidden[:, t - 1], w_hh.t(), out=products[:, t - 1])
+            pre = x_gates[:, t] + products[:, t - 1]
+        act = gates[:, t]
+        torch.sigmoid(pre, out=act)
+        torch.tanh(pre[:, 2 * size:3 * size], out=act[:, 2 * size:3 * size])
+        i, f, g, o = act.chunk(4, dim=-1)
+        c = i * g if t == 0 else torch.addcmul(i * g, f, cells[:, t - 1])
+        cells[:, t] = c
+        torch.tanh(c, out=tanh_cells[:, t])
+        torch.mul(o, tanh_cells[:, t], out=hidden[:, t])
+    return _States(gates, products, cells, tanh_cells, hidden)
+
+
+class _Products(torch.autograd.Function):
+    """The recurrent products the recurrence formed, ``products`` [B, T-1, 4H], as a tensor in the
+    graph (hanging off ``anchor``, which gets no gradient from it): autograd hands it the
+    gradient :class:`_Recurrence` gives its ``h_gates``, which is all BK needs of the ``hh`` call."""
+
+    @staticmethod
+    def forward(ctx, anchor, products):  # type: ignore[override]
+        return products.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return None, None
+
+
+class _Recurrence(torch.autograd.Function):
+    """``(x_gates [B,T,4H], h_gates [B,T-1,4H]) → (h [B,T,H], c_T [B,H])`` for the per-sample
+    forward; the pre-activations are ``x_gates_t + h_gates_t`` (``h_gates_0 = 0``).
+
+    The forward returns the states the recurrence already computed. The backward is
+    back-propagation through time: with ``δ_t = ∂L/∂gates_t`` (the *total* derivative),
+    ``∂L/∂h_t = ∂ℓ/∂h_t + W_hhᵀ δ_{t+1}``, and ``δ_t`` from the cell equations; both inputs get
+    ``δ`` (``h_gates`` its steps 1..T-1). The recurrent product is done here, so the ``hh`` call's
+    input (the stored states) needs no gradient: its only other effect on the loss is the one
+    already inside ``δ``.
+    """
+
+    @staticmethod
+    def forward(ctx, x_gates, h_gates, w_hh, states: _States):  # type: ignore[override]
+        ctx.states, ctx.w_hh = states, w_hh
+        return states.hidden.clone(), states.cells[:, -1].clone()
+
+    @staticmethod
+    def backward(ctx, d_hidden, d_cell):  # type: ignore[override]
+        s: _States = ctx.states
+        w_hh = ctx.w_hh
+        b, steps, four_h = s.gates.shape
+        size = four_h // 4
+        i, f, g, o = s.gates.chunk(4, dim=-1)  # [B, T, H] each
+        c_prev = torch.cat([s.cells.new_zeros(b, 1, size), s.cells[:, :-1]], 1)
+        # the step-local factors, for all steps at once: δ_t = (∂L/∂c_t, ∂L/∂h_t) times these
+        to_cell = o * (1 - s.tanh_cells * s.tanh_cells)  # ∂c_t ← ∂h_t
+        coef = torch.cat([g * i * (1 - i), c_prev * f * (1 - f), i * (1 - g * g)], -1)  # δ_i, δ_f, δ_g ← ∂c_t
+        coef_o = s.tanh_cells * o * (1 - o)  # δ_o ← ∂h_t
+        delta = torch.empty_like(s.gates)
+        d_h = None  # W_hhᵀ δ_{t+1}
+        d_c = d_cell.clone() if d_cell is not None else s.cells.new_zeros(b, size)
+        for t in reversed(range(steps)):
+            dh = d_hidden[:, t] if d_h is None else d_hidden[:, t] + d_h
+            d_c = torch.addcmul(d_c, dh, to_cell[:, t])
+            torch.mul(d_c.repeat(1, 3), coef[:, t], out=delta[:, t, :3 * size])
+            torch.mul(dh, coef_o[:, t], out=delta[:, t, 3 * size:])
+            if t:
+                d_c = d_c * f[:, t]
+                d_h = torch.mm(delta[:, t], w_hh)
+        return delta, delta[:, 1:].contiguous(), None, None  # contiguous: BK's products flatten it
+
+
+def _per_sample_forward(module: LSTM) -> Callable[[], None]:
+    """Clipping ``prepare`` step: the per-sample forward, in which ``ih`` and ``hh`` are used only
+    through their own (hooked) ``nn.Linear`` calls; the returned undo restores the flag."""
+    before = module.per_sample
+    module.per_sample = True
 
     def undo() -> None:
-        module.unrolled = before
+        module.per_sample = before
     return undo
 
 
 # The LSTM owns no parameter itself (min_batched_ndim 3: input [B, T, input_size]).
-register_rule(LSTM, LayerRule(no_contributions, (), lambda m: 3, prepare=_unroll))
+register_rule(LSTM, LayerRule(no_contributions, (), lambda m: 3, prepare=_per_sample_forward))
 register_hint(nn.LSTM, "use fedpriv.models.LSTM (gates are nn.Linear) instead of nn.LSTM")
 register_hint(nn.GRU, "build the recurrent cell from nn.Linear pieces (as fedpriv.models.LSTM does)")
 register_hint(nn.RNN, "build the recurrent cell from nn.Linear pieces (as fedpriv.models.LSTM does)")
