@@ -6,9 +6,11 @@
 One step = forward, per-sample losses (mean token cross-entropy of each sequence), clipped
 per-sample gradient sum + Gaussian noise (σ = 1, C = 1), SGD update. Every mode owns its own
 copy of the same initial model and sees the same batch. Timing is round-robin: each of
-``--steps`` iterations runs one step of every mode in turn (after ``--warmup`` untimed ones), so
-this machine's speed drift hits all modes alike; we report the median step time and its ratio to
-the non-private step. Peak memory is the peak RSS of a fresh child process running only that
+``--steps`` iterations runs one step of every mode in turn (after ``--warmup`` untimed ones), the
+order rotated by one mode each iteration (so no mode always follows the same one: what a mode
+leaves in the allocator and caches otherwise biases the next), so this machine's speed drift
+hits all modes alike; we report the median step time and its ratio to the non-private step.
+``--modes`` restricts the run to some modes (e.g. ``"non-private,BK mixopt"``: interleaved pairs). Peak memory is the peak RSS of a fresh child process running only that
 mode (``--only MODE``), since one process's peak cannot be split between modes.
 
 Configs (ANCHORS.md): transformer vocab 10000, d 256, 4 layers, 4 heads, ff 1024, T 64, batch 32,
@@ -228,9 +230,12 @@ def opacus_step(name: str, reference: nn.Module, x, y, batch: int, ghost: bool):
 
 
 def time_round_robin(steps: dict, iters: int, warmup: int) -> dict[str, list[float]]:
+    """Per mode, the times of ``iters`` steps; iteration i runs the modes in order rotated by i."""
     times: dict[str, list[float]] = {mode: [] for mode in steps}
+    order = list(steps.items())
     for i in range(warmup + iters):
-        for mode, step in steps.items():
+        shift = i % len(order)
+        for mode, step in order[shift:] + order[:shift]:
             start = time.perf_counter()
             step()
             elapsed = time.perf_counter() - start
@@ -265,6 +270,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-mode peak-RSS child processes")
+    parser.add_argument("--modes", help="comma-separated modes to run (default: all; non-private is always run)")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # child: run one mode, print peak RSS MB
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -277,6 +283,12 @@ def main() -> None:
         return
 
     steps = make_steps(args.model)
+    if args.modes:
+        wanted = ["non-private"] + [m.strip() for m in args.modes.split(",") if m.strip() != "non-private"]
+        unknown = [m for m in wanted if m not in steps]
+        if unknown:
+            parser.error(f"unknown mode(s) {unknown}; known: {sorted(steps)}")
+        steps = {m: steps[m] for m in wanted}
     times = time_round_robin(steps, args.steps, args.warmup)
     base = statistics.median(times["non-private"])
     memory = {} if args.no_memory else {mode: peak_rss_mb(args.model, mode, args.threads) for mode in steps}
@@ -295,6 +307,7 @@ def main() -> None:
         print(f"{mode:24s} {med:9.4f} {med / base:6.2f} {mem_text}")
     if args.json:
         write_json(args.json, {"model": args.model, "steps": args.steps, "threads": args.threads,
+                               "date": time.strftime("%Y-%m-%d"),
                                "torch": torch.__version__, "machine": platform.machine(),
                                "config": CONFIGS[args.model], "results": rows})
 
