@@ -33,7 +33,7 @@ from torch import nn
 
 from fedpriv import schema
 from fedpriv.accounting import calibrate_noise_multiplier, compute_epsilon
-from fedpriv.clipping import BookKeeping
+from fedpriv.clipping import BookKeeping, add_gaussian_
 from fedpriv.metrics import sequence_token_losses
 
 
@@ -106,7 +106,8 @@ def dp_sgd_steps(model: nn.Module, bk: BookKeeping, rows: np.ndarray, lr: float,
             bk.backward(per_example)
         else:  # noise-only step: the release the accountant counts still happens
             for p in params:
-                p.grad = dp.noise_multiplier * dp.clip_norm * torch.randn(p.shape, generator=bk.generator)
+                p.grad = torch.zeros_like(p)
+            add_gaussian_([p.grad for p in params], dp.noise_multiplier * dp.clip_norm, bk.generator)
         with torch.no_grad():
             for p in params:
                 p.add_(p.grad, alpha=-lr / dp.denominator)

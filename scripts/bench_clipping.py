@@ -158,6 +158,15 @@ def make_steps(name: str, only: str | None = None) -> dict:
             sgd([p for p in model.parameters() if p.requires_grad], batch)
         steps[f"BK {mode}"] = bk_step
 
+    if want("BK mixopt σ=0"):  # clipping alone: what the noise draw costs is the difference to "BK mixopt"
+        model = fedpriv_model(name)
+        bk = BookKeeping(model, clip_norm=CLIP, noise_multiplier=0.0, mode="mixopt")
+
+        def bk_clip_only(model=model, bk=bk):
+            bk.backward(per_sample_loss(model(x), y))
+            sgd([p for p in model.parameters() if p.requires_grad], batch)
+        steps["BK mixopt σ=0"] = bk_clip_only
+
     if want("torch.func vmap"):
         steps["torch.func vmap"] = vmap_step(fedpriv_model(name), x, y, batch)
 

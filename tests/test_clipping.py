@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedpriv.clipping import RULES, BookKeeping, LayerRule, UnsupportedLayerError, register_rule
+from fedpriv.clipping import RULES, BookKeeping, LayerRule, UnsupportedLayerError, add_gaussian_, register_rule
 from fedpriv.clipping.contributions import Dense
 from fedpriv.models import LSTM, LSTMLanguageModel, TransformerLanguageModel
 
@@ -378,6 +378,34 @@ def test_noise_std_is_sigma_times_clip() -> None:
     assert abs(noise.std().item() - 1.0) < 0.015  # σ·C = 1; sd of the estimate ≈ 0.003
     assert abs(noise.mean().item()) < 0.02
     assert torch.all(bk.last_norms == 0)
+
+
+def test_parallel_noise_is_the_same_on_any_thread_count_and_blocks_are_independent() -> None:
+    """add_gaussian_ draws seeded blocks on a thread pool: the result must not depend on the
+    number of threads, and no two blocks (nor two tensors) may repeat a stream."""
+    from fedpriv.clipping import noise as noise_module
+
+    sizes = [(3, noise_module.BLOCK // 2), (noise_module.BLOCK + 7,), (5,)]
+    before = torch.get_num_threads()
+    draws = []
+    try:
+        for threads in (1, 2, 1):
+            torch.set_num_threads(threads)
+            tensors = [torch.zeros(s) for s in sizes]
+            add_gaussian_(tensors, 2.0, torch.Generator().manual_seed(11))
+            draws.append(torch.cat([t.flatten() for t in tensors]))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(draws[0], draws[1]) and torch.equal(draws[0], draws[2])
+    flat = draws[0] / 2.0
+    assert abs(flat.std().item() - 1.0) < 0.01 and abs(flat.mean().item()) < 0.01
+    block = noise_module.BLOCK
+    first, second = flat[:block], flat[block:2 * block]
+    assert not torch.equal(first[:100], second[:100])  # a fresh seed per block
+    assert abs(torch.corrcoef(torch.stack([first, second]))[0, 1].item()) < 0.01
+    again = [torch.zeros(s) for s in sizes]
+    add_gaussian_(again, 2.0, torch.Generator().manual_seed(12))
+    assert not torch.equal(torch.cat([t.flatten() for t in again]), draws[0])
 
 
 def test_seeded_noise_is_reproducible_and_zero_noise_is_deterministic() -> None:

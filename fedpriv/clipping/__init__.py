@@ -7,8 +7,9 @@ composite modules' rules when imported; this package imports no model).
 """
 
 from fedpriv.clipping.engine import MODES, BookKeeping, UnsupportedLayerError, computed_from, record_call
+from fedpriv.clipping.noise import add_gaussian_
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule, no_contributions, register_hint, register_rule
 
-__all__ = ["BookKeeping", "HINTS", "LayerRule", "MODES", "RULES", "UnsupportedLayerError", "computed_from",
+__all__ = ["BookKeeping", "add_gaussian_", "HINTS", "LayerRule", "MODES", "RULES", "UnsupportedLayerError", "computed_from",
            "no_contributions", "record_call",
            "register_hint", "register_rule"]

@@ -20,6 +20,7 @@ One step, given the per-sample losses ``ℓ_i`` of a batch-first forward:
 5. ``c_i = C / max(||g_i||, C)`` (exact: 1 when ``||g_i|| <= C``, no epsilon; ``||c_i g_i|| <= C``).
 6. ``p.grad = Σ_i c_i G_i + σ·C·N(0, I)`` formed from the kept factors (book-keeping), e.g.
    ``Σ_i c_i Σ_t g_{i,t} a_{i,t}ᵀ`` for a Linear weight. ``p.grad`` is *set*, never accumulated.
+   The noise is drawn on every core (:func:`fedpriv.clipping.noise.add_gaussian_`).
 
 Which inputs are per sample is *proven*, never guessed from a shape (:meth:`BookKeeping._batched`):
 a call's input is per sample if it is the model's input or a view of it with the same dim 0, or a
@@ -53,6 +54,7 @@ from torch.profiler import record_function
 
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
+from fedpriv.clipping.noise import add_gaussian_
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule
 from fedpriv.errors import ConfigError
 
@@ -487,6 +489,7 @@ class BookKeeping:
         # the sums run over samples: each sample's factor is its unit's
         coef = scales if grouping is None else scales[grouping.unit]
         std = self.noise_multiplier * self.clip_norm
+        grads = []
         for p, parts in plans:
             grad = None
             with record_function(f"bk.clipped_sum.{self._kind.get(id(p), 'unknown')}"):
@@ -495,11 +498,10 @@ class BookKeeping:
                     grad = term if grad is None else grad.add_(term)
                 if grad is None:
                     grad = torch.zeros_like(p)
-            if std > 0:
-                with record_function("bk.noise"):
-                    noise = torch.randn(p.shape, generator=self.generator, device=p.device,
-                                        dtype=p.dtype)
-                    grad.add_(noise, alpha=std)
+            grads.append(grad.contiguous())
+        with record_function("bk.noise"):
+            add_gaussian_(grads, std, self.generator)
+        for (p, _), grad in zip(plans, grads):
             p.grad = grad
         self.last_norms = norms
         self.last_scales = scales
