@@ -115,14 +115,19 @@ def sgd(params, batch: int) -> None:
             p.grad = None
 
 
-def make_steps(name: str, only: str | None = None) -> dict:
-    """Mode name → a zero-argument step function (all modes start from the same weights)."""
+def make_batch(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The benchmark's fixed batch (inputs, targets) for ``name``; a quarter of it padded."""
     cfg = CONFIGS[name]
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(1, VOCAB, (cfg["batch"], cfg["seq"] + 1), generator=gen)
     tokens[: cfg["batch"] // 4, cfg["seq"] // 2:] = 0  # some padded sequences
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    batch = cfg["batch"]
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def make_steps(name: str, only: str | None = None) -> dict:
+    """Mode name → a zero-argument step function (all modes start from the same weights)."""
+    x, y = make_batch(name)
+    batch = x.shape[0]
     reference = fedpriv_model(name)
     steps: dict = {}
 
@@ -147,25 +152,18 @@ def make_steps(name: str, only: str | None = None) -> dict:
     elif want("non-private"):
         steps["non-private"] = plain(fedpriv_model(name))
 
-    for mode in ("ghost", "instantiate", "mixopt"):
-        if not want(f"BK {mode}"):
+    # "BK mixopt σ=0": clipping alone; what the noise draw costs is its difference to "BK mixopt"
+    for label, mode, sigma in (("BK ghost", "ghost", SIGMA), ("BK instantiate", "instantiate", SIGMA),
+                               ("BK mixopt", "mixopt", SIGMA), ("BK mixopt σ=0", "mixopt", 0.0)):
+        if not want(label):
             continue
         model = fedpriv_model(name)
-        bk = BookKeeping(model, clip_norm=CLIP, noise_multiplier=SIGMA, mode=mode)
+        bk = BookKeeping(model, clip_norm=CLIP, noise_multiplier=sigma, mode=mode)
 
         def bk_step(model=model, bk=bk):
             bk.backward(per_sample_loss(model(x), y))
             sgd([p for p in model.parameters() if p.requires_grad], batch)
-        steps[f"BK {mode}"] = bk_step
-
-    if want("BK mixopt σ=0"):  # clipping alone: what the noise draw costs is the difference to "BK mixopt"
-        model = fedpriv_model(name)
-        bk = BookKeeping(model, clip_norm=CLIP, noise_multiplier=0.0, mode="mixopt")
-
-        def bk_clip_only(model=model, bk=bk):
-            bk.backward(per_sample_loss(model(x), y))
-            sgd([p for p in model.parameters() if p.requires_grad], batch)
-        steps["BK mixopt σ=0"] = bk_clip_only
+        steps[label] = bk_step
 
     if want("torch.func vmap"):
         steps["torch.func vmap"] = vmap_step(fedpriv_model(name), x, y, batch)

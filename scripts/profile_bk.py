@@ -38,12 +38,8 @@ from fedpriv.rundir import write_json  # noqa: E402
 
 def make_pair(name: str):
     """(non-private step, BK mixopt step), each a zero-argument function with scoped phases."""
-    cfg = bench.CONFIGS[name]
-    gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(1, bench.VOCAB, (cfg["batch"], cfg["seq"] + 1), generator=gen)
-    tokens[: cfg["batch"] // 4, cfg["seq"] // 2:] = 0
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    batch = cfg["batch"]
+    x, y = bench.make_batch(name)
+    batch = x.shape[0]
     reference = bench.fedpriv_model(name)
     plain_model = (bench.copy_weights(reference, bench.RecurrentLM(nn.LSTM(96, 670, batch_first=True)))
                    if name == "lstm" else bench.fedpriv_model(name))

@@ -10,6 +10,5 @@ from fedpriv.clipping.engine import MODES, BookKeeping, UnsupportedLayerError, c
 from fedpriv.clipping.noise import add_gaussian_
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule, no_contributions, register_hint, register_rule
 
-__all__ = ["BookKeeping", "add_gaussian_", "HINTS", "LayerRule", "MODES", "RULES", "UnsupportedLayerError", "computed_from",
-           "no_contributions", "record_call",
-           "register_hint", "register_rule"]
+__all__ = ["BookKeeping", "HINTS", "LayerRule", "MODES", "RULES", "UnsupportedLayerError", "add_gaussian_",
+           "computed_from", "no_contributions", "record_call", "register_hint", "register_rule"]

@@ -204,7 +204,7 @@ class BookKeeping:
         self._handles = [model.register_forward_pre_hook(self._on_root, with_kwargs=True)]
         self._recorded: list[nn.Module] = []
         for path, module, rule in managed:
-            hook = self._make_hook(path, rule)
+            hook = self._make_hook(path, rule, f"bk.hooks.{type(module).__name__}")
             self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
             _RECORDERS[module] = hook
             self._recorded.append(module)
@@ -244,9 +244,9 @@ class BookKeeping:
             managed.append((path, module, rule))
         return managed, to_prepare
 
-    def _make_hook(self, path: str, rule: LayerRule):
+    def _make_hook(self, path: str, rule: LayerRule, label: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any):
-            with record_function(f"bk.hooks.{type(module).__name__}"):
+            with record_function(label):
                 return self._on_forward(path, rule, module, args, kwargs, output)
         return hook
 
@@ -535,21 +535,27 @@ class BookKeeping:
             return True
         return 2 * steps * steps < p.numel()
 
-    def _separability_probe(self, loss: Tensor, calls: list[_Call]) -> tuple[Tensor, list[Optional[Tensor]]]:
+    def _separability_probe(self, loss: Tensor, calls: list[_Call]
+                            ) -> tuple[Tensor, list[Optional[tuple[Tensor, Tensor]]]]:
         """The weighted backward of :meth:`_check_separable`, run first (graph retained) and kept
-        only as per-row fingerprints, so the check holds at most one set of output gradients."""
+        only as per-row fingerprints (with the projection directions, reused for the unweighted
+        gradient), so the check holds at most one set of output gradients."""
         weights = torch.rand(loss.shape[0], generator=torch.Generator().manual_seed(0x5EED), dtype=loss.dtype,
                              device=loss.device) + 0.5
         probe = list(torch.autograd.grad((loss * weights).sum(), [c.edge for c in calls], allow_unused=True,
                                          retain_graph=True))
-        prints: list[Optional[Tensor]] = []
+        prints: list[Optional[tuple[Tensor, Tensor]]] = []
         for k in range(len(probe)):
             g, probe[k] = probe[k], None  # each gradient freed once fingerprinted
-            prints.append(None if g is None else _fingerprint(g))
+            if g is None:
+                prints.append(None)
+            else:
+                directions = _directions(g)
+                prints.append((_fingerprint(g, directions), directions))
         return weights, prints
 
     def _check_separable(self, calls: list[_Call], grads: Sequence[Optional[Tensor]], weights: Tensor,
-                         probe: list[Optional[Tensor]]) -> None:
+                         probe: list[Optional[tuple[Tensor, Tensor]]]) -> None:
         """Fail if any sample's loss depends on another sample's row of a hooked call's output.
 
         Per-sample clipping attributes row i of every call to sample i, which holds iff
@@ -566,7 +572,8 @@ class BookKeeping:
             if full is None or weighted is None:
                 mismatch = True
             else:
-                expected = _fingerprint(full)
+                weighted, directions = weighted
+                expected = _fingerprint(full, directions)
                 expected[:, 0] *= weights * weights  # squared norms scale by w²
                 expected[:, 1:] *= weights.unsqueeze(1)
                 scale = expected.norm(dim=0) + weighted.norm(dim=0)  # per statistic, over the rows
@@ -616,12 +623,16 @@ class BookKeeping:
                 "gradient; call the module itself (weight decay belongs in the optimizer)")
 
 
-def _fingerprint(g: Tensor, projections: int = 3) -> Tensor:
-    """Per row of ``g`` [B, ...]: its squared norm and ``projections`` random projections (fixed
-    seed, so two gradients of one call are projected alike), [B, 1 + projections], float64."""
+def _directions(g: Tensor, projections: int = 3) -> Tensor:
+    """``projections`` random directions (fixed seed) in the row space of ``g`` [B, ...]."""
+    return torch.randn(g[0].numel(), projections, generator=torch.Generator().manual_seed(0xF1A9),
+                       dtype=g.dtype).to(g.device)
+
+
+def _fingerprint(g: Tensor, directions: Tensor) -> Tensor:
+    """Per row of ``g`` [B, ...]: its squared norm and its projections on ``directions`` (the same
+    for both gradients of one call), [B, 1 + projections], float64."""
     rows = g.reshape(g.shape[0], -1)
-    directions = torch.randn(rows.shape[1], projections, generator=torch.Generator().manual_seed(0xF1A9),
-                             dtype=rows.dtype).to(rows.device)
     squares = torch.linalg.vector_norm(rows, dim=1, keepdim=True).pow(2)  # no [B, N] temporary
     return torch.cat([squares, rows @ directions], 1).double()
 
