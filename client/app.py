@@ -18,7 +18,7 @@ from flwr.clientapp import ClientApp
 from fedpriv.codec import decode, train_reply_content
 from fedpriv.config import client_diagnostics_enabled, resolve_config
 from fedpriv.randomness import ClientRandomness
-from fedpriv.runner import client_update
+from fedpriv.runner import client_updates
 from fedpriv.task import load_task
 
 
@@ -28,7 +28,7 @@ def train_reply(cfg: dict, msg: Message, rng: ClientRandomness) -> Message:
     conf = msg.content["config"]
     params = decode(msg.content["arrays"]["params"])
     diagnostics = client_diagnostics_enabled(cfg)
-    updates = [client_update(task, params, int(user), int(conf["round"]), rng, diagnostics) for user in conf["users"]]
+    updates = client_updates(task, params, [int(user) for user in conf["users"]], int(conf["round"]), rng, diagnostics)
     return Message(content=train_reply_content(updates), reply_to=msg)
 
 

@@ -93,8 +93,9 @@ class CohortClipper:
     def clipped_sum(self, params: torch.Tensor, users: np.ndarray, rows_of) -> CohortSum:
         set_flat_params(self.model, params)
         self.model.train()
-        total = torch.zeros_like(params)
-        all_norms = torch.zeros(len(users))
+        device = self._params[0].device
+        total = torch.zeros(params.numel(), dtype=params.dtype, device=device)
+        all_norms = torch.zeros(len(users), device=device)
         losses: list[torch.Tensor] = []
         rows = [np.asarray(rows_of(int(u))) for u in users]
         # similar units side by side: equal-size units form contiguous BK buckets, and chunks of
@@ -102,11 +103,11 @@ class CohortClipper:
         order = sorted(range(len(rows)), key=lambda k: (len(rows[k]), int((rows[k] != self.pad_id).sum())))
         for chunk in pack_chunks([len(rows[k]) for k in order], self.max_rows):
             chunk = [order[k] for k in chunk]
-            data = torch.as_tensor(np.concatenate([rows[k] for k in chunk]), dtype=torch.long)
-            groups = torch.repeat_interleave(torch.arange(len(chunk)),
-                                             torch.tensor([len(rows[k]) for k in chunk]))
+            data = torch.as_tensor(np.concatenate([rows[k] for k in chunk]), dtype=torch.long, device=device)
+            groups = torch.repeat_interleave(torch.arange(len(chunk), device=device),
+                                             torch.tensor([len(rows[k]) for k in chunk], device=device))
             ce, count = sequence_token_losses(self.model, data, self.pad_id)
-            tokens = torch.zeros(len(chunk), dtype=ce.dtype).index_add_(0, groups, count.to(ce.dtype))
+            tokens = torch.zeros(len(chunk), dtype=ce.dtype, device=device).index_add_(0, groups, count.to(ce.dtype))
             per_row = ce / tokens.clamp(min=1.0)[groups]  # row i's share of its unit's mean loss
             self.bk.backward(per_row, groups=groups)
             offset = 0
@@ -114,11 +115,12 @@ class CohortClipper:
                 n = p.numel()
                 total[offset:offset + n].add_(p.grad.reshape(-1), alpha=-self.lr)
                 offset += n
-            all_norms[torch.tensor(chunk)] = self.bk.last_norms * self.lr
-            losses.append(torch.zeros(len(chunk)).index_add_(0, groups, per_row.detach()))
+            all_norms[torch.tensor(chunk, device=device)] = self.bk.last_norms * self.lr
+            losses.append(torch.zeros(len(chunk), device=device).index_add_(0, groups, per_row.detach()))
         if not torch.isfinite(all_norms).all() or not torch.isfinite(total).all():
             # no user ids in the message: they would say who was sampled
             raise FloatingPointError("a sampled unit has a non-finite gradient in the one-pass round: "
                                      "lower client.lr or check the data")
-        return CohortSum(users=np.asarray(users), total=total, norms=all_norms,
+        # the server's aggregate lives in host memory
+        return CohortSum(users=np.asarray(users), total=total.cpu(), norms=all_norms.cpu(),
                          train_loss=float(torch.cat(losses).mean()) if losses else float("nan"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from fedpriv.devices import resolve_device
 from fedpriv.errors import ConfigError
 from fedpriv.randomness import resolve_secure
 from fedpriv.sampling import resolve_sampling
@@ -44,6 +45,7 @@ def validate(cfg: dict) -> RunConfig:
     add, in place, the schema's default for every key ``cfg`` lacks (a composed config lacks none),
     so that code reads ``cfg[key]`` and no default is written twice."""
     parsed = parse(cfg)
+    resolve_device(parsed.device)  # device=cuda without CUDA: refused here, before anything is written
     _fill(cfg, as_dict(parsed))
     return parsed
 

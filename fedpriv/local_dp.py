@@ -87,6 +87,17 @@ def noise_generator(order_generator: torch.Generator) -> torch.Generator:
     return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=order_generator)))
 
 
+def example_schedule(num_rows: int, dp: ExampleDP, generator: torch.Generator
+                     ) -> tuple[torch.Generator, list[torch.Tensor]]:
+    """A client's randomness for one round of example-level DP-SGD, drawn from its round
+    ``generator`` in this order: the noise stream (:func:`noise_generator`), then the Poisson
+    mask of every step (row i joins step k's batch iff ``masks[k][i]``). The per-client loop and
+    the cohort-parallel trainer (:mod:`fedpriv.cohort_parallel`) both draw it here."""
+    noise = noise_generator(generator)
+    masks = [torch.rand(num_rows, generator=generator) < dp.sampling_rate for _ in range(dp.steps)]
+    return noise, masks
+
+
 def dp_sgd_steps(model: nn.Module, bk: BookKeeping, rows: np.ndarray, lr: float, dp: ExampleDP,
                  generator: torch.Generator, pad_id: int) -> int:
     """Run ``dp.steps`` example-level DP-SGD steps on ``model`` in place (hooked by ``bk``, whose
@@ -94,12 +105,11 @@ def dp_sgd_steps(model: nn.Module, bk: BookKeeping, rows: np.ndarray, lr: float,
     the rows (their count, their loss) leaves this function but the model."""
     if bk.clip_norm != dp.clip_norm or bk.noise_multiplier != dp.noise_multiplier:
         raise ValueError("the BookKeeping engine does not carry the client's example-level settings")
-    data = torch.as_tensor(rows, dtype=torch.long)
     params = [p for p in model.parameters() if p.requires_grad]
-    bk.generator = noise_generator(generator)
-    for _ in range(dp.steps):
-        mask = torch.rand(len(data), generator=generator) < dp.sampling_rate
-        batch = data[mask]
+    data = torch.as_tensor(rows, dtype=torch.long, device=params[0].device)
+    bk.generator, masks = example_schedule(len(data), dp, generator)
+    for mask in masks:
+        batch = data[mask.to(data.device)]
         if len(batch):
             ce, count = sequence_token_losses(model, batch, pad_id)
             per_example = ce / count.clamp(min=1)

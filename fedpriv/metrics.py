@@ -61,11 +61,13 @@ def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: 
     share of words all of whose tokens are predicted right (:func:`~fedpriv.text.tokenizers.next_word_accuracy`)."""
     was_training = model.training
     model.eval()
-    excluded = torch.tensor(vocab.excluded_from_accuracy())
+    device = next(model.parameters()).device
+    excluded = torch.tensor(vocab.excluded_from_accuracy(), device=device)
     loss_sum = correct = counted = correct_all = counted_all = 0.0
-    data = torch.as_tensor(rows, dtype=torch.long)
+    data = torch.as_tensor(rows, dtype=torch.long, device=device)
     # per-position argmax, kept only when next-word accuracy needs it (-1 at pad targets)
-    predicted = torch.full((len(data), data.shape[1] - 1), -1, dtype=torch.long) if word_of is not None else None
+    predicted = (torch.full((len(data), data.shape[1] - 1), -1, dtype=torch.long, device=device)
+                 if word_of is not None else None)
     for start in range(0, len(data), batch_size):
         batch = data[start:start + batch_size]
         logits, y = target_logits(model, batch, vocab.pad_id)
@@ -84,6 +86,6 @@ def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: 
     out = {"accuracy": correct / max(counted, 1), "accuracy_with_specials": correct_all / max(counted_all, 1),
            "loss": loss, "perplexity": math.exp(min(loss, 50.0))}
     if predicted is not None:
-        out["word_accuracy"] = next_word_accuracy(predicted.numpy(), np.asarray(rows), word_of,
+        out["word_accuracy"] = next_word_accuracy(predicted.cpu().numpy(), np.asarray(rows), word_of,
                                                   vocab.excluded_from_accuracy())
     return out

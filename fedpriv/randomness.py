@@ -49,7 +49,7 @@ RESEARCH_TAG = b"fedpriv research run key v1\x00"
 # resume. Everything else — the seed, the budget, every hyper-parameter — is in the key.
 PRESENTATION_KEYS = ("resume", "backend", "progress", "run_dir", "verbose", "tensorboard", "diagnostics",
                      "eval_every", "algorithm.one_pass", "algorithm.max_rows", "algorithm.clipping_mode",
-                     "client.example.mode", "audit.confidence")
+                     "client.example.mode", "audit.confidence", "device", "client.parallel")
 
 RESEARCH_NOTE = "randomness reproducible from the seed: not for release"
 SECURE_NOTE = "randomness from the OS CSPRNG; the checkpoint holds the run key and is secret"

@@ -227,6 +227,18 @@ def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int, r
     return ClientUpdate(user=user, delta=delta, metrics=metrics)
 
 
+def client_updates(task: Task, params: torch.Tensor, users: list[int], round_idx: int, rng: ClientRandomness,
+                   diagnostics: bool = False) -> list[ClientUpdate]:
+    """What the clients ``users`` compute in round ``round_idx``: one after another, or in
+    cohort-parallel chunks (``client.parallel > 1``: :mod:`fedpriv.cohort_parallel`), which give
+    each user the same delta up to float rounding (the same generator per user)."""
+    if task.trainer is None:
+        return [client_update(task, params, user, round_idx, rng, diagnostics) for user in users]
+    results = task.trainer.updates(params, [task.units[u] for u in users],
+                                   [rng.generator(round_idx, u) for u in users], diagnostics)
+    return [ClientUpdate(user=u, delta=delta, metrics=metrics) for u, (delta, metrics) in zip(users, results)]
+
+
 def evaluate_params(task: Task, params: torch.Tensor) -> dict[str, float]:
     set_flat_params(task.eval_model, params)
     return evaluate(task.eval_model, task.data.test, task.data.vocab, word_of=task.data.test_word_of)

@@ -113,9 +113,10 @@ class Client(Section):
     max_steps: Optional[int] = 2  # cap on local steps per round (null: full epochs)
     dp: Literal["none", "example"] = "none"  # example: local steps are example-level DP-SGD through Book-Keeping
     example: ExampleDP = field(default_factory=ExampleDP)
+    parallel: int = 1  # clients trained in lockstep as one vectorized computation (1: one after another)
 
     def check(self, path: str) -> None:
-        positive(self, "epochs", "batch_size", "lr", "max_steps", path=path)
+        positive(self, "epochs", "batch_size", "lr", "max_steps", "parallel", path=path)
 
 
 @dataclass
@@ -299,11 +300,13 @@ class FlowerBackend(Option):
     name: str = "flower"
     num_supernodes: int = 2
     client_cpus: float = 1
+    client_gpus: float = 0  # GPUs per worker (Ray's num_gpus; a fraction shares one): each runs on device=auto
     num_cpus: int = 2
     round_timeout: Optional[float] = None
 
     def check(self, path: str) -> None:
         positive(self, "num_supernodes", "client_cpus", "num_cpus", "round_timeout", path=path)
+        nonnegative(self, "client_gpus", path=path)
 
 
 @dataclass
@@ -395,6 +398,7 @@ class RunConfig(Section):
     """The whole run. Top-level keys, the fixed sections, and one option per group."""
 
     seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # where tensors live (auto: cuda when available)
     rounds: int = 220
     cohort_size: int = 150
     sampling: Literal["auto", "poisson", "fixed", "cyclic", "cyclic_poisson"] = "auto"

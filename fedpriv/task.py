@@ -19,7 +19,9 @@ from torch import nn
 from fedpriv import schema
 from fedpriv.algorithms import Algorithm, build_algorithm
 from fedpriv.clipping import BookKeeping
+from fedpriv.cohort_parallel import CohortTrainer
 from fedpriv.data.federated import FederatedDataset
+from fedpriv.devices import resolve_device
 from fedpriv.models import build_model, get_flat_params
 from fedpriv.training import LocalConfig
 
@@ -37,6 +39,8 @@ class Task:
     local: LocalConfig
     algorithm: Algorithm  # privacy unit, local steps, batched rounds (fedpriv/algorithms.py)
     bk: BookKeeping | None = None  # hooks client_model when clients run example-level DP-SGD
+    trainer: CohortTrainer | None = None  # cohort-parallel local training (client.parallel > 1)
+    device: torch.device = torch.device("cpu")
 
 
 def load_dataset(data_cfg: Mapping[str, Any]) -> FederatedDataset:
@@ -60,7 +64,7 @@ def _model(model_cfg: Mapping[str, Any], data: FederatedDataset, seed: int) -> n
 def task_key(cfg: Mapping[str, Any]) -> str:
     """The config parts that define the task, as a canonical JSON string."""
     privacy = cfg.get("privacy") or {}
-    key = {k: cfg.get(k) for k in ("data", "model", "client", "algorithm", "seed", "rounds")}
+    key = {k: cfg.get(k) for k in ("data", "model", "client", "algorithm", "seed", "rounds", "device")}
     key["privacy"] = {k: privacy.get(k) for k in ("accountant",)}
     return json.dumps(key, sort_keys=True, default=str)
 
@@ -70,15 +74,20 @@ def _load_task(key: str) -> Task:
     cfg = json.loads(key)
     data = load_dataset(cfg["data"])
     seed = int(cfg["seed"])
+    device = resolve_device(cfg.get("device") or "auto")
     client_model = _model(cfg["model"], data, seed)
-    eval_model = _model(cfg["model"], data, seed)
+    initial_params = get_flat_params(client_model)  # the server's copy, in host memory
+    client_model.to(device)
+    eval_model = _model(cfg["model"], data, seed).to(device)
     algorithm = build_algorithm(cfg)
-    local = algorithm.local_config(schema.load(schema.Client, cfg["client"], "client"), int(cfg["rounds"]),
-                                   cfg["privacy"]["accountant"])
+    client = schema.load(schema.Client, cfg["client"], "client")
+    local = algorithm.local_config(client, int(cfg["rounds"]), cfg["privacy"]["accountant"])
     bk = algorithm.client_engine(client_model, local)
+    trainer = (CohortTrainer(client_model, local, data.vocab.pad_id, client.parallel)
+               if client.parallel > 1 and algorithm.per_unit_deltas else None)
     units = algorithm.units(data.users)
     return Task(data=data, units=units, bk=bk, client_model=client_model, eval_model=eval_model,
-                initial_params=get_flat_params(client_model), local=local, algorithm=algorithm)
+                initial_params=initial_params, local=local, algorithm=algorithm, trainer=trainer, device=device)
 
 
 def load_task(cfg: Mapping[str, Any]) -> Task:

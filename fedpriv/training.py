@@ -41,6 +41,7 @@ def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray
     ``cfg.dp`` the steps are example-level DP-SGD (:mod:`fedpriv.local_dp`) through ``bk``, a
     BookKeeping engine hooked on ``model``, and nothing but the delta is returned.
     """
+    global_params = global_params.to(_device_of(model))
     set_flat_params(model, global_params)
     model.train()
     if cfg.dp is not None:
@@ -57,25 +58,38 @@ def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray
                    "num_sentences": float(len(rows)), "num_steps": float(steps)}
 
 
-def _sgd_steps(model: nn.Module, rows: np.ndarray, cfg: LocalConfig, generator: torch.Generator,
-               pad_id: int, losses: list[torch.Tensor] | None = None) -> int:
-    """Plain minibatch SGD on ``model`` in place: ``cfg.epochs`` shuffled passes, at most
-    ``cfg.max_steps`` steps; returns the steps (batch losses appended to ``losses`` if given)."""
-    data = torch.as_tensor(rows, dtype=torch.long)
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
-    steps = 0
+def batch_schedule(num_rows: int, cfg: LocalConfig, generator: torch.Generator) -> list[torch.Tensor]:
+    """The row indices of every local step of plain minibatch SGD: ``cfg.epochs`` passes, each in
+    a fresh ``randperm`` order from ``generator``, cut into batches of ``cfg.batch_size`` (the
+    last one smaller), at most ``cfg.max_steps`` steps in all. The per-client loop and the
+    cohort-parallel trainer (:mod:`fedpriv.cohort_parallel`) both take their steps from here."""
+    steps: list[torch.Tensor] = []
     for _ in range(cfg.epochs):
-        order = torch.randperm(len(data), generator=generator)
-        for start in range(0, len(data), cfg.batch_size):
-            if cfg.max_steps is not None and steps >= cfg.max_steps:
+        order = torch.randperm(num_rows, generator=generator)
+        for start in range(0, num_rows, cfg.batch_size):
+            if cfg.max_steps is not None and len(steps) >= cfg.max_steps:
                 break
-            batch = data[order[start:start + cfg.batch_size]]
-            opt.zero_grad(set_to_none=True)
-            loss = token_loss(model, batch, pad_id)
-            loss.backward()
-            opt.step()
-            if losses is not None:
-                losses.append(loss.detach())
-            steps += 1
+            steps.append(order[start:start + cfg.batch_size])
     return steps
 
+
+def _sgd_steps(model: nn.Module, rows: np.ndarray, cfg: LocalConfig, generator: torch.Generator,
+               pad_id: int, losses: list[torch.Tensor] | None = None) -> int:
+    """Plain minibatch SGD on ``model`` in place over :func:`batch_schedule`'s steps; returns the
+    number of steps (batch losses appended to ``losses`` if given)."""
+    data = torch.as_tensor(rows, dtype=torch.long, device=_device_of(model))
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    schedule = batch_schedule(len(data), cfg, generator)
+    for batch_rows in schedule:
+        batch = data[batch_rows.to(data.device)]
+        opt.zero_grad(set_to_none=True)
+        loss = token_loss(model, batch, pad_id)
+        loss.backward()
+        opt.step()
+        if losses is not None:
+            losses.append(loss.detach())
+    return len(schedule)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

@@ -113,6 +113,15 @@ def quiet_library_logs() -> None:
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
 
 
+def client_resources(backend: dict) -> dict[str, float]:
+    """What Ray reserves for each simulated node: CPUs, and GPUs with ``backend.client_gpus > 0``
+    (Ray then makes that GPU the worker's only visible CUDA device, where ``device=auto`` finds it)."""
+    resources = {"num_cpus": float(backend["client_cpus"])}
+    if float(backend.get("client_gpus") or 0) > 0:
+        resources["num_gpus"] = float(backend["client_gpus"])
+    return resources
+
+
 def run_flower_simulation(session: RunSession) -> dict:
     """``backend=flower``: the same apps under ``flwr.simulation.run_simulation`` (Ray)."""
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -124,7 +133,7 @@ def run_flower_simulation(session: RunSession) -> dict:
     result: dict = {}
     run_simulation(server_app=make_server_app(session, num_nodes, result),
                    client_app=client_app_factory()(session.cfg), num_supernodes=num_nodes,
-                   backend_config={"client_resources": {"num_cpus": float(backend["client_cpus"])},
+                   backend_config={"client_resources": client_resources(backend),
                                    "init_args": {"num_cpus": int(backend["num_cpus"]),
                                                  "include_dashboard": False,
                                                  # ray.init: Ray's own logger in this process; the

@@ -1,12 +1,10 @@
 """Helpers only the tests use (moved out of fedpriv/, which keeps only what it runs): brute-force
-oracles of the sensitivity programs, a ``tf.train.Example`` writer for fake StackOverflow files,
-and small views of generated data."""
+oracles of the sensitivity programs and small views of generated data (the ``tf.train.Example``
+writer for StackOverflow-schema files is :mod:`fedpriv.data.stackoverflow_writer`)."""
 
 from __future__ import annotations
 
 import itertools
-import struct
-from collections.abc import Mapping, Sequence
 
 import dp_accounting
 import numpy as np
@@ -14,9 +12,6 @@ import torch
 
 from fedpriv.accounting.tree import tree_accounting
 from fedpriv.data.federated import FederatedDataset
-from fedpriv.data.stackoverflow import _FIXED32, _LEN, _UINT64, _VARINT
-
-_INT64_MIN = -(2**63)
 
 
 # ------------------------------------------------------------------ tree aggregation (fedpriv.accounting.tree)
@@ -56,70 +51,6 @@ def sensitivity_sq_brute_force(c: torch.Tensor, participations: int, min_gap: in
         idx = torch.tensor(pattern)
         best = max(best, float(gram[idx][:, idx].sum()))
     return best
-
-
-# ------------------------------------------------------------------ tf.train.Example writer (fake sqlite files)
-
-def _varint(value: int) -> bytes:
-    """Encodes a non-negative integer as a varint."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _tag(number: int, wire: int) -> bytes:
-    return _varint(number << 3 | wire)
-
-
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _tag(number, _LEN) + _varint(len(payload)) + payload
-
-
-def _encode_int64s(values: Sequence[int], packed: bool) -> bytes:
-    for v in values:
-        if not _INT64_MIN <= v < 2**63:
-            raise ValueError(f"{v} does not fit in int64")
-    varints = [_varint(v % _UINT64) for v in values]
-    if packed:
-        return _len_field(1, b"".join(varints)) if varints else b""
-    return b"".join(_tag(1, _VARINT) + v for v in varints)
-
-
-def _encode_floats(values: Sequence[float], packed: bool) -> bytes:
-    if packed:
-        return _len_field(1, struct.pack(f"<{len(values)}f", *values)) if values else b""
-    return b"".join(_tag(1, _FIXED32) + struct.pack("<f", v) for v in values)
-
-
-def _encode_feature(values: Sequence[bytes] | Sequence[int] | Sequence[float], packed: bool) -> bytes:
-    """Picks the list kind from the values: all bytes, all ints, or numbers with a float."""
-    if all(isinstance(v, bytes) for v in values):  # also the empty list
-        return _len_field(1, b"".join(_len_field(1, v) for v in values))
-    if all(isinstance(v, int) for v in values):
-        return _len_field(3, _encode_int64s(values, packed))
-    if all(isinstance(v, (int, float)) for v in values):
-        return _len_field(2, _encode_floats(values, packed))
-    raise TypeError("feature values must be all bytes, all ints or all numbers")
-
-
-def encode_example(
-    features: Mapping[str, Sequence[bytes] | Sequence[int] | Sequence[float]], *, packed: bool = True
-) -> bytes:
-    """Serializes ``{name: values}`` as a ``tf.train.Example`` (the inverse of
-    :func:`fedpriv.data.stackoverflow.decode_example`).
-
-    Lists of bytes become ``bytes_list``, of ints ``int64_list``, of numbers with a float
-    ``float_list`` (stored as float32), an empty list an empty ``bytes_list``. ``packed=True`` writes
-    int64/float lists packed, as TensorFlow does; ``packed=False`` writes one field per value.
-    """
-    entries = b"".join(
-        _len_field(1, _len_field(1, name.encode("utf-8")) + _len_field(2, _encode_feature(v, packed)))
-        for name, v in features.items()
-    )
-    return _len_field(1, entries)
 
 
 # ------------------------------------------------------------------ generated data

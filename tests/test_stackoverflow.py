@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import sqlite3
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from fedpriv.data.stackoverflow import (
     load_word_counts,
 )
 from fedpriv.errors import ConfigError
-from tests.helpers import encode_example
+from fedpriv.data.stackoverflow_writer import encode_example, write_examples
 
 # Word-count file: with vocab_size=5 the ids are i=1 how=2 to=3 a=4 list=5, OOV 6, BOS 7, EOS 8.
 WORD_COUNTS = "i\t90\nhow\t80\nto\t70\na\t60\nlist\t50\nsort\t40\ndo\t30\n"
@@ -45,36 +44,7 @@ ROWS += [("test", f"t{k % 3}", f"{WORDS[k % 5]} {WORDS[k // 5]}") for k in range
 
 def make_db(path: Path, rows=ROWS, *, metadata: bool = False, index: bool = False) -> Path:
     """A sqlite file with TFF's schema; each example carries TFF's features, not only ``tokens``."""
-    con = sqlite3.connect(path)
-    con.execute(
-        "CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL,"
-        " serialized_example_proto BLOB NOT NULL)"
-    )
-    for n, (split, client, tokens) in enumerate(rows):
-        blob = encode_example(
-            {
-                "creation_date": [b"2017-01-01 00:00:00+00:00"],
-                "title": [b"how to sort"],
-                "score": [n - 3],
-                "tags": [b"python|list"],
-                "tokens": [tokens.encode()],
-                "type": [b"question"],
-            }
-        )
-        con.execute("INSERT INTO examples VALUES (?, ?, ?)", (split, client, blob))
-    if metadata:
-        con.execute(
-            "CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, num_examples INTEGER)"
-        )
-        con.execute(
-            "INSERT INTO client_metadata SELECT client_id, split_name, COUNT(*) FROM examples"
-            " GROUP BY client_id, split_name"
-        )
-    if index:
-        con.execute("CREATE INDEX examples_client ON examples (client_id, split_name)")
-    con.commit()
-    con.close()
-    return path
+    return write_examples(path, rows, metadata=metadata, index=index)
 
 
 @pytest.fixture

@@ -107,7 +107,7 @@ class Grouping:
         buckets = []
         for size in torch.unique(counts).tolist():
             units = torch.nonzero(counts == size).flatten()
-            members = order[starts[units].unsqueeze(1) + torch.arange(size)]
+            members = order[starts[units].unsqueeze(1) + torch.arange(size, device=order.device)]
             buckets.append((units, members))
         return Grouping(unit, num_units, tuple(buckets))
 
@@ -118,7 +118,7 @@ def bucket_view(c: Contribution, members: Tensor) -> Contribution:
     k = members.shape[0]
     flat = members.reshape(-1)
     start = int(flat[0]) if flat.numel() else 0
-    if flat.numel() and torch.equal(flat, torch.arange(start, start + flat.numel())):
+    if flat.numel() and torch.equal(flat, torch.arange(start, start + flat.numel(), device=flat.device)):
         members = slice(start, start + flat.numel())  # consecutive samples: views, no gather copy
     if isinstance(c, Outer):
         return Outer(c.left[members].reshape(k, -1, c.left.shape[2]),

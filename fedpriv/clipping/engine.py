@@ -540,8 +540,8 @@ class BookKeeping:
         """The weighted backward of :meth:`_check_separable`, run first (graph retained) and kept
         only as per-row fingerprints (with the projection directions, reused for the unweighted
         gradient), so the check holds at most one set of output gradients."""
-        weights = torch.rand(loss.shape[0], generator=torch.Generator().manual_seed(0x5EED), dtype=loss.dtype,
-                             device=loss.device) + 0.5
+        weights = torch.rand(loss.shape[0], generator=torch.Generator().manual_seed(0x5EED),
+                             dtype=loss.dtype).to(loss.device) + 0.5
         probe = list(torch.autograd.grad((loss * weights).sum(), [c.edge for c in calls], allow_unused=True,
                                          retain_graph=True))
         prints: list[Optional[tuple[Tensor, Tensor]]] = []

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
 from fedpriv.errors import ConfigError
 from fedpriv.models.lstm import LSTM, LSTMLanguageModel
-from fedpriv.models.transformer import TransformerLanguageModel
+from fedpriv.models.transformer import CausalSelfAttention, TransformerLanguageModel
 
 
 
@@ -41,5 +43,19 @@ def set_flat_params(model: nn.Module, flat: torch.Tensor) -> None:
         raise ValueError(f"flat vector has {flat.numel()} entries, model has {offset}")
 
 
+def vmappable(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose forward runs under ``torch.func.vmap`` over stacked parameters
+    (cohort-parallel training): every :class:`LSTM` takes its unrolled forward and attention is
+    spelt out, since the fused LSTM and attention kernels have no batching rule (vmap would loop
+    over the clients one by one). Same function."""
+    replica = copy.deepcopy(model)
+    for module in replica.modules():
+        if isinstance(module, LSTM):
+            module.unrolled = True
+        elif isinstance(module, CausalSelfAttention):
+            module.explicit = True
+    return replica
+
+
 __all__ = ["LSTM", "LSTMLanguageModel", "TransformerLanguageModel", "build_model",
-           "get_flat_params", "set_flat_params"]
+           "get_flat_params", "set_flat_params", "vmappable"]

@@ -6,6 +6,7 @@ outside the Linear projections) so per-sample clipping sees every weight.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,11 +25,17 @@ class CausalSelfAttention(nn.Module):
         self.num_heads = num_heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
+        self.explicit = False  # softmax(q kᵀ/√d + causal mask) v spelt out (vmappable; set by fedpriv.models.vmappable)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.explicit:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            y = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(b, t, d))
 
 
