@@ -15,6 +15,7 @@ unit's gradient is never split across backwards.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,6 +85,10 @@ class CohortClipper:
         self.max_rows = int(max_rows)
         self.bk = BookKeeping(model, clip_norm=self.clip_norm / self.lr, noise_multiplier=0.0, mode=mode)
         self._params = [p for p in model.parameters() if p.requires_grad]
+        # the output layer on non-pad targets only (flattened positions), where the model offers it
+        # and no weight is shared between layers (BK needs one layout per parameter)
+        self.flat = ("keep" in inspect.signature(model.forward).parameters
+                     and len(list(model.named_parameters(remove_duplicate=False))) == len(list(model.parameters())))
 
     def set_clip_norm(self, clip_norm: float) -> None:
         """Clip the next sums to ``clip_norm`` (adaptive clipping's C_t)."""
@@ -106,7 +111,7 @@ class CohortClipper:
             data = torch.as_tensor(np.concatenate([rows[k] for k in chunk]), dtype=torch.long, device=device)
             groups = torch.repeat_interleave(torch.arange(len(chunk), device=device),
                                              torch.tensor([len(rows[k]) for k in chunk], device=device))
-            ce, count = sequence_token_losses(self.model, data, self.pad_id)
+            ce, count = sequence_token_losses(self.model, data, self.pad_id, flat=self.flat)
             tokens = torch.zeros(len(chunk), dtype=ce.dtype, device=device).index_add_(0, groups, count.to(ce.dtype))
             per_row = ce / tokens.clamp(min=1.0)[groups]  # row i's share of its unit's mean loss
             self.bk.backward(per_row, groups=groups)

@@ -124,11 +124,17 @@ class CohortTrainer:
         if len(rows) != len(generators):
             raise ValueError("one generator per client is needed")
         params = params.to(self.device)
-        out: list[tuple[Tensor, dict[str, float]]] = []
+        # clients of similar size side by side (a client's step count grows with its rows), so a
+        # chunk's short clients do not idle through its long ones' steps; each client's result
+        # does not depend on its chunk
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        out: list[tuple[Tensor, dict[str, float]] | None] = [None] * len(rows)
         for start in range(0, len(rows), self.parallel):
-            stop = min(start + self.parallel, len(rows))
-            out.extend(self._chunk(params, rows[start:stop], generators[start:stop], diagnostics))
-        return out
+            chunk = order[start:start + self.parallel]
+            results = self._chunk(params, [rows[i] for i in chunk], [generators[i] for i in chunk], diagnostics)
+            for i, result in zip(chunk, results):
+                out[i] = result
+        return out  # type: ignore[return-value]
 
     def _stacked(self, params: Tensor, clients: int) -> dict[str, Tensor]:
         stacked, offset = {}, 0

@@ -37,16 +37,23 @@ def token_loss(model: nn.Module, rows: torch.Tensor, pad_id: int) -> torch.Tenso
     return F.cross_entropy(logits, targets)
 
 
-def sequence_token_losses(model: nn.Module, rows: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_token_losses(model: nn.Module, rows: torch.Tensor, pad_id: int,
+                          flat: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the summed next-token cross-entropy over its non-pad targets, and their count ([B] each).
 
     Batch-first all the way to the output layer (logits ``[B, T, V]``), so per-sample clipping can
     attribute every position to its row. Trailing columns whose targets are all pad are dropped
-    first (exact for causal models: no earlier position sees them).
+    first (exact for causal models: no earlier position sees them). ``flat``: the output layer
+    runs only on the non-pad targets, as flattened positions the model declares per row
+    (``model(x, keep=mask)``, :func:`fedpriv.clipping.flat_positions`); the same losses.
     """
     targets = rows[:, 1:] != pad_id
     width = int(torch.nonzero(targets.any(0)).max()) + 1 if targets.any() else 1
     x, y = rows[:, :width], rows[:, 1:width + 1]
+    if flat:
+        keep = y != pad_id
+        ce = F.cross_entropy(model(x, keep=keep), y[keep], reduction="none")
+        return ce.new_zeros(len(rows)).index_add(0, torch.nonzero(keep)[:, 0], ce), keep.sum(dim=1)
     logits = model(x)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=pad_id,
                          reduction="none").view_as(y)

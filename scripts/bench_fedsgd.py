@@ -49,13 +49,20 @@ def main() -> None:
         task.units = [rows[: args.user_rows] for rows in task.units]
     clip = float(cfg["privacy"]["clip_norm"])
     sampler = make_sampler("fixed", len(task.units), args.cohort, key_from_seed(0))
-    clipper = CohortClipper(copy.deepcopy(task.client_model), clip, task.local.lr, task.data.vocab.pad_id,
-                            mode=cfg["algorithm"]["clipping_mode"], max_rows=int(cfg["algorithm"]["max_rows"]))
+    def make_clipper() -> CohortClipper:
+        return CohortClipper(copy.deepcopy(task.client_model), clip, task.local.lr, task.data.vocab.pad_id,
+                             mode=cfg["algorithm"]["clipping_mode"], max_rows=int(cfg["algorithm"]["max_rows"]))
+
+    clipper, full_layout = make_clipper(), make_clipper()
+    full_layout.flat = False  # the output layer on every position of [B, T] (before issue 18)
     params = task.initial_params
     rng = ClientRandomness.from_seed(0)
-    one_pass, loop, rows = [], [], []
+    one_pass, one_pass_full, loop, rows = [], [], [], []
     for r in range(args.rounds + 1):  # round 0 is warm-up
         cohort = sampler.sample(r)
+        start = time.perf_counter()
+        full = full_layout.clipped_sum(params, cohort, lambda u: task.units[u])
+        t_full = time.perf_counter() - start
         start = time.perf_counter()
         fused = clipper.clipped_sum(params, cohort, lambda u: task.units[u])
         t_one = time.perf_counter() - start
@@ -65,22 +72,27 @@ def main() -> None:
             delta = client_update(task, params, int(u), r, rng).delta
             total.add_(delta, alpha=clip_factor(delta, clip)[0])
         t_loop = time.perf_counter() - start
-        err = float(torch.linalg.vector_norm(fused.total - total) / torch.linalg.vector_norm(total))
-        if err > 1e-4:
-            raise SystemExit(f"round {r}: one-pass sum differs from the loop by {err:.2e} (relative)")
+        for name, got in (("one-pass", fused), ("one-pass (full layout)", full)):
+            err = float(torch.linalg.vector_norm(got.total - total) / torch.linalg.vector_norm(total))
+            if err > 1e-4:
+                raise SystemExit(f"round {r}: the {name} sum differs from the loop by {err:.2e} (relative)")
         if r:
             one_pass.append(t_one)
+            one_pass_full.append(t_full)
             loop.append(t_loop)
             rows.append(sum(len(task.units[int(u)]) for u in cohort))
-    med_one, med_loop = statistics.median(one_pass), statistics.median(loop)
+    med_one, med_loop, med_full = statistics.median(one_pass), statistics.median(loop), statistics.median(one_pass_full)
     result = {"model": cfg["model"]["name"], "cohort": args.cohort, "rounds": args.rounds,
               "user_rows": args.user_rows,
               "median_rows_per_cohort": statistics.median(rows), "one_pass_s": med_one, "loop_s": med_loop,
               "one_pass_users_per_s": args.cohort / med_one, "loop_users_per_s": args.cohort / med_loop,
-              "speedup": med_loop / med_one, "mode": cfg["algorithm"]["clipping_mode"]}
+              "speedup": med_loop / med_one, "mode": cfg["algorithm"]["clipping_mode"],
+              "flat_output_layer": clipper.flat, "one_pass_full_layout_s": med_full,
+              "full_layout_speedup": med_loop / med_full}
     print(f"{result['model']}, cohort {args.cohort} (median {result['median_rows_per_cohort']:.0f} rows), "
           f"{args.rounds} rounds, {args.threads} threads")
     print(f"one-pass BK ({result['mode']}): {med_one:.3f} s/round = {result['one_pass_users_per_s']:.0f} users/s")
+    print(f"one-pass, head on [B, T]: {med_full:.3f} s/round = {args.cohort / med_full:.0f} users/s")
     print(f"per-client loop:          {med_loop:.3f} s/round = {result['loop_users_per_s']:.0f} users/s")
     print(f"speed-up {result['speedup']:.2f}x (sums agree to 1e-4 relative every round)")
     if args.json:

@@ -1,7 +1,7 @@
 """Paper-scale round benchmark: the per-client loop vs cohort-parallel local training, per device.
 
     python scripts/bench_scale.py [--setting stackoverflow|default] [--rounds 2] [--parallel 10]
-                                  [--devices cpu,cuda] [--json PATH]
+                                  [--warmup 1] [--devices cpu,cuda] [--json PATH]
 
 * ``stackoverflow``: a TFF-schema sqlite generated here (``--users`` users whose sentence counts
   follow a heavy-tailed law capped at 256, as TFF's preprocessing caps StackOverflow users;
@@ -44,7 +44,7 @@ WORDS = 10_000
 
 def write_stackoverflow_like(folder: Path, users: int, seed: int = 0) -> Path:
     """``stackoverflow.sqlite`` and ``stackoverflow.word_count`` in ``folder``. Sentence counts per
-    user: ``min(256, ⌈LogNormal(log 40, 1.4)⌉)`` (median 40; about 15% of users at the 256 cap);
+    user: ``min(256, ⌈LogNormal(log 100, 1.2)⌉)`` (median 100; about 22% of users at the 256 cap);
     sentence lengths: 4 + Poisson(10) words; words: Zipf(1.1) ranks over the vocabulary."""
     rng = np.random.default_rng(seed)
     vocab = [f"w{k}" for k in range(WORDS)]
@@ -56,7 +56,7 @@ def write_stackoverflow_like(folder: Path, users: int, seed: int = 0) -> Path:
     def sentence() -> str:
         return " ".join(vocab[i] for i in rng.choice(WORDS, size=4 + rng.poisson(10), p=p))
 
-    sizes = np.minimum(256, np.ceil(rng.lognormal(np.log(40), 1.4, size=users))).astype(int)
+    sizes = np.minimum(256, np.ceil(rng.lognormal(np.log(100), 1.2, size=users))).astype(int)
     rows = [("train", f"u{u:06d}", sentence()) for u in range(users) for _ in range(sizes[u])]
     rows += [("test", f"t{k % 50}", sentence()) for k in range(500)]
     return write_examples(folder / "stackoverflow.sqlite", rows, index=True)
@@ -75,6 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", choices=["stackoverflow", "default"], default="stackoverflow")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per device")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (1: round 0)")
     parser.add_argument("--parallel", type=int, default=10, help="clients per cohort-parallel chunk")
     parser.add_argument("--users", type=int, default=1000, help="users in the generated sqlite")
     parser.add_argument("--devices", default="cpu,cuda", help="comma-separated; cuda is skipped where absent")
@@ -100,7 +101,7 @@ def main() -> None:
 
 
 def bench_device(args: argparse.Namespace, folder: Path, device: str) -> dict:
-    base = overrides(args.setting, folder, args.rounds + 1) + [f"device={device}"]
+    base = overrides(args.setting, folder, args.rounds + args.warmup) + [f"device={device}"]
     loop_cfg = compose_config(base, folder / f"run-{device}-loop")
     par_cfg = compose_config(base + [f"client.parallel={args.parallel}"], folder / f"run-{device}-par")
     session = prepare(par_cfg)  # the server side (sampler, mechanism, optimizer) of the parallel config
@@ -108,7 +109,7 @@ def bench_device(args: argparse.Namespace, folder: Path, device: str) -> dict:
     rng = ClientRandomness.for_config(par_cfg)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     loop_s, par_s, server_s, rows, worst = [], [], [], [], 0.0
-    for r in range(args.rounds + 1):  # round 0: warm-up
+    for r in range(args.rounds + args.warmup):  # the first `warmup` rounds are not timed
         cohort = session.server.cohort(r)
         users = [int(u) for u in cohort]
         params = session.server.params
@@ -127,7 +128,7 @@ def bench_device(args: argparse.Namespace, folder: Path, device: str) -> dict:
         session.server.apply_round(r, cohort, timed["parallel"][1])
         session.ledger.record_round(r)
         elapsed = time.perf_counter() - start
-        if r:
+        if r >= args.warmup:
             loop_s.append(timed["loop"][0])
             par_s.append(timed["parallel"][0])
             server_s.append(elapsed)

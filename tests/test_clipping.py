@@ -657,3 +657,69 @@ def test_declared_per_sample_input_must_come_from_the_batch() -> None:
     bk = BookKeeping(Declared(honest=False))
     with pytest.raises(UnsupportedLayerError, match=r"^lin \(.*declared computed from"):
         bk.backward(lm_loss(bk.model, tokens(4, 6, 30)))
+
+
+# ----------------------------------------------------------------------------- flattened positions
+
+
+def flat_lm_loss(forward: Callable, tokens: torch.Tensor) -> torch.Tensor:
+    """``lm_loss`` with the output layer only on the non-pad targets (``forward(x, keep=mask)``)."""
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    keep = y != PAD
+    ce = F.cross_entropy(forward(x, keep=keep), y[keep], reduction="none")
+    return ce.new_zeros(len(x)).index_add(0, torch.nonzero(keep)[:, 0], ce) / keep.sum(1).clamp_min(1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", ["lstm", "padded_lstm", "transformer", "padded_transformer"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_output_layer_on_flattened_positions_matches_torch_func(case: str, mode: str, grouped: bool) -> None:
+    """The head run only on non-pad targets (flat_positions) gives torch.func's per-sample (or
+    per-group) norms and clipped sums of the full-layout loss; a row with no target at all is in
+    it (its unit has no flattened position)."""
+    model, _, (data,) = make_case(case)
+    data = data.clone()
+    data[0, 1:] = PAD  # row 0: no target
+    groups = torch.tensor([(i * 5) % 3 for i in range(len(data))]) if grouped else None
+    lstms = [m for m in model.modules() if isinstance(m, LSTM)]
+    for lstm in lstms:
+        lstm.unrolled = True
+    per = per_sample_grads(model, lm_loss, (data,))
+    for lstm in lstms:
+        lstm.unrolled = False
+    clip = reference(per, 1.0, groups)[0].median().item()
+    norms, want = reference(per, clip, groups)
+    bk = bk_step(model, flat_lm_loss, (data,), clip, mode, groups=groups)
+    assert not grouped or float(norms[0]) > 0  # row 0 shares unit 0 with other rows
+    assert grouped or float(norms[0]) == 0 == float(bk.last_norms[0])
+    assert torch.allclose(bk.last_norms, norms, rtol=1e-4, atol=1e-7)
+    for name, p in model.named_parameters():
+        assert_rel_close(p.grad, want[name], what=name)
+
+
+def test_flattened_positions_of_a_tied_weight_are_refused() -> None:
+    model, _, (data,) = make_case("tied")
+    with pytest.raises(UnsupportedLayerError, match="both on flattened positions and on batch rows"):
+        bk_step(model, flat_lm_loss, (data,), 1.0, "mixopt")
+
+
+def test_flattened_positions_must_come_from_the_batch() -> None:
+    """flat_positions of a tensor not derived from the batch (here a parameter-only tensor with
+    the batch size in dim 0) fails closed, naming the layer."""
+    from fedpriv.clipping import flat_positions
+
+    class Bad(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(30, 4)
+            self.out = nn.Linear(4, 30)
+            self.table = nn.Parameter(torch.randn(5, 6, 4), requires_grad=False)
+
+        def forward(self, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+            h = self.emb(tokens)
+            fake = self.table * 1.0  # [B, T, 4] with B == batch, computed from no sample
+            return self.out(flat_positions(fake, keep)) + 0 * h.sum()
+
+    x = tokens(5, 7, 30)
+    with pytest.raises(UnsupportedLayerError, match=r"out \(Linear\).*flattened positions"):
+        bk_step(Bad(), flat_lm_loss, (x,), 1.0, "mixopt")

@@ -154,3 +154,15 @@ def test_flower_workers_run_parallel_chunks_like_the_local_loop(tmp_path):
     a = json.loads((tmp_path / "local" / "privacy.json").read_text())
     b = json.loads((tmp_path / "flower" / "privacy.json").read_text())
     assert a == b
+
+
+def test_public_stages_refuse_a_gpu_device():
+    """Public pre-training/mid-training computes in host memory only: on a CUDA task it is one
+    ConfigError before any public artifact is built."""
+    from types import SimpleNamespace
+
+    from fedpriv.public.setup import prepare_public
+
+    task = SimpleNamespace(data=None, device=torch.device("cuda"), initial_params=None)
+    with pytest.raises(ConfigError, match="device=cpu"):
+        prepare_public({"pretrain_steps": 5}, task, seed=0)

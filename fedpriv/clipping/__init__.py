@@ -6,9 +6,10 @@ gradients. Add a layer type with :func:`register_rule` (model packages register 
 composite modules' rules when imported; this package imports no model).
 """
 
-from fedpriv.clipping.engine import MODES, BookKeeping, UnsupportedLayerError, computed_from, record_call
+from fedpriv.clipping.engine import (MODES, BookKeeping, UnsupportedLayerError, computed_from, flat_positions,
+                                    record_call)
 from fedpriv.clipping.noise import add_gaussian_
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule, no_contributions, register_hint, register_rule
 
 __all__ = ["BookKeeping", "HINTS", "LayerRule", "MODES", "RULES", "UnsupportedLayerError", "add_gaussian_",
-           "computed_from", "no_contributions", "record_call", "register_hint", "register_rule"]
+           "computed_from", "flat_positions", "no_contributions", "record_call", "register_hint", "register_rule"]

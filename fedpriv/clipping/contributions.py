@@ -100,12 +100,19 @@ class Grouping:
     def from_ids(ids: Tensor) -> "Grouping":
         """Build from one group id per sample (any integers)."""
         _, unit = torch.unique(ids, sorted=True, return_inverse=True)
-        num_units = int(unit.max()) + 1 if unit.numel() else 0
+        return Grouping.from_units(unit, int(unit.max()) + 1 if unit.numel() else 0)
+
+    @staticmethod
+    def from_units(unit: Tensor, num_units: int) -> "Grouping":
+        """Build from each sample's unit index in ``[0, num_units)`` (a unit may have no sample:
+        it is in no bucket and gets nothing from this grouping)."""
         counts = torch.bincount(unit, minlength=num_units)
         order = torch.argsort(unit, stable=True)  # samples of unit 0, then unit 1, ...
         starts = torch.cumsum(counts, 0) - counts
         buckets = []
         for size in torch.unique(counts).tolist():
+            if size == 0:
+                continue
             units = torch.nonzero(counts == size).flatten()
             members = order[starts[units].unsqueeze(1) + torch.arange(size, device=order.device)]
             buckets.append((units, members))

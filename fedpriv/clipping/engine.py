@@ -104,6 +104,7 @@ class _Call:
     edge: Any  # torch.autograd.graph.GradientEdge of the output
     input_node: Any  # grad_fn of the original input (graph audit continues from here)
     input_leaf: Optional[Tensor]  # the original input if it is a leaf that requires grad
+    rows: Optional[Tensor] = None  # a call on flattened positions: the sample of each input row
 
 
 _SOURCE = "_fedpriv_computed_from"
@@ -134,6 +135,24 @@ def computed_from(value: Tensor, source: Tensor) -> Tensor:
     (``value`` gets no gradient). Returns ``value``."""
     setattr(value, _SOURCE, source)
     return value
+
+
+_POSITIONS = "_fedpriv_positions_of"
+
+
+def flat_positions(x: Tensor, keep: Tensor) -> Tensor:
+    """``x[keep]``: the positions of a per-sample ``x`` [B, T, ...] where ``keep`` [B, T] is true,
+    flattened to [N, ...] (e.g. an LM's output layer run only on non-pad targets), declared so
+    that an attached engine attributes row n to sample ``keep.nonzero()[n, 0]``. A hooked call on
+    the result is clipped per sample as if it ran on all of ``x`` with zero output gradient at the
+    dropped positions (the same gradients). Accepted only if ``x`` is itself proven per sample;
+    a parameter used both on flattened positions and elsewhere in one forward is refused."""
+    if keep.shape != x.shape[:2] or keep.dtype != torch.bool:
+        raise ValueError(f"keep must be a bool mask of shape {tuple(x.shape[:2])}, got {keep.dtype} "
+                         f"{tuple(keep.shape)}")
+    flat = x[keep]
+    setattr(flat, _POSITIONS, (x, torch.nonzero(keep)[:, 0]))
+    return flat
 
 
 def _first_tensor(args: tuple, kwargs: dict) -> Optional[Tensor]:
@@ -316,6 +335,21 @@ class BookKeeping:
         changed = any(a is not b for a, b in zip(new_args, args)) or any(new_kwargs[k] is not kwargs[k] for k in kwargs)
         return (new_args, new_kwargs) if changed else None
 
+    def _positions(self, path: str, module: nn.Module, x: Tensor) -> Optional[Tensor]:
+        """The sample of each row of ``x`` if :func:`flat_positions` made it (else None); raise
+        :class:`UnsupportedLayerError` if the tensor it flattened is not proven per sample."""
+        declared = getattr(x, _POSITIONS, None)
+        if declared is None:
+            return None
+        source, rows = declared
+        batch = self._batch
+        if batch is None or not (source.dim() >= 2 and source.shape[0] == batch and rows.shape == (x.shape[0],)
+                                 and (any(source is r for r in self._roots) or self._derived_from_batch(source))):
+            raise UnsupportedLayerError(
+                f"{path} ({type(module).__name__}): its input {tuple(x.shape)} holds flattened positions of a tensor "
+                f"that is not derived from the batch of {batch} in dim 0")
+        return rows
+
     def _batched(self, path: str, rule: LayerRule, module: nn.Module, x: Tensor) -> bool:
         """Whether a call's input is per sample (dim 0 the batch) or shared by all samples; raise
         :class:`UnsupportedLayerError` where neither can be proven (see the module docstring)."""
@@ -394,6 +428,11 @@ class BookKeeping:
         x = _first_tensor(args, kwargs)
         leaf = x if x.requires_grad and x.grad_fn is None else None
         node = x.grad_fn
+        rows = self._positions(path, module, x)
+        if rows is not None:  # flattened positions of a per-sample tensor (flat_positions)
+            self._sources.add(output.grad_fn)
+            self._calls.append(_Call(path, module, rule, x.detach(), get_gradient_edge(output), node, leaf, rows))
+            return None
         batched = self._batched(path, rule, module, x)
         if not batched:
             x = x.unsqueeze(0).expand((self._batch,) + tuple(x.shape))
@@ -423,7 +462,11 @@ class BookKeeping:
                              "(was the forward run under torch.no_grad()?)")
         size = per_sample_loss.shape[0]
         for call in calls:
-            if call.input.shape[0] != size:
+            if call.rows is not None:
+                if call.rows.numel() and int(call.rows.max()) >= size:
+                    raise ValueError(f"{call.path} ran on positions of sample {int(call.rows.max())} but "
+                                     f"per_sample_loss has {size} entries")
+            elif call.input.shape[0] != size:
                 raise ValueError(
                     f"{call.path} was called with batch dim {call.input.shape[0]} but "
                     f"per_sample_loss has {size} entries; inputs must be batch-first "
@@ -445,13 +488,6 @@ class BookKeeping:
         finally:
             self._in_backward = False
         with torch.no_grad():
-            contributions: dict[int, list[Contribution]] = defaultdict(list)
-            for call, g in zip(calls, grads):
-                if g is not None:
-                    with record_function(f"bk.contributions.{type(call.module).__name__}"):
-                        for p, c in call.rule.contributions(call.module, call.input, g):
-                            contributions[id(p)].append(c)
-            del calls, grads
             grouping = None
             if groups is not None:
                 ids = torch.as_tensor(groups, device=per_sample_loss.device)
@@ -459,11 +495,39 @@ class BookKeeping:
                     raise ValueError(f"groups must have shape [{size}], got {tuple(ids.shape)}")
                 grouping = Grouping.from_ids(ids)
             units = grouping.num_units if grouping else size
-            self._clip_and_noise(contributions, grouping, units, per_sample_loss.dtype)
+            contributions: dict[int, list[Contribution]] = defaultdict(list)
+            position_units: dict[int, Grouping] = {}  # parameter -> its flattened positions' units
+            plain: set[int] = set()  # parameters with contributions from calls on batch rows
+            for call, g in zip(calls, grads):
+                if g is not None:
+                    with record_function(f"bk.contributions.{type(call.module).__name__}"):
+                        for p, c in call.rule.contributions(call.module, call.input, g):
+                            contributions[id(p)].append(c)
+                            if call.rows is None:
+                                plain.add(id(p))
+                            elif id(p) in position_units:
+                                raise UnsupportedLayerError(
+                                    f"{call.path} ({type(call.module).__name__}): a parameter is used in more than "
+                                    "one call on flattened positions; flatten once")
+                            else:
+                                unit = call.rows if grouping is None else grouping.unit[call.rows]
+                                position_units[id(p)] = Grouping.from_units(unit, units)
+            mixed = plain & set(position_units)
+            if mixed:
+                names = sorted(n for n, p in self._params if id(p) in mixed)
+                raise UnsupportedLayerError(
+                    f"parameter(s) {', '.join(names)} are used both on flattened positions and on batch rows "
+                    "(a tied weight?); per-sample clipping needs one layout per parameter")
+            del calls, grads
+            self._clip_and_noise(contributions, grouping, units, per_sample_loss.dtype, position_units)
 
     def _clip_and_noise(self, contributions: dict[int, list[Contribution]],
-                        grouping: Optional[Grouping], units: int, dtype: torch.dtype) -> None:
-        """Norms (ghost or instantiated per parameter), clip factors, weighted sums, noise."""
+                        grouping: Optional[Grouping], units: int, dtype: torch.dtype,
+                        position_units: Optional[dict[int, Grouping]] = None) -> None:
+        """Norms (ghost or instantiated per parameter), clip factors, weighted sums, noise.
+        ``position_units``: for a parameter used on flattened positions, the unit of each position
+        (its contributions are per position, and a unit's are summed as a group's)."""
+        position_units = position_units or {}
         device = self._params[0][1].device if self._params else None
         sq_norms = torch.zeros(units, dtype=dtype, device=device)
         plans: list[tuple[nn.Parameter, list[Contribution]]] = []
@@ -471,10 +535,11 @@ class BookKeeping:
         for name, p in self._params:
             with record_function(f"bk.norms.{self._kind.get(id(p), 'unknown')}"):
                 parts = _merge(contributions.pop(id(p), []))
+                by_unit = position_units.get(id(p), grouping)
                 if not parts:
                     methods[name] = "unused"
-                elif grouping is not None:
-                    methods[name] = self._add_group_norms(p, parts, grouping, sq_norms)
+                elif by_unit is not None:
+                    methods[name] = self._add_group_norms(p, parts, by_unit, sq_norms)
                 elif self._use_ghost(p, parts, _steps(parts)):
                     methods[name] = "ghost"
                     sq_norms += _ghost_sq_norms(parts)
@@ -486,15 +551,17 @@ class BookKeeping:
             plans.append((p, parts))
         norms = sq_norms.clamp_min(0).sqrt()
         scales = self.clip_norm / norms.clamp_min(self.clip_norm)
-        # the sums run over samples: each sample's factor is its unit's
+        # the sums run over samples (or flattened positions): each one's factor is its unit's
         coef = scales if grouping is None else scales[grouping.unit]
         std = self.noise_multiplier * self.clip_norm
         grads = []
         for p, parts in plans:
             grad = None
             with record_function(f"bk.clipped_sum.{self._kind.get(id(p), 'unknown')}"):
+                by_position = position_units.get(id(p))
+                factors = (coef if by_position is None else scales[by_position.unit]).to(p.dtype)
                 for c in parts:
-                    term = weighted_sum(c, coef.to(p.dtype), p.shape)
+                    term = weighted_sum(c, factors, p.shape)
                     grad = term if grad is None else grad.add_(term)
                 if grad is None:
                     grad = torch.zeros_like(p)
@@ -573,9 +640,10 @@ class BookKeeping:
                 mismatch = True
             else:
                 weighted, directions = weighted
+                w = weights if call.rows is None else weights[call.rows].to(weights.dtype)  # a position's sample's
                 expected = _fingerprint(full, directions)
-                expected[:, 0] *= weights * weights  # squared norms scale by w²
-                expected[:, 1:] *= weights.unsqueeze(1)
+                expected[:, 0] *= w * w  # squared norms scale by w²
+                expected[:, 1:] *= w.unsqueeze(1)
                 scale = expected.norm(dim=0) + weighted.norm(dim=0)  # per statistic, over the rows
                 mismatch = bool(((weighted - expected).norm(dim=0) > 1e-3 * scale + 1e-12).any())
             if mismatch:

@@ -34,8 +34,8 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
-from fedpriv.clipping import (LayerRule, computed_from, no_contributions, record_call, register_hint,
-                              register_rule)
+from fedpriv.clipping import (LayerRule, computed_from, flat_positions, no_contributions, record_call,
+                              register_hint, register_rule)
 from fedpriv.schema import ModelOption, positive, register_option
 
 
@@ -259,9 +259,11 @@ class LSTMLanguageModel(nn.Module):
         """Output layer: features [..., projection_dim] → logits [..., vocab_size]."""
         return self.output(features)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens``: int [B, T] → logits [B, T, vocab_size]."""
-        return self.head(self.features(tokens))
+    def forward(self, tokens: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """``tokens``: int [B, T] → logits [B, T, vocab_size]; with a bool ``keep`` [B, T], the
+        logits at the kept positions only, [N, vocab_size] (:func:`fedpriv.clipping.flat_positions`)."""
+        features = self.features(tokens)
+        return self.head(features if keep is None else flat_positions(features, keep))
 
 
 # --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------

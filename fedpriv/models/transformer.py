@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedpriv.clipping import flat_positions
 from fedpriv.schema import ModelOption, divisible, positive, register_option
 
 
@@ -79,9 +80,12 @@ class TransformerLanguageModel(nn.Module):
             x = block(x)
         return self.ln_f(x)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens``: int [B, T] (T <= max_len) → logits [B, T, vocab_size]."""
-        return self.head(self.features(tokens))
+    def forward(self, tokens: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """``tokens``: int [B, T] (T <= max_len) → logits [B, T, vocab_size]; with a bool ``keep``
+        [B, T], the logits at the kept positions only, [N, vocab_size]
+        (:func:`fedpriv.clipping.flat_positions`)."""
+        features = self.features(tokens)
+        return self.head(features if keep is None else flat_positions(features, keep))
 
 
 # --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------

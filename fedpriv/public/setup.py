@@ -76,6 +76,9 @@ def prepare_public(public_cfg: Mapping[str, Any], task, seed: int) -> PublicArti
     public = load(Public, public_cfg, "public")
     pretrain_steps = public.pretrain_steps
     used = pretrain_steps > 0 or public.mid_training_round is not None
+    if used and getattr(task, "device", torch.device("cpu")).type != "cpu":
+        raise ConfigError("public-data pre-training, distillation and mid-training run in host memory only: "
+                          "use device=cpu for runs with public stages")
     teacher = _teacher(public_cfg, data, seed) if used else None
     topk = _topk_corpus(teacher, public_cfg, data) if teacher is not None else None
     out = PublicArtifacts(initial_params=task.initial_params, teacher=teacher, topk=topk)
