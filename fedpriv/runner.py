@@ -224,7 +224,7 @@ def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int, r
     delta, metrics = local_update(task.client_model, params, task.units[user], task.local,
                                   rng.generator(round_idx, user), task.data.vocab.pad_id, bk=task.bk,
                                   diagnostics=diagnostics)
-    return ClientUpdate(user=user, delta=delta, metrics=metrics)
+    return ClientUpdate(user=user, delta=delta.cpu(), metrics=metrics)  # the server aggregates in host memory
 
 
 def client_updates(task: Task, params: torch.Tensor, users: list[int], round_idx: int, rng: ClientRandomness,
@@ -236,7 +236,7 @@ def client_updates(task: Task, params: torch.Tensor, users: list[int], round_idx
         return [client_update(task, params, user, round_idx, rng, diagnostics) for user in users]
     results = task.trainer.updates(params, [task.units[u] for u in users],
                                    [rng.generator(round_idx, u) for u in users], diagnostics)
-    return [ClientUpdate(user=u, delta=delta, metrics=metrics) for u, (delta, metrics) in zip(users, results)]
+    return [ClientUpdate(user=u, delta=delta.cpu(), metrics=metrics) for u, (delta, metrics) in zip(users, results)]
 
 
 def evaluate_params(task: Task, params: torch.Tensor) -> dict[str, float]:

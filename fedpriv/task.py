@@ -64,7 +64,11 @@ def _model(model_cfg: Mapping[str, Any], data: FederatedDataset, seed: int) -> n
 def task_key(cfg: Mapping[str, Any]) -> str:
     """The config parts that define the task, as a canonical JSON string."""
     privacy = cfg.get("privacy") or {}
-    key = {k: cfg.get(k) for k in ("data", "model", "client", "algorithm", "seed", "rounds", "device")}
+    key = {k: cfg.get(k) for k in ("data", "model", "client", "algorithm", "seed", "rounds")}
+    public = cfg.get("public") or {}
+    host_only = (public.get("pretrain_steps") or 0) > 0 or public.get("mid_training_round") is not None
+    # device=auto with public stages (host memory only): the host; an explicit cuda is refused there
+    key["device"] = "cpu" if host_only and (cfg.get("device") or "auto") == "auto" else cfg.get("device")
     key["privacy"] = {k: privacy.get(k) for k in ("accountant",)}
     return json.dumps(key, sort_keys=True, default=str)
 
@@ -82,9 +86,10 @@ def _load_task(key: str) -> Task:
     algorithm = build_algorithm(cfg)
     client = schema.load(schema.Client, cfg["client"], "client")
     local = algorithm.local_config(client, int(cfg["rounds"]), cfg["privacy"]["accountant"])
-    bk = algorithm.client_engine(client_model, local)
+    # the trainer's replica is copied before the engine hooks client_model
     trainer = (CohortTrainer(client_model, local, data.vocab.pad_id, client.parallel)
                if client.parallel > 1 and algorithm.per_unit_deltas else None)
+    bk = algorithm.client_engine(client_model, local)
     units = algorithm.units(data.users)
     return Task(data=data, units=units, bk=bk, client_model=client_model, eval_model=eval_model,
                 initial_params=initial_params, local=local, algorithm=algorithm, trainer=trainer, device=device)

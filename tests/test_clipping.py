@@ -723,3 +723,14 @@ def test_flattened_positions_must_come_from_the_batch() -> None:
     x = tokens(5, 7, 30)
     with pytest.raises(UnsupportedLayerError, match=r"out \(Linear\).*flattened positions"):
         bk_step(Bad(), flat_lm_loss, (x,), 1.0, "mixopt")
+
+
+def test_flattened_positions_with_no_target_at_all_give_zero_gradients() -> None:
+    """A first (checked) backward whose batch has no non-pad target: the head sees no position."""
+    model, _, (data,) = make_case("lstm")
+    data = data.clone()
+    data[:, 1:] = PAD
+    bk = bk_step(model, flat_lm_loss, (data,), 1.0, "mixopt")
+    assert torch.equal(bk.last_norms, torch.zeros(len(data)))
+    assert bk.last_methods["output.weight"] == "unused"
+    assert all(float(p.grad.abs().max()) == 0 for p in model.parameters())

@@ -166,3 +166,16 @@ def test_public_stages_refuse_a_gpu_device():
     task = SimpleNamespace(data=None, device=torch.device("cuda"), initial_params=None)
     with pytest.raises(ConfigError, match="device=cpu"):
         prepare_public({"pretrain_steps": 5}, task, seed=0)
+
+
+def test_parallel_example_dp_run_matches_the_loop(tmp_path):
+    """End to end with client.dp=example: the trainer's replica carries none of the clipping
+    engine's hooks (it is copied before the engine attaches), and the run equals the loop's."""
+    base = ("+experiment=smoke", "progress=false", "rounds=2", "client.dp=example", "client.example.noise_multiplier=1.0")
+    loop, par = (prepare(compose_cfg(*base, *extra, run_dir=tmp_path / name))
+                 for name, extra in (("loop", ()), ("par", ("client.parallel=3",))))
+    assert par.task.trainer is not None and par.task.bk is not None
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in par.task.trainer.model.modules())
+    run_local(loop)
+    run_local(par)
+    torch.testing.assert_close(par.server.params, loop.server.params, rtol=1e-4, atol=1e-6)

@@ -41,6 +41,7 @@ input, in place. (A hooked call's *output* may be: the gradient is taken at the 
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass
@@ -146,7 +147,8 @@ def flat_positions(x: Tensor, keep: Tensor) -> Tensor:
     that an attached engine attributes row n to sample ``keep.nonzero()[n, 0]``. A hooked call on
     the result is clipped per sample as if it ran on all of ``x`` with zero output gradient at the
     dropped positions (the same gradients). Accepted only if ``x`` is itself proven per sample;
-    a parameter used both on flattened positions and elsewhere in one forward is refused."""
+    a parameter used both on flattened positions and on batch rows in one step is refused (at
+    ``backward``)."""
     if keep.shape != x.shape[:2] or keep.dtype != torch.bool:
         raise ValueError(f"keep must be a bool mask of shape {tuple(x.shape[:2])}, got {keep.dtype} "
                          f"{tuple(keep.shape)}")
@@ -344,6 +346,7 @@ class BookKeeping:
         source, rows = declared
         batch = self._batch
         if batch is None or not (source.dim() >= 2 and source.shape[0] == batch and rows.shape == (x.shape[0],)
+                                 and not (batch > 1 and source.stride(0) == 0)
                                  and (any(source is r for r in self._roots) or self._derived_from_batch(source))):
             raise UnsupportedLayerError(
                 f"{path} ({type(module).__name__}): its input {tuple(x.shape)} holds flattened positions of a tensor "
@@ -499,19 +502,20 @@ class BookKeeping:
             position_units: dict[int, Grouping] = {}  # parameter -> its flattened positions' units
             plain: set[int] = set()  # parameters with contributions from calls on batch rows
             for call, g in zip(calls, grads):
-                if g is not None:
+                if g is not None and (call.rows is None or call.rows.numel()):  # no position: nothing to add
                     with record_function(f"bk.contributions.{type(call.module).__name__}"):
+                        positions = None if call.rows is None else Grouping.from_units(
+                            call.rows if grouping is None else grouping.unit[call.rows], units)
                         for p, c in call.rule.contributions(call.module, call.input, g):
                             contributions[id(p)].append(c)
-                            if call.rows is None:
+                            if positions is None:
                                 plain.add(id(p))
                             elif id(p) in position_units:
                                 raise UnsupportedLayerError(
                                     f"{call.path} ({type(call.module).__name__}): a parameter is used in more than "
                                     "one call on flattened positions; flatten once")
                             else:
-                                unit = call.rows if grouping is None else grouping.unit[call.rows]
-                                position_units[id(p)] = Grouping.from_units(unit, units)
+                                position_units[id(p)] = positions
             mixed = plain & set(position_units)
             if mixed:
                 names = sorted(n for n, p in self._params if id(p) in mixed)
@@ -591,7 +595,7 @@ class BookKeeping:
             for start in range(0, len(units), step):
                 part = [bucket_view(c, members[start:start + step]) for c in parts]
                 sq_norms[units[start:start + step]] += _instantiate(part, p.shape).flatten(1).pow(2).sum(1)
-        return used.pop() if len(used) == 1 else "mixed"
+        return used.pop() if len(used) == 1 else ("mixed" if used else "unused")
 
     def _use_ghost(self, p: nn.Parameter, parts: list[Contribution], steps: int) -> bool:
         """Ghost norm for ``p``? Never for Dense parts; for ``mixopt`` iff ``2·T² < numel``
@@ -640,7 +644,7 @@ class BookKeeping:
                 mismatch = True
             else:
                 weighted, directions = weighted
-                w = weights if call.rows is None else weights[call.rows].to(weights.dtype)  # a position's sample's
+                w = weights if call.rows is None else weights[call.rows]  # a flattened position's sample's
                 expected = _fingerprint(full, directions)
                 expected[:, 0] *= w * w  # squared norms scale by w²
                 expected[:, 1:] *= w.unsqueeze(1)
@@ -693,14 +697,14 @@ class BookKeeping:
 
 def _directions(g: Tensor, projections: int = 3) -> Tensor:
     """``projections`` random directions (fixed seed) in the row space of ``g`` [B, ...]."""
-    return torch.randn(g[0].numel(), projections, generator=torch.Generator().manual_seed(0xF1A9),
+    return torch.randn(math.prod(g.shape[1:]), projections, generator=torch.Generator().manual_seed(0xF1A9),
                        dtype=g.dtype).to(g.device)
 
 
 def _fingerprint(g: Tensor, directions: Tensor) -> Tensor:
     """Per row of ``g`` [B, ...]: its squared norm and its projections on ``directions`` (the same
     for both gradients of one call), [B, 1 + projections], float64."""
-    rows = g.reshape(g.shape[0], -1)
+    rows = g.reshape(g.shape[0], math.prod(g.shape[1:]))
     squares = torch.linalg.vector_norm(rows, dim=1, keepdim=True).pow(2)  # no [B, N] temporary
     return torch.cat([squares, rows @ directions], 1).double()
 

@@ -47,10 +47,15 @@ def vmappable(model: nn.Module) -> nn.Module:
     """A copy of ``model`` whose forward runs under ``torch.func.vmap`` over stacked parameters
     (cohort-parallel training): every :class:`LSTM` takes its unrolled forward and attention is
     spelt out, since the fused LSTM and attention kernels have no batching rule (vmap would loop
-    over the clients one by one). Same function."""
+    over the clients one by one). Same function; the copy carries no module hooks."""
     replica = copy.deepcopy(model)
     for module in replica.modules():
+        for hooks in (module._forward_hooks, module._forward_pre_hooks, module._forward_hooks_with_kwargs,
+                      module._forward_pre_hooks_with_kwargs, module._forward_hooks_always_called,
+                      module._backward_hooks, module._backward_pre_hooks):
+            hooks.clear()  # a per-sample clipping engine's hooks must not follow the copy
         if isinstance(module, LSTM):
+            module.per_sample = False
             module.unrolled = True
         elif isinstance(module, CausalSelfAttention):
             module.explicit = True
