@@ -37,7 +37,7 @@ from torch.func import functional_call, grad, grad_and_value, vmap
 
 from fedpriv.clipping import add_gaussian_
 from fedpriv.local_dp import ExampleDP, example_schedule
-from fedpriv.models import vmappable
+from fedpriv.models import set_flat_params, vmappable
 from fedpriv.training import LocalConfig, batch_schedule
 
 
@@ -96,25 +96,24 @@ class CohortTrainer:
 
     # --- losses of one client (vmapped over the client axis) -------------------------------------
 
-    def _logits(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
-        return functional_call(self.model, params, (x,))
+    def _summed_ce(self, params: dict[str, Tensor], rows: Tensor) -> tuple[Tensor, Tensor]:
+        """The summed next-token CE over the non-pad targets of ``rows`` [B, L], and their count
+        (the fixed-shape form of :func:`fedpriv.metrics.sequence_token_losses`, which vmap needs)."""
+        y = rows[:, 1:]
+        logits = functional_call(self.model, params, (rows[:, :-1],))
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=self.pad_id,
+                             reduction="sum")
+        return ce, (y != self.pad_id).sum().to(ce.dtype)
 
     def _batch_loss(self, params: dict[str, Tensor], rows: Tensor, active: Tensor) -> Tensor:
         """Mean next-token CE over the non-pad targets of ``rows`` [B, L] (0 for an inactive client)."""
-        y = rows[:, 1:]
-        logits = self._logits(params, rows[:, :-1])
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=self.pad_id,
-                             reduction="sum")
-        count = (y != self.pad_id).sum().to(ce.dtype)
+        ce, count = self._summed_ce(params, rows)
         return ce / torch.where(active, count, torch.ones_like(count))
 
     def _example_loss(self, params: dict[str, Tensor], row: Tensor) -> Tensor:
         """Row ``row`` [L]'s mean token CE (0 for a pad row): the loss DP-SGD clips the gradient of."""
-        y = row[1:].unsqueeze(0)
-        logits = self._logits(params, row[:-1].unsqueeze(0))
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=self.pad_id,
-                             reduction="sum")
-        return ce / (y != self.pad_id).sum().clamp(min=1).to(ce.dtype)
+        ce, count = self._summed_ce(params, row.unsqueeze(0))
+        return ce / count.clamp(min=1)
 
     # --- the chunks -------------------------------------------------------------------------------
 
@@ -137,16 +136,10 @@ class CohortTrainer:
         return out  # type: ignore[return-value]
 
     def _stacked(self, params: Tensor, clients: int) -> dict[str, Tensor]:
-        stacked, offset = {}, 0
-        shapes = dict(self.model.named_parameters())
-        for name in self.names:
-            shape = shapes[name].shape
-            n = shapes[name].numel()
-            stacked[name] = params[offset:offset + n].view(shape).expand(clients, *shape).clone()
-            offset += n
-        if offset != params.numel():
-            raise ValueError(f"flat vector has {params.numel()} entries, model has {offset}")
-        return stacked
+        """Every client's copy of the flat ``params``, stacked on a leading client axis."""
+        set_flat_params(self.model, params)  # the replica's own parameters are never trained
+        return {name: p.detach().expand(clients, *p.shape).clone()
+                for name, p in self.model.named_parameters() if p.requires_grad}
 
     def _chunk(self, params: Tensor, rows: Sequence[np.ndarray], generators: Sequence[torch.Generator],
                diagnostics: bool) -> list[tuple[Tensor, dict[str, float]]]:
