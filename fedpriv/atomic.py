@@ -2,9 +2,11 @@
 
 ``write_atomic(path, data)`` writes ``data`` to a temporary file in the same directory, flushes
 and ``fsync``s it, renames it over ``path`` (``os.replace``: readers see the old file or the new
-one, never half) and ``fsync``s the directory so the rename survives a power cut. With
-``private=True`` the file is created owner-only (0600) before any byte is written (checkpoints,
-which hold the run key in secure mode). A failure removes the temporary file and leaves the old
+one, never half) and ``fsync``s the directory so the rename survives a power cut. The temporary
+file is created with its final mode in the one ``open`` call that makes it (``O_CREAT | O_EXCL``,
+mode 0644, or owner-only 0600 with ``private=True``: checkpoints, which hold the run key in secure
+mode), which the kernel masks with the process umask; the umask itself is never read or changed
+(changing it, even briefly, would hand another thread's new files permissive modes). A failure removes the temporary file and leaves the old
 ``path`` untouched; a full disk raises :class:`~fedpriv.errors.OutputError` with one clear line.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 from fedpriv.errors import OutputError
@@ -28,16 +30,25 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+def _create_temporary(path: Path, mode: int) -> tuple[int, Path]:
+    """A new, empty, exclusively created file beside ``path`` with ``mode`` (masked by the umask)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        try:
+            return os.open(tmp, flags, mode), tmp
+        except FileExistsError:
+            continue  # another writer's temporary file (64 random bits: practically never)
+
+
 def write_atomic(path: str | os.PathLike, data: bytes, private: bool = False) -> None:
     """Replace ``path`` by ``data`` atomically and durably (see the module docstring)."""
     path = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = _create_temporary(path, 0o600 if private else 0o644)
     except OSError as err:
         raise _output_error(path, err) from None
     try:
-        if not private:
-            os.fchmod(fd, 0o644 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -45,17 +56,11 @@ def write_atomic(path: str | os.PathLike, data: bytes, private: bool = False) ->
         os.replace(tmp, path)
         fsync_directory(path.parent)
     except OSError as err:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise _output_error(path, err) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _output_error(path: Path, err: OSError) -> OutputError:

@@ -32,8 +32,9 @@ from fedpriv.models import set_flat_params
 class CohortSum:
     """The clipped sum of a cohort's deltas, computed in one pass (no per-unit deltas exist).
 
-    ``norms[k]`` is unit ``users[k]``'s delta norm before clipping; ``train_loss`` is the mean of
-    the units' losses L_u at the round's parameters.
+    ``norms[k]`` is unit ``users[k]``'s delta norm before clipping (0 for a unit with no rows, whose
+    delta is 0); ``train_loss`` is the mean of the losses L_u at the round's parameters of the
+    units that have rows.
     """
 
     users: np.ndarray
@@ -103,9 +104,13 @@ class CohortClipper:
         all_norms = torch.zeros(len(users), device=device)
         losses: list[torch.Tensor] = []
         rows = [np.asarray(rows_of(int(u))) for u in users]
+        # a unit with no rows has no loss: its delta is 0 (what the per-client loop computes: no
+        # step), norm 0, and it takes no place in a chunk (BK numbers the groups present, so an
+        # empty one would shift its neighbours' norms)
         # similar units side by side: equal-size units form contiguous BK buckets, and chunks of
         # short sentences drop their all-pad columns (the clipped sum does not depend on order)
-        order = sorted(range(len(rows)), key=lambda k: (len(rows[k]), int((rows[k] != self.pad_id).sum())))
+        order = sorted((k for k in range(len(rows)) if len(rows[k])),
+                       key=lambda k: (len(rows[k]), int((rows[k] != self.pad_id).sum())))
         for chunk in pack_chunks([len(rows[k]) for k in order], self.max_rows):
             chunk = [order[k] for k in chunk]
             data = torch.as_tensor(np.concatenate([rows[k] for k in chunk]), dtype=torch.long, device=device)

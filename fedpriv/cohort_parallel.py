@@ -7,7 +7,7 @@ then ``θ[c] ← θ[c] − η g[c]`` — the per-client loop's step, computed fo
 (the model ensembling pattern of ``torch.func``). Clients are ragged: they take different
 numbers of steps on batches of different sizes. Each client's steps come from the same schedule
 the loop draws (:func:`fedpriv.training.batch_schedule`, :func:`fedpriv.local_dp.example_schedule`,
-from the same per-client generator), batches are padded to the chunk's widest with all-pad rows,
+from the same per-client draws), batches are padded to the chunk's widest with all-pad rows,
 and a client past its last step gets an all-pad batch. A pad row adds nothing to a loss, so:
 
 * plain SGD: client c's step-k loss is ``Σ CE / n_ck`` over its real batch's non-pad targets
@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
-from fedpriv.clipping import add_gaussian_
 from fedpriv.local_dp import ExampleDP, example_schedule
+from fedpriv.randomness import ClientDraws
 from fedpriv.models import set_flat_params, vmappable
 from fedpriv.training import LocalConfig, batch_schedule
 
@@ -73,8 +73,8 @@ class _Chunk:
 class CohortTrainer:
     """Local updates of many clients from one global model, ``parallel`` clients per chunk.
 
-    ``updates(params, rows, generators)`` returns, for every client, the delta the per-client
-    loop (:func:`fedpriv.training.local_update`) computes with the same generator, and, with
+    ``updates(params, rows, draws)`` returns, for every client, the delta the per-client
+    loop (:func:`fedpriv.training.local_update`) computes with the same draws, and, with
     ``diagnostics``, the loop's metrics (mean batch loss, sentences, steps; user-level DP only).
     """
 
@@ -117,11 +117,11 @@ class CohortTrainer:
 
     # --- the chunks -------------------------------------------------------------------------------
 
-    def updates(self, params: Tensor, rows: Sequence[np.ndarray], generators: Sequence[torch.Generator],
+    def updates(self, params: Tensor, rows: Sequence[np.ndarray], draws: Sequence[ClientDraws],
                 diagnostics: bool = False) -> list[tuple[Tensor, dict[str, float]]]:
         """``(delta, metrics)`` of every client (flat, in ``get_flat_params`` order)."""
-        if len(rows) != len(generators):
-            raise ValueError("one generator per client is needed")
+        if len(rows) != len(draws):
+            raise ValueError("one ClientDraws per client is needed")
         params = params.to(self.device)
         # clients of similar size side by side (a client's step count grows with its rows), so a
         # chunk's short clients do not idle through its long ones' steps; each client's result
@@ -130,7 +130,7 @@ class CohortTrainer:
         out: list[tuple[Tensor, dict[str, float]] | None] = [None] * len(rows)
         for start in range(0, len(rows), self.parallel):
             chunk = order[start:start + self.parallel]
-            results = self._chunk(params, [rows[i] for i in chunk], [generators[i] for i in chunk], diagnostics)
+            results = self._chunk(params, [rows[i] for i in chunk], [draws[i] for i in chunk], diagnostics)
             for i, result in zip(chunk, results):
                 out[i] = result
         return out  # type: ignore[return-value]
@@ -141,21 +141,21 @@ class CohortTrainer:
         return {name: p.detach().expand(clients, *p.shape).clone()
                 for name, p in self.model.named_parameters() if p.requires_grad}
 
-    def _chunk(self, params: Tensor, rows: Sequence[np.ndarray], generators: Sequence[torch.Generator],
+    def _chunk(self, params: Tensor, rows: Sequence[np.ndarray], draws: Sequence[ClientDraws],
                diagnostics: bool) -> list[tuple[Tensor, dict[str, float]]]:
         theta = self._stacked(params, len(rows))
         chunk = _Chunk.of(rows, self.pad_id, self.device)
         if self.local.dp is not None:
-            self._dp_steps(theta, chunk, rows, generators, self.local.dp)
+            self._dp_steps(theta, chunk, rows, draws, self.local.dp)
             metrics = [{} for _ in rows]
         else:
-            metrics = self._sgd_steps(theta, chunk, rows, generators, diagnostics)
+            metrics = self._sgd_steps(theta, chunk, rows, draws, diagnostics)
         deltas = torch.cat([theta[name].reshape(len(rows), -1) for name in self.names], dim=1) - params
         return list(zip(deltas.unbind(0), metrics))
 
     def _sgd_steps(self, theta: dict[str, Tensor], chunk: _Chunk, rows: Sequence[np.ndarray],
-                   generators: Sequence[torch.Generator], diagnostics: bool) -> list[dict[str, float]]:
-        schedules = [batch_schedule(len(r), self.local, g) for r, g in zip(rows, generators)]
+                   draws: Sequence[ClientDraws], diagnostics: bool) -> list[dict[str, float]]:
+        schedules = [batch_schedule(len(r), self.local, d.order) for r, d in zip(rows, draws)]
         losses: list[list[Tensor]] = [[] for _ in rows]
         for k in range(max(len(s) for s in schedules)):
             picks = [s[k] if k < len(s) else None for s in schedules]
@@ -173,8 +173,8 @@ class CohortTrainer:
                  "num_steps": float(len(s))} for ls, r, s in zip(losses, rows, schedules)]
 
     def _dp_steps(self, theta: dict[str, Tensor], chunk: _Chunk, rows: Sequence[np.ndarray],
-                  generators: Sequence[torch.Generator], dp: ExampleDP) -> None:
-        drawn = [example_schedule(len(r), dp, g) for r, g in zip(rows, generators)]
+                  draws: Sequence[ClientDraws], dp: ExampleDP) -> None:
+        drawn = [example_schedule(len(r), dp, d) for r, d in zip(rows, draws)]
         std = dp.noise_multiplier * dp.clip_norm
         for k in range(dp.steps):
             picks = [torch.nonzero(masks[k]).flatten() for _, masks in drawn]
@@ -184,6 +184,6 @@ class CohortTrainer:
             summed = {name: torch.einsum("cb,cb...->c...", scale, grads[name]).contiguous() for name in self.names}
             del grads
             for c, (noise, _) in enumerate(drawn):  # each client's own stream, over its parameters in order
-                add_gaussian_([summed[name][c] for name in self.names], std, noise)
+                noise.add_([summed[name][c] for name in self.names], std)
             for name in self.names:
                 theta[name].add_(summed[name], alpha=-self.local.lr / dp.denominator)

@@ -15,8 +15,8 @@ fedpriv assumes the worst case that the client takes part in *every* round (no a
 from user sampling is claimed), so after R rounds the example-level event is
 ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(σ_e)), R·K)``. The guarantee is
 against the server too: a client's reply carries the privatized delta and nothing else (no loss,
-no counts), and its masks and noise come from its own generator (OS entropy in secure mode, see
-:mod:`fedpriv.randomness`). The server's user-level clipping and noise are a separate guarantee
+no counts), and its masks and noise are read from its own 256-bit round key (OS entropy in secure
+mode, never stored or sent; see :class:`fedpriv.randomness.ClientDraws`). The server's user-level clipping and noise are a separate guarantee
 on top.
 """
 
@@ -33,8 +33,9 @@ from torch import nn
 
 from fedpriv import schema
 from fedpriv.accounting import calibrate_noise_multiplier, compute_epsilon
-from fedpriv.clipping import BookKeeping, add_gaussian_
+from fedpriv.clipping import BookKeeping, GaussianKeystream
 from fedpriv.metrics import sequence_token_losses
+from fedpriv.randomness import ClientDraws
 
 
 @dataclass(frozen=True)
@@ -81,25 +82,19 @@ def resolve_example_dp(client: Mapping[str, Any], rounds: int, accountant: str =
                      delta=float(delta), denominator=float(denominator), mode=mode)
 
 
-def noise_generator(order_generator: torch.Generator) -> torch.Generator:
-    """The client's noise stream, seeded from its round generator (which is OS-seeded in secure
-    mode and never stored: see :class:`fedpriv.randomness.ClientRandomness`)."""
-    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=order_generator)))
-
-
-def example_schedule(num_rows: int, dp: ExampleDP, generator: torch.Generator
-                     ) -> tuple[torch.Generator, list[torch.Tensor]]:
-    """A client's randomness for one round of example-level DP-SGD, drawn from its round
-    ``generator`` in this order: the noise stream (:func:`noise_generator`), then the Poisson
-    mask of every step (row i joins step k's batch iff ``masks[k][i]``). The per-client loop and
-    the cohort-parallel trainer (:mod:`fedpriv.cohort_parallel`) both draw it here."""
-    noise = noise_generator(generator)
-    masks = [torch.rand(num_rows, generator=generator) < dp.sampling_rate for _ in range(dp.steps)]
+def example_schedule(num_rows: int, dp: ExampleDP, draws: ClientDraws) -> tuple[GaussianKeystream, list[torch.Tensor]]:
+    """A client's secret randomness for one round of example-level DP-SGD, read from its round
+    key (:class:`fedpriv.randomness.ClientDraws`): the noise stream (ChaCha20 under the key's
+    noise subkey) and the Poisson mask of every step (row i joins step k's batch iff its k-th
+    mask uniform is below q). The per-client loop and the cohort-parallel trainer
+    (:mod:`fedpriv.cohort_parallel`) both draw it here."""
+    noise = GaussianKeystream(draws.noise_key)
+    masks = [torch.from_numpy(draws.mask_uniforms(k, num_rows) < dp.sampling_rate) for k in range(dp.steps)]
     return noise, masks
 
 
 def dp_sgd_steps(model: nn.Module, bk: BookKeeping, rows: np.ndarray, lr: float, dp: ExampleDP,
-                 generator: torch.Generator, pad_id: int) -> int:
+                 draws: ClientDraws, pad_id: int) -> int:
     """Run ``dp.steps`` example-level DP-SGD steps on ``model`` in place (hooked by ``bk``, whose
     clip norm and noise multiplier must be ``dp``'s); returns the number of steps. Nothing about
     the rows (their count, their loss) leaves this function but the model."""
@@ -107,7 +102,7 @@ def dp_sgd_steps(model: nn.Module, bk: BookKeeping, rows: np.ndarray, lr: float,
         raise ValueError("the BookKeeping engine does not carry the client's example-level settings")
     params = [p for p in model.parameters() if p.requires_grad]
     data = torch.as_tensor(rows, dtype=torch.long, device=params[0].device)
-    bk.generator, masks = example_schedule(len(data), dp, generator)
+    bk.noise, masks = example_schedule(len(data), dp, draws)
     for mask in masks:
         batch = data[mask.to(data.device)]
         if len(batch):
@@ -117,7 +112,7 @@ def dp_sgd_steps(model: nn.Module, bk: BookKeeping, rows: np.ndarray, lr: float,
         else:  # noise-only step: the release the accountant counts still happens
             for p in params:
                 p.grad = torch.zeros_like(p)
-            add_gaussian_([p.grad for p in params], dp.noise_multiplier * dp.clip_norm, bk.generator)
+            bk.noise.add_([p.grad for p in params], dp.noise_multiplier * dp.clip_norm)
         with torch.no_grad():
             for p in params:
                 p.add_(p.grad, alpha=-lr / dp.denominator)

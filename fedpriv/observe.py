@@ -8,15 +8,16 @@ test-set metrics — never the statistics of training users (those go, in resear
   pairs — ``round=12 epsilon=0.6164 mode=research`` (plus the test metrics on evaluation rounds).
   Quiet by default: the progress bar is the only output.
 * ``tensorboard=true``: every numeric metric of the round as a scalar under
-  ``RUN_DIR/tensorboard``, and the run's randomness mode as a text entry (needs the
-  ``tensorboard`` package: ``pip install -e ".[tensorboard]"``).
+  ``RUN_DIR/tensorboard``, and the run's randomness mode (and, for an audited run, its canaries)
+  as text entries, in an event file with no wall-clock time, host name or PID
+  (:mod:`fedpriv.tensorboard_events`; needs the ``tensorboard`` package:
+  ``pip install -e ".[tensorboard]"``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-import math
 from pathlib import Path
 
 from fedpriv.errors import ConfigError
@@ -50,26 +51,27 @@ def format_round(row: dict) -> str:
 
 
 class RoundObserver:
-    """Sends each finished round to the log (``verbose``) and TensorBoard (``tensorboard``)."""
+    """Sends each finished round to the log (``verbose``) and TensorBoard (``tensorboard``).
 
-    def __init__(self, cfg: dict, run_dir: Path, randomness: dict | None = None) -> None:
+    ``texts``: TensorBoard text entries (tag -> text: the randomness mode, an audit's label);
+    ``history``: the rows of rounds already done (a resumed run's event file is written anew with
+    them, so it holds every round once)."""
+
+    def __init__(self, cfg: dict, run_dir: Path, texts: dict[str, str] | None = None,
+                 history: list[dict] | None = None) -> None:
         round_log.setLevel(logging.INFO if cfg.get("verbose") else logging.WARNING)
-        self.writer = None
+        self.events = None
         if cfg.get("tensorboard"):
             check_observability(cfg)
-            from torch.utils.tensorboard import SummaryWriter
+            from fedpriv.tensorboard_events import EventFile
 
-            self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-            if randomness:
-                self.writer.add_text("privacy/randomness", f"{randomness['mode']} mode: {randomness['note']}")
+            self.events = EventFile(run_dir / "tensorboard", texts or {}, history or [])
 
     def __call__(self, row: dict) -> None:
         round_log.info("%s", format_round(row))
-        if self.writer is not None:
-            for key, value in row.items():
-                if key != "round" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self.writer.add_scalar(key, value, global_step=int(row["round"]))
+        if self.events is not None:
+            self.events.add_row(row)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        if self.events is not None:
+            self.events.close()

@@ -15,9 +15,12 @@ uniform bits). Two modes decide where the 32-byte run key comes from:
   OS CSPRNG (:func:`secrets.token_bytes`). It is kept only in the checkpoint (written owner-only;
   see :mod:`fedpriv.rundir`), which is therefore secret: nothing else written or sent holds it.
 
-Clients draw their own randomness (minibatch order, example-level DP masks and noise) from a
-``torch.Generator`` per (round, user): seeded from the research key in research mode, and from
-fresh OS entropy in secure mode (never stored, never sent), so the server cannot replay it.
+Clients draw their own randomness per (round, user) (:class:`ClientDraws`): a 256-bit secret key
+— derived from the research key in research mode, fresh OS entropy in secure mode (never stored,
+never sent) — from which the example-level DP masks (SHAKE-256 uniforms) and noise (a ChaCha20
+keystream, :class:`fedpriv.clipping.noise.GaussianKeystream`) are read, so the server cannot
+replay them; and a ``torch.Generator`` for the minibatch order of plain local SGD, which no
+guarantee relies on.
 
 Floating point: normals come from the Box–Muller transform of 53-bit uniforms in float64; like
 every floating-point Gaussian sampler this does not address the least-significant-bit attack of
@@ -206,8 +209,40 @@ class NoiseStream:
 
 
 @dataclass(frozen=True)
+class ClientDraws:
+    """One client's randomness in one round.
+
+    ``key`` (32 bytes, secret: never printed, stored or sent) keys every draw a guarantee relies
+    on: the Poisson masks of example-level DP-SGD (:meth:`mask_uniforms`, SHAKE-256) and its noise
+    (:attr:`noise_key`, a ChaCha20 keystream). ``order`` is a fast ``torch.Generator`` for the
+    minibatch order of plain local SGD: nothing privacy-relevant follows from it (torch keeps 32
+    bits of its seed, so it is never used for a secret draw).
+    """
+
+    order: torch.Generator
+    key: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.key) != KEY_BYTES:
+            raise ValueError(f"a client key has {KEY_BYTES} bytes, got {len(self.key)}")
+
+    @property
+    def noise_key(self) -> bytes:
+        """The key of the client's example-level DP noise stream (independent of the masks')."""
+        return keystream(self.key, "example-noise", (), KEY_BYTES)
+
+    def mask_uniforms(self, step: int, n: int) -> np.ndarray:
+        """``n`` uniforms (53 bits) of local DP-SGD step ``step``: row i joins iff its value < q."""
+        return uniforms(self.key, "example-mask", (step,), n)
+
+
+def _order_generator(seed_word: np.uint64) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed_word >> np.uint64(1)))  # the order only: not a secret
+
+
+@dataclass(frozen=True)
 class ClientRandomness:
-    """Where clients' generators come from: the research key (reproducible), or OS entropy."""
+    """Where clients' draws come from: the research key (reproducible), or OS entropy (secure)."""
 
     research: bytes | None = field(default=None, repr=False)  # the research key; None in secure mode
 
@@ -219,10 +254,12 @@ class ClientRandomness:
     def from_seed(seed: int) -> "ClientRandomness":
         return ClientRandomness(key_from_seed(seed))
 
-    def generator(self, round_idx: int, user: int) -> torch.Generator:
-        """The generator of one client in one round: minibatch order, DP-SGD masks and noise."""
+    def draws(self, round_idx: int, user: int) -> ClientDraws:
+        """Client ``user``'s randomness in round ``round_idx``: in secure mode a fresh 256-bit key
+        from the OS CSPRNG (and the order generator derived from it); in research mode both
+        derived from the research key and ``(round, user)``."""
         if self.research is None:
-            seed = secrets.randbits(63)
-        else:
-            seed = int(uint64s(self.research, "client", (round_idx, user), 1)[0] >> np.uint64(1))
-        return torch.Generator().manual_seed(seed)
+            key = secrets.token_bytes(KEY_BYTES)
+            return ClientDraws(_order_generator(uint64s(key, "order", (), 1)[0]), key)
+        return ClientDraws(_order_generator(uint64s(self.research, "client", (round_idx, user), 1)[0]),
+                           keystream(self.research, "client-secret", (round_idx, user), KEY_BYTES))

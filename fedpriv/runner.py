@@ -27,7 +27,7 @@ from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.adaptive_clipping import build_adaptive_clip
 from fedpriv.audit.report import headline as audit_headline
-from fedpriv.audit.run import build_canaries, finish_audit
+from fedpriv.audit.run import audit_label, build_canaries, finish_audit
 from fedpriv.cohort import CohortSum  # noqa: F401 (RoundFn)
 from fedpriv.config import diagnostics_enabled, resolve_config, validate, validate_against_data
 from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
@@ -132,7 +132,8 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     target = privacy["target_epsilon"] if privacy.get("noise_multiplier") is None else None
     ledger = PrivacyLedger(mechanism, sampler, privacy["delta"], privacy["accountant"], target_epsilon=target,
                            planned_rounds=int(cfg["rounds"]), non_private_reason=reason,
-                           randomness=randomness.describe(), query=None if clip is None else clip.describe())
+                           randomness=randomness.describe(), query=None if clip is None else clip.describe(),
+                           audit=audit_label(cfg))
     ledger.check_can_run(int(cfg["rounds"]))
     check_observability(cfg)
     stages = build_stages(cfg["public"], task, int(cfg["seed"]), int(cfg["rounds"]))
@@ -220,9 +221,9 @@ def _restore(session: RunSession, checkpoint: dict) -> None:
 def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int, rng: ClientRandomness,
                   diagnostics: bool = False) -> ClientUpdate:
     """What client ``user`` computes in round ``round_idx`` from the global ``params`` (its
-    generator from ``rng``; statistics of its data beside the delta only with ``diagnostics``)."""
+    draws from ``rng``; statistics of its data beside the delta only with ``diagnostics``)."""
     delta, metrics = local_update(task.client_model, params, task.units[user], task.local,
-                                  rng.generator(round_idx, user), task.data.vocab.pad_id, bk=task.bk,
+                                  rng.draws(round_idx, user), task.data.vocab.pad_id, bk=task.bk,
                                   diagnostics=diagnostics)
     return ClientUpdate(user=user, delta=delta.cpu(), metrics=metrics)  # the server aggregates in host memory
 
@@ -231,11 +232,11 @@ def client_updates(task: Task, params: torch.Tensor, users: list[int], round_idx
                    diagnostics: bool = False) -> list[ClientUpdate]:
     """What the clients ``users`` compute in round ``round_idx``: one after another, or in
     cohort-parallel chunks (``client.parallel > 1``: :mod:`fedpriv.cohort_parallel`), which give
-    each user the same delta up to float rounding (the same generator per user)."""
+    each user the same delta up to float rounding (the same draws per user)."""
     if task.trainer is None:
         return [client_update(task, params, user, round_idx, rng, diagnostics) for user in users]
     results = task.trainer.updates(params, [task.units[u] for u in users],
-                                   [rng.generator(round_idx, u) for u in users], diagnostics)
+                                   [rng.draws(round_idx, u) for u in users], diagnostics)
     return [ClientUpdate(user=u, delta=delta.cpu(), metrics=metrics) for u, (delta, metrics) in zip(users, results)]
 
 
@@ -284,9 +285,10 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
     diagnostics = session.diagnostics_enabled
     run.write_config(cfg)
     _publish(session)  # a resumed run: whatever its last checkpoint holds that a crash kept from the files
-    observe = RoundObserver(cfg, run.path, session.randomness.describe())
+    observe = RoundObserver(cfg, run.path, _tensorboard_texts(session), session.history)
     started = time.perf_counter() - session.wall_s
     last_eval: dict[str, float] = {}
+    audited = {"audit_canaries": ledger.audit["canaries"]} if ledger.audit else {}  # labelled from round 1
     bar = tqdm(range(session.start_round, rounds), total=rounds, initial=session.start_round,
                desc=f"rounds ({session.randomness.mode} mode)", disable=not cfg.get("progress", True), dynamic_ncols=True,
                bar_format=None if diagnostics else "{desc}: {n_fmt}/{total_fmt} |{bar}|{postfix}")
@@ -296,7 +298,7 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
         released, diag = server.apply_round(r, cohort, round_fn(r, cohort), diagnostics=diagnostics)
         ledger.record_round(r)
         epsilon = ledger.reported_epsilon()
-        row = {"round": r + 1, **_epsilon_fields(epsilon), "mode": session.randomness.mode, **released}
+        row = {"round": r + 1, **_epsilon_fields(epsilon), "mode": session.randomness.mode, **audited, **released}
         for stage in session.stages:  # public data and the release only: post-processing, no ledger entry
             params, fields = stage.after_round(r + 1, server.model_params)
             if params is not None:
@@ -324,6 +326,15 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
                                         ledger.reported_epsilon(), session.randomness.mode)
     run.write_json("summary.json", summary)
     return summary
+
+
+def _tensorboard_texts(session: RunSession) -> dict[str, str]:
+    """TensorBoard's text entries: the randomness mode, and an audited run's label."""
+    randomness = session.randomness.describe()
+    texts = {"privacy/randomness": f"{randomness['mode']} mode: {randomness['note']}"}
+    if session.ledger.audit:
+        texts["privacy/audit"] = session.ledger.audit["note"]
+    return texts
 
 
 def _epsilon_fields(epsilon: float) -> dict:

@@ -1,6 +1,6 @@
 """A client's local update: E epochs of minibatch SGD from the global model, returned as a delta.
 
-Determinism: the client's generator comes from :class:`fedpriv.randomness.ClientRandomness` —
+Determinism: the client's draws come from :class:`fedpriv.randomness.ClientRandomness` —
 derived from ``(research key, round, user)`` in research mode, so every backend and a resumed
 run reproduce the same client update; fresh OS entropy in secure mode.
 """
@@ -17,6 +17,7 @@ from fedpriv.clipping import BookKeeping
 from fedpriv.local_dp import ExampleDP, dp_sgd_steps
 from fedpriv.metrics import token_loss
 from fedpriv.models import get_flat_params, set_flat_params
+from fedpriv.randomness import ClientDraws
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class LocalConfig:
 
 
 def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray, cfg: LocalConfig,
-                 generator: torch.Generator, pad_id: int = 0, bk: BookKeeping | None = None,
+                 draws: ClientDraws, pad_id: int = 0, bk: BookKeeping | None = None,
                  diagnostics: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
     """Run local SGD on ``rows`` starting from ``global_params``; return (delta, metrics).
 
@@ -39,7 +40,8 @@ def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray
     ``diagnostics`` (research mode, user-level DP only): then the mean training loss and the
     numbers of sentences and steps — statistics of the user's data that no epsilon covers. With
     ``cfg.dp`` the steps are example-level DP-SGD (:mod:`fedpriv.local_dp`) through ``bk``, a
-    BookKeeping engine hooked on ``model``, and nothing but the delta is returned.
+    BookKeeping engine hooked on ``model``, and nothing but the delta is returned. ``draws``: the
+    client's randomness this round (the minibatch order; the DP masks and noise).
     """
     global_params = global_params.to(_device_of(model))
     set_flat_params(model, global_params)
@@ -47,10 +49,10 @@ def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray
     if cfg.dp is not None:
         if bk is None:
             raise ValueError("client.dp=example needs a BookKeeping engine on the client model")
-        dp_sgd_steps(model, bk, rows, cfg.lr, cfg.dp, generator, pad_id)
+        dp_sgd_steps(model, bk, rows, cfg.lr, cfg.dp, draws, pad_id)
         return get_flat_params(model) - global_params, {}
     losses: list[torch.Tensor] | None = [] if diagnostics else None
-    steps = _sgd_steps(model, rows, cfg, generator, pad_id, losses)
+    steps = _sgd_steps(model, rows, cfg, draws.order, pad_id, losses)
     delta = get_flat_params(model) - global_params
     if losses is None:
         return delta, {}

@@ -32,13 +32,15 @@ TRAIN = "train"
 
 
 def assign_users(cohort: np.ndarray, node_ids: Sequence[int]) -> dict[int, list[int]]:
-    """User i of the cohort goes to node i mod |nodes| (nodes sorted); nodes with no user are left out."""
+    """User i of the cohort goes to node i mod |nodes| (nodes sorted). Every node gets a message,
+    with no user if the cohort is smaller than the nodes: which nodes are asked (and so which may
+    miss a deadline and be named in a warning) never depends on the cohort's size."""
     if not node_ids:
         raise RuntimeError("no nodes are connected")
     nodes = sorted(int(n) for n in node_ids)
-    out: dict[int, list[int]] = {}
+    out: dict[int, list[int]] = {node: [] for node in nodes}
     for i, user in enumerate(cohort):
-        out.setdefault(nodes[i % len(nodes)], []).append(int(user))
+        out[nodes[i % len(nodes)]].append(int(user))
     return out
 
 
@@ -58,7 +60,7 @@ class DPFedAvgStrategy:
 
     def configure_train(self, round_idx: int, cohort: np.ndarray, params: torch.Tensor,
                         node_ids: Sequence[int]) -> list[Message]:
-        """One ``train`` message per node carrying its share of the cohort."""
+        """One ``train`` message per node carrying its share of the cohort (possibly none)."""
         self.sent = assign_users(cohort, node_ids)
         arrays = ArrayRecord({"params": encode(params)})  # encoded once, shared by all messages
         return [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"round": round_idx, "users": users})}),

@@ -12,6 +12,7 @@ import torch
 
 from fedpriv.accounting.tree import tree_accounting
 from fedpriv.data.federated import FederatedDataset
+from fedpriv.randomness import ClientDraws, ClientRandomness
 
 
 # ------------------------------------------------------------------ tree aggregation (fedpriv.accounting.tree)
@@ -88,3 +89,8 @@ def interrupt_and_resume(cfg: dict, crash_round: int):
     with pytest.raises(Killed):
         train(first, crashing)
     return first, prepare({**cfg, "resume": True})
+
+
+def client_draws(seed: int) -> ClientDraws:
+    """A client's reproducible draws for tests: research mode, derived from ``seed``."""
+    return ClientRandomness.from_seed(seed).draws(0, 0)

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedpriv.clipping import RULES, BookKeeping, LayerRule, UnsupportedLayerError, add_gaussian_, register_rule
+from fedpriv.clipping import (RULES, BookKeeping, GaussianKeystream, LayerRule, UnsupportedLayerError,
+                              register_rule)
 from fedpriv.clipping.contributions import Dense
 from fedpriv.models import LSTM, LSTMLanguageModel, TransformerLanguageModel
 
@@ -367,8 +368,7 @@ def test_no_non_private_weight_gradient_is_computed() -> None:
 
 def test_noise_std_is_sigma_times_clip() -> None:
     model, loss_fn, data = make_case("transformer")
-    bk = BookKeeping(model, clip_norm=0.5, noise_multiplier=2.0,
-                     generator=torch.Generator().manual_seed(1))
+    bk = BookKeeping(model, clip_norm=0.5, noise_multiplier=2.0, noise_key=b"noise-std-test-key-1")
     draws = []
     for _ in range(10):
         bk.backward(0.0 * loss_fn(model, *data))  # zero gradients: p.grad is pure noise
@@ -381,8 +381,8 @@ def test_noise_std_is_sigma_times_clip() -> None:
 
 
 def test_parallel_noise_is_the_same_on_any_thread_count_and_blocks_are_independent() -> None:
-    """add_gaussian_ draws seeded blocks on a thread pool: the result must not depend on the
-    number of threads, and no two blocks (nor two tensors) may repeat a stream."""
+    """The keystream's blocks go to a thread pool: the result must not depend on the number of
+    threads, and no two blocks (nor two tensors, nor two calls) may repeat keystream."""
     from fedpriv.clipping import noise as noise_module
 
     sizes = [(3, noise_module.BLOCK // 2), (noise_module.BLOCK + 7,), (5,)]
@@ -392,7 +392,7 @@ def test_parallel_noise_is_the_same_on_any_thread_count_and_blocks_are_independe
         for threads in (1, 2, 1):
             torch.set_num_threads(threads)
             tensors = [torch.zeros(s) for s in sizes]
-            add_gaussian_(tensors, 2.0, torch.Generator().manual_seed(11))
+            GaussianKeystream(b"k" * 32).add_(tensors, 2.0)
             draws.append(torch.cat([t.flatten() for t in tensors]))
     finally:
         torch.set_num_threads(before)
@@ -401,25 +401,40 @@ def test_parallel_noise_is_the_same_on_any_thread_count_and_blocks_are_independe
     assert abs(flat.std().item() - 1.0) < 0.01 and abs(flat.mean().item()) < 0.01
     block = noise_module.BLOCK
     first, second = flat[:block], flat[block:2 * block]
-    assert not torch.equal(first[:100], second[:100])  # a fresh seed per block
+    assert not torch.equal(first[:100], second[:100])  # a fresh nonce per block
     assert abs(torch.corrcoef(torch.stack([first, second]))[0, 1].item()) < 0.01
+    stream = GaussianKeystream(b"k" * 32)
     again = [torch.zeros(s) for s in sizes]
-    add_gaussian_(again, 2.0, torch.Generator().manual_seed(12))
-    assert not torch.equal(torch.cat([t.flatten() for t in again]), draws[0])
+    stream.add_(again, 2.0)
+    assert torch.equal(torch.cat([t.flatten() for t in again]), draws[0])  # the same key: the same draw
+    stream.add_(again, 2.0)  # the next blocks of the stream, never the same ones again
+    second_call = torch.cat([t.flatten() for t in again]) - draws[0]
+    assert abs(torch.corrcoef(torch.stack([second_call, draws[0]]))[0, 1].item()) < 0.01
 
 
 def test_seeded_noise_is_reproducible_and_zero_noise_is_deterministic() -> None:
     model, loss_fn, data = make_case("lstm")
     results = []
-    for sigma, seed in ((0.0, None), (0.0, None), (1.0, 3), (1.0, 3)):
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        bk = BookKeeping(model, clip_norm=0.3, noise_multiplier=sigma, generator=gen)
+    for sigma, key in ((0.0, None), (0.0, None), (1.0, b"seeded-key-3" * 2), (1.0, b"seeded-key-3" * 2), (1.0, None),
+                       (1.0, None)):
+        bk = BookKeeping(model, clip_norm=0.3, noise_multiplier=sigma, noise_key=key)
         bk.backward(loss_fn(model, *data))
         bk.detach()
         results.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert torch.equal(results[0], results[1])
-    assert torch.equal(results[2], results[3])
+    assert torch.equal(results[2], results[3])  # a seeded engine is reproducible (research only)
     assert not torch.equal(results[0], results[2])
+    assert not torch.equal(results[4], results[5])  # unseeded: a fresh OS key per engine
+
+
+def test_book_keeping_refuses_a_torch_generator_or_a_short_key() -> None:
+    model, _, _ = make_case("lstm")
+    with pytest.raises(TypeError, match="32 bits"):
+        BookKeeping(model, clip_norm=1.0, noise_multiplier=1.0, noise_key=torch.Generator().manual_seed(1))
+    with pytest.raises(TypeError, match="32 bits"):
+        BookKeeping(model, clip_norm=1.0, noise_multiplier=1.0, noise_key=12345)
+    with pytest.raises(ValueError, match="128 bits"):
+        BookKeeping(model, clip_norm=1.0, noise_multiplier=1.0, noise_key=b"short")
 
 
 # ----------------------------------------------------------------------------- errors / hygiene

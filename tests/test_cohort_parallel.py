@@ -16,6 +16,8 @@ from fedpriv.models import LSTMLanguageModel, TransformerLanguageModel, get_flat
 from fedpriv.randomness import research_key
 from fedpriv.runner import prepare
 from fedpriv.training import LocalConfig, local_update
+
+from helpers import client_draws
 from server.app import client_resources, run_local
 
 VOCAB, WIDTH = 40, 9
@@ -47,10 +49,10 @@ def _loop_and_parallel(model_name: str, local: LocalConfig, parallel: int, diagn
     params = get_flat_params(model)
     bk = (BookKeeping(model, clip_norm=local.dp.clip_norm, noise_multiplier=local.dp.noise_multiplier)
           if local.dp else None)
-    loop = [local_update(model, params, rows, local, torch.Generator().manual_seed(100 + u), bk=bk,
+    loop = [local_update(model, params, rows, local, client_draws(100 + u), bk=bk,
                          diagnostics=diagnostics) for u, rows in enumerate(users)]
     trainer = CohortTrainer(MODELS[model_name](), local, pad_id=0, parallel=parallel)
-    vectorized = trainer.updates(params, users, [torch.Generator().manual_seed(100 + u) for u in range(len(users))],
+    vectorized = trainer.updates(params, users, [client_draws(100 + u) for u in range(len(users))],
                                  diagnostics=diagnostics)
     return loop, vectorized
 
@@ -87,7 +89,7 @@ def test_parallel_example_dp_clips_each_example():
     rows = _ragged_users()[0]  # one row
     model = MODELS["lstm"]()
     trainer = CohortTrainer(model, LocalConfig(lr=0.5, dp=dp), pad_id=0, parallel=2)
-    (delta, _), = trainer.updates(get_flat_params(model), [rows], [torch.Generator().manual_seed(0)])
+    (delta, _), = trainer.updates(get_flat_params(model), [rows], [client_draws(0)])
     assert float(delta.norm()) == pytest.approx(0.5 * 1e-3 / 2.0, rel=1e-4)
 
 

@@ -10,6 +10,8 @@ from fedpriv.aggregation import clip_factor
 from fedpriv.cohort import CohortClipper, pack_chunks
 from fedpriv.models import build_model, get_flat_params
 from fedpriv.training import LocalConfig, local_update
+
+from helpers import client_draws
 from tests.conftest import compose_cfg
 
 torch.set_num_threads(1)
@@ -35,7 +37,7 @@ def _loop_sum(model, params, users, cohort, lr, clip):
     total = torch.zeros_like(params)
     norms = []
     for u in cohort:
-        delta, _ = local_update(model, params, users[u], cfg, torch.Generator().manual_seed(0))
+        delta, _ = local_update(model, params, users[u], cfg, client_draws(0))
         factor, norm = clip_factor(delta, clip)
         total += factor * delta
         norms.append(norm)
@@ -131,3 +133,30 @@ def test_dpsgd_refuses_flower_backend(run_cli, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: algorithm=dpsgd is central")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("cohort", [[0, 1], [1, 0], [0, 1, 2], [2, 1, 0, 3]])
+def test_a_unit_with_no_rows_contributes_nothing_in_every_round_path(cohort):
+    """Issue 26, finding 5: in a 2-unit chunk an empty unit's renumbered group took the other
+    unit's norm (under adaptive clipping that unit was counted twice); with >= 3 units it crashed.
+    An empty unit's delta is 0 with norm 0 in the one-pass round, the per-client loop and the
+    cohort-parallel trainer alike, and the other units' norms and sum do not move."""
+    from fedpriv.cohort_parallel import CohortTrainer
+
+    torch.manual_seed(0)
+    kwargs = dict(embed_dim=8, hidden_size=12, projection_dim=8)
+    model, replica = build_model("lstm", VOCAB, **kwargs), build_model("lstm", VOCAB, **kwargs)
+    params = get_flat_params(model)
+    users = _users([3, 0, 5, 2])  # user 1 has no rows
+    assert len(users[1]) == 0
+    clip, lr = 0.05, 0.7
+    ref, ref_norms = _loop_sum(model, params, users, cohort, lr, clip)  # the loop: no step, delta 0
+    assert float(ref_norms[cohort.index(1)]) == 0.0
+    clipper = CohortClipper(replica, clip, lr, pad_id=0, max_rows=64)
+    out = clipper.clipped_sum(params, np.array(cohort), lambda u: users[u])
+    torch.testing.assert_close(out.norms, ref_norms, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(out.total, ref, rtol=1e-4, atol=1e-6)
+    trainer = CohortTrainer(build_model("lstm", VOCAB, **kwargs), LocalConfig(epochs=1, batch_size=10**9, lr=lr,
+                                                                                max_steps=1), pad_id=0, parallel=4)
+    deltas = trainer.updates(params, [users[u] for u in cohort], [client_draws(0) for _ in cohort])
+    assert float(deltas[cohort.index(1)][0].abs().max()) == 0.0

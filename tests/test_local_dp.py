@@ -15,6 +15,8 @@ from fedpriv.metrics import sequence_token_losses
 from fedpriv.models import build_model, get_flat_params
 from fedpriv.training import LocalConfig, local_update
 
+from helpers import client_draws
+
 torch.set_num_threads(1)
 
 EXAMPLE = {"sampling_rate": 0.5, "steps": 2, "clip_norm": 1.0, "noise_multiplier": None,
@@ -60,7 +62,7 @@ def test_noiseless_full_batch_step_is_clipped_sum_over_the_fixed_denominator():
     params = get_flat_params(model)
     dp = ExampleDP(sampling_rate=1.0, steps=1, clip_norm=0.3, noise_multiplier=0.0, delta=1e-6, denominator=4.0)
     bk = BookKeeping(model, clip_norm=0.3, noise_multiplier=0.0)
-    delta, metrics = local_update(model, params, rows, LocalConfig(lr=0.5, dp=dp), torch.Generator().manual_seed(1),
+    delta, metrics = local_update(model, params, rows, LocalConfig(lr=0.5, dp=dp), client_draws(1),
                                   bk=bk)
     expected = torch.zeros_like(params)
     norms = []
@@ -75,7 +77,7 @@ def test_noiseless_full_batch_step_is_clipped_sum_over_the_fixed_denominator():
     assert max(norms) > 0.3  # clipping is exercised
     torch.testing.assert_close(delta, expected, rtol=1e-4, atol=1e-6)
     assert metrics == {}  # nothing about the rows but the delta, even when diagnostics are asked for below
-    _, asked = local_update(model, params, rows, LocalConfig(lr=0.5, dp=dp), torch.Generator().manual_seed(1), bk=bk,
+    _, asked = local_update(model, params, rows, LocalConfig(lr=0.5, dp=dp), client_draws(1), bk=bk,
                             diagnostics=True)
     assert asked == {}
 
@@ -87,7 +89,7 @@ def test_empty_batch_still_takes_the_noise_step():
     params = get_flat_params(model)
     dp = ExampleDP(sampling_rate=1e-9, steps=1, clip_norm=2.0, noise_multiplier=1.5, delta=1e-6, denominator=0.5)
     bk = BookKeeping(model, clip_norm=2.0, noise_multiplier=1.5)
-    delta, _ = local_update(model, params, rows, LocalConfig(lr=0.1, dp=dp), torch.Generator().manual_seed(3), bk=bk)
+    delta, _ = local_update(model, params, rows, LocalConfig(lr=0.1, dp=dp), client_draws(3), bk=bk)
     std = 0.1 * 1.5 * 2.0 / 0.5
     assert float(delta.std() / std) == pytest.approx(1.0, rel=0.02)
     assert abs(float(delta.mean())) < 0.02 * std
@@ -103,7 +105,7 @@ def test_noise_std_with_data():
         model = _model()
         bk = BookKeeping(model, clip_norm=0.5, noise_multiplier=dp.noise_multiplier)
         out.append(local_update(model, get_flat_params(model), rows, LocalConfig(lr=0.2, dp=dp),
-                                torch.Generator().manual_seed(0), bk=bk)[0])
+                                client_draws(0), bk=bk)[0])
     noise = out[1] - out[0]
     assert float(noise.std()) == pytest.approx(0.2 * 2.0 * 0.5 / 8, rel=0.02)
 

@@ -105,11 +105,14 @@ def test_client_randomness_is_fresh_in_secure_mode():
     from fedpriv.randomness import ClientRandomness
 
     secure = ClientRandomness.for_config({"seed": 0, "privacy": {"secure_rng": True}})
-    draws = [torch.rand(4, generator=secure.generator(3, 7)) for _ in range(2)]
-    assert not torch.equal(*draws)
+    a, b = secure.draws(3, 7), secure.draws(3, 7)
+    assert a.key != b.key and not np.array_equal(a.mask_uniforms(0, 4), b.mask_uniforms(0, 4))
+    assert not torch.equal(torch.rand(4, generator=a.order), torch.rand(4, generator=b.order))
     research = ClientRandomness.for_config({"seed": 0, "privacy": {"secure_rng": False}})
-    torch.testing.assert_close(torch.rand(4, generator=research.generator(3, 7)),
-                               torch.rand(4, generator=research.generator(3, 7)))
+    a, b = research.draws(3, 7), research.draws(3, 7)
+    assert a.key == b.key and research.draws(3, 8).key != a.key
+    torch.testing.assert_close(torch.rand(4, generator=a.order), torch.rand(4, generator=b.order))
+    assert "key" not in repr(a).replace("ClientDraws", "")  # never printed
 
 
 # ------------------------------------------------------------------ finding 3: example-level replies

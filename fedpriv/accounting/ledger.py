@@ -71,7 +71,8 @@ class PrivacyLedger:
     def __init__(self, mechanism: AccountedMechanism, sampler: Sampler, delta: float,
                  accountant: str = RDP, target_epsilon: float | None = None,
                  planned_rounds: int | None = None, non_private_reason: str | None = None,
-                 randomness: dict[str, Any] | None = None, query: dict[str, Any] | None = None) -> None:
+                 randomness: dict[str, Any] | None = None, query: dict[str, Any] | None = None,
+                 audit: dict[str, Any] | None = None) -> None:
         self.mechanism = mechanism
         self.sampler = sampler
         self.delta = check_delta(delta)
@@ -83,6 +84,7 @@ class PrivacyLedger:
         self.non_private_reason = non_private_reason
         self.randomness = randomness  # how the run's randomness was made (privacy.json says so)
         self.query = query  # the joint query the mechanism privatizes, when not the sum alone (adaptive clipping)
+        self.audit = audit  # an audited run's label (canaries in every release from round 1)
         self._round_indices: list[int] = []
         self._cache: dict[int, float] = {0: 0.0}
         self._compositions: dict[str, SelfComposition] = {}
@@ -173,6 +175,8 @@ class PrivacyLedger:
             extra["randomness"] = self.randomness
         if self.query is not None:
             extra["clipping"] = self.query
+        if self.audit is not None:
+            extra["audit"] = self.audit
         return {
             "epsilon": json_epsilon(eps),
             "non_private": math.isinf(eps),

@@ -21,6 +21,19 @@ def build_canaries(cfg: dict, dim: int, sampler, randomness) -> CanarySet | None
                      sampler, support=int(audit["support"]))
 
 
+def audit_label(cfg: dict) -> dict[str, Any] | None:
+    """What every output of an audited run says from round 1 on (privacy.json's ``audit``, each
+    metrics row's ``audit_canaries``, a TensorBoard text): canaries may join every round, so every
+    released model carries canary directions. None for a run without an audit."""
+    audit = cfg.get("audit") or {}
+    if not audit.get("canaries"):
+        return None
+    return {"canaries": int(audit["canaries"]), "support": int(audit["support"]),
+            "note": f"audited run: {int(audit['canaries'])} canary units, each inserted by a secret coin, may take part "
+                    "in every round from round 1, so every released model carries canary directions; the epsilon "
+                    "still covers every real user (docs/PRIVACY.md, 'Auditing a run')"}
+
+
 def finish_audit(canaries: CanarySet, released, run_path, cfg: dict, epsilon: float, mode: str) -> dict[str, Any]:
     """Score the final model, write ``audit_scores.json`` and ``audit.png``, return the summary's
     ``audit`` block (``epsilon``: the ledger's claim; infinite for a non-private run)."""

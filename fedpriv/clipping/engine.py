@@ -20,7 +20,8 @@ One step, given the per-sample losses ``ℓ_i`` of a batch-first forward:
 5. ``c_i = C / max(||g_i||, C)`` (exact: 1 when ``||g_i|| <= C``, no epsilon; ``||c_i g_i|| <= C``).
 6. ``p.grad = Σ_i c_i G_i + σ·C·N(0, I)`` formed from the kept factors (book-keeping), e.g.
    ``Σ_i c_i Σ_t g_{i,t} a_{i,t}ᵀ`` for a Linear weight. ``p.grad`` is *set*, never accumulated.
-   The noise is drawn on every core (:func:`fedpriv.clipping.noise.add_gaussian_`).
+   The noise is read from a secret ChaCha20 keystream on every core
+   (:class:`fedpriv.clipping.noise.GaussianKeystream`).
 
 Which inputs are per sample is *proven*, never guessed from a shape (:meth:`BookKeeping._batched`):
 a call's input is per sample if it is the model's input or a view of it with the same dim 0, or a
@@ -55,7 +56,7 @@ from torch.profiler import record_function
 
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
-from fedpriv.clipping.noise import add_gaussian_
+from fedpriv.clipping.noise import GaussianKeystream
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule
 from fedpriv.errors import ConfigError
 
@@ -167,15 +168,24 @@ def _first_tensor(args: tuple, kwargs: dict) -> Optional[Tensor]:
 class BookKeeping:
     """Per-sample (or per-group) clipping and Gaussian noise for ``model`` with the BK algorithm.
 
-    ``bk = BookKeeping(model, clip_norm=C, noise_multiplier=σ, mode="mixopt", generator=None)``
+    ``bk = BookKeeping(model, clip_norm=C, noise_multiplier=σ, mode="mixopt", noise_key=None)``
     hooks ``model``; after a forward, ``bk.backward(per_sample_loss)`` sets every trainable
-    ``p.grad = Σ_i min(1, C/||g_i||) g_i + σ·C·N(0, I)`` (noise from ``generator``; ``None`` →
-    torch's default RNG; σ = 0 → deterministic) and ``bk.last_norms`` to each unit's total
+    ``p.grad = Σ_i min(1, C/||g_i||) g_i + σ·C·N(0, I)`` (σ = 0 → deterministic) and
+    ``bk.last_norms`` to each unit's total
     gradient norm over all parameters, before clipping (``last_scales``: the factors c_i;
     ``last_methods``: per parameter name, "ghost", "instantiate", "mixed" (groups of different
     sizes took different methods) or "unused"). ``groups`` makes
     a group (all of one user's sequences) the clipping unit; units are the distinct ids in
     increasing order.
+
+    The noise (:attr:`noise`, a :class:`~fedpriv.clipping.noise.GaussianKeystream`) is read from
+    ChaCha20 under a 256-bit key. ``noise_key=None`` (the default, the secure mode): a fresh key
+    from the OS CSPRNG, never stored or shown, so nobody can regenerate the noise — not even the
+    caller. ``noise_key=<bytes>`` (at least 16): seeded, reproducible, and exactly as secret as
+    those bytes — anyone holding them can subtract the noise, so a seeded engine is for research,
+    never for a release. A seeded ``torch.Generator`` is refused: torch's CPU generator keeps 32
+    bits of its seed, which a search over 2³² values recovers from a single noisy gradient.
+    Assign ``bk.noise`` to switch streams between steps (a client's per-round key).
 
     Raises :class:`UnsupportedLayerError` (a ``ValueError``) at construction for a trainable
     parameter owned by any module type without a rule (``nn.LSTM``, ``nn.MultiheadAttention``,
@@ -192,7 +202,7 @@ class BookKeeping:
     """
 
     def __init__(self, model: nn.Module, clip_norm: float = 1.0, noise_multiplier: float = 0.0,
-                 mode: str = "mixopt", generator: Optional[torch.Generator] = None) -> None:
+                 mode: str = "mixopt", noise_key: Optional[bytes] = None) -> None:
         if not clip_norm > 0 or clip_norm == float("inf"):
             raise ValueError(f"clip_norm must be positive and finite, got {clip_norm}")
         if not noise_multiplier >= 0:
@@ -203,7 +213,7 @@ class BookKeeping:
         self.clip_norm = float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.mode = mode
-        self.generator = generator
+        self.noise = GaussianKeystream(noise_key)
         self.last_norms: Optional[Tensor] = None
         self.last_scales: Optional[Tensor] = None
         self.last_methods: dict[str, str] = {}
@@ -571,7 +581,7 @@ class BookKeeping:
                     grad = torch.zeros_like(p)
             grads.append(grad.contiguous())
         with record_function("bk.noise"):
-            add_gaussian_(grads, std, self.generator)
+            self.noise.add_(grads, std)
         for (p, _), grad in zip(plans, grads):
             p.grad = grad
         self.last_norms = norms

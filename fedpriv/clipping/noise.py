@@ -1,31 +1,51 @@
-"""Gaussian noise for a model's gradients, drawn on every core and reproducible on any number.
+"""Secret Gaussian noise for a model's gradients: a ChaCha20 keystream turned into normals, drawn
+in blocks on every core.
 
-torch's CPU ``normal_`` is serial (one Mersenne Twister per generator): for a 4–8M-parameter
-model the draw alone is ~10% of a Book-Keeping step on two cores. :func:`add_gaussian_` cuts every
-tensor's flat view into blocks of :data:`BLOCK` elements, draws a vector of 63-bit seeds from the
-caller's generator (torch's default one for ``None``), gives block j a generator seeded with seed
-j, and draws the blocks on a small thread pool (``torch.get_num_threads()`` workers).
+A :class:`GaussianKeystream` holds a 256-bit key. Its ``j``-th block of :data:`BLOCK` normals is
+read from ChaCha20 (RFC 7539) under that key with nonce ``j`` and the block counter from 0:
 
-* The noise is ``std · N(0, I)`` coordinate-wise: every block is a run of standard normals from
-  its own generator, and blocks are disjoint.
-* The blocks and seeds depend only on the tensors' sizes and the generator's state, never on the
-  thread count, so a seeded run gives the same noise on one thread or sixteen.
-* The seeds come from the caller's generator (OS-seeded in secure mode) and are neither stored
-  nor sent, so nothing released can regenerate the noise.
+* 2P 32-bit little-endian words ``w`` (P = ⌈L/2⌉ for a block of L coordinates); ``u = w_i·2⁻³² +
+  2⁻³³ ∈ (0, 1]`` and ``θ = 2π·w_{P+i}·2⁻³²``; then Box–Muller: the block is
+  ``[√(−2 ln u)·cos θ  (P values), √(−2 ln u)·sin θ  (the other L − P)]`` in float32.
+* ChaCha20 is a stream cipher: without the key its output is indistinguishable from uniform bits,
+  so the noise is as secret as the key (256 bits; nothing about it is stored or sent). Blocks
+  use distinct nonces, so no two blocks of one stream ever share keystream (no collisions), and
+  the stream does not pass through any 32- or 64-bit seed.
+* The draw is the same on any number of threads: block ``j`` depends only on ``(key, j)``; the
+  blocks go to a thread pool of ``torch.get_num_threads()`` workers (numpy's ufuncs and the cipher
+  release the GIL), and each writes a disjoint slice.
+
+Resolution: the radius's uniform has 32 bits, so ``|z| ≤ √(2·33·ln 2) ≈ 6.76`` (torch's own
+float32 ``normal_`` stops near 5.8); like every floating-point sampler this leaves Mironov's
+least-significant-bit attack open ("On Significance of the Least Significant Bits for
+Differential Privacy"). Noise is computed in float32 and added to tensors of any dtype.
+
+Never use a seeded ``torch.Generator`` for a secret draw: torch's CPU generator keeps only the
+low 32 bits of its seed, so a search over 2³² seeds replays it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
+import secrets
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from torch import Tensor
 
-BLOCK = 1 << 20  # elements per independently seeded block (fixed: the draw must not depend on threads)
+BLOCK = 1 << 20  # normals per block (fixed: the draw must not depend on the thread count)
+KEY_BYTES = 32
+MIN_KEY_BYTES = 16  # 128 bits: a shorter key could be searched
+_DERIVE_TAG = b"fedpriv gaussian keystream key v1\x00"
 _pool: Optional[ThreadPoolExecutor] = None
 _pool_key: tuple[int, int] = (0, 0)  # (pid, workers) the pool was made for: a forked child makes its own
+_scratch = threading.local()
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
@@ -37,25 +57,103 @@ def _executor(workers: int) -> ThreadPoolExecutor:
     return _pool
 
 
-def add_gaussian_(tensors: Sequence[Tensor], std: float, generator: Optional[torch.Generator] = None) -> None:
-    """``t += std · N(0, I)`` for every (contiguous) tensor in ``tensors``, in place."""
-    if std == 0 or not tensors:
-        return
-    noises = [torch.empty(t.numel(), dtype=t.dtype) for t in tensors]
-    blocks = [(k, start, min(start + BLOCK, n.numel())) for k, n in enumerate(noises)
-              for start in range(0, n.numel(), BLOCK)]
-    seeds = torch.randint(0, 2**63 - 1, (len(blocks),), generator=generator).tolist()
+def _buffers() -> tuple[memoryview, bytearray, np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's reusable buffers: zeros to encrypt, the keystream, three float32 halves."""
+    held = getattr(_scratch, "held", None)
+    if held is None:
+        half = BLOCK // 2
+        held = _scratch.held = (memoryview(bytes(4 * BLOCK)), bytearray(4 * BLOCK + 64),
+                                np.empty(half, np.float32), np.empty(half, np.float32), np.empty(half, np.float32))
+    return held
 
-    def draw(j: int) -> None:
-        k, start, stop = blocks[j]
-        torch.randn(stop - start, generator=torch.Generator().manual_seed(seeds[j]), dtype=noises[k].dtype,
-                    out=noises[k][start:stop])
 
-    workers = min(torch.get_num_threads(), len(blocks))
-    if workers > 1:
-        list(_executor(workers).map(draw, range(len(blocks))))
-    else:
-        for j in range(len(blocks)):
-            draw(j)
-    for t, noise in zip(tensors, noises):
-        t.view(-1).add_(noise.to(t.device), alpha=std)
+def _nonce(block: int) -> bytes:
+    """ChaCha20's 16-byte IV: the 32-bit block counter (0), then the block index as the nonce."""
+    return bytes(4) + int(block).to_bytes(8, "little") + bytes(4)
+
+
+def _fill_block(key: bytes, block: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block ``block``'s ``size`` normals as two float32 views (the cos half, then the sin half)
+    into this thread's buffers: valid until this thread's next call."""
+    zeros, stream, radius, angle, first = _buffers()
+    pairs = (size + 1) // 2
+    cipher = Cipher(algorithms.ChaCha20(key, _nonce(block)), mode=None).encryptor()
+    cipher.update_into(zeros[:8 * pairs], stream)
+    words = np.frombuffer(stream, dtype="<u4", count=2 * pairs)
+    r, a, c = radius[:pairs], angle[:pairs], first[:pairs]
+    np.copyto(r, words[:pairs], casting="unsafe")
+    r *= np.float32(2.0 ** -32)
+    r += np.float32(2.0 ** -33)  # u in (0, 1]: the log is finite
+    np.log(r, out=r)
+    r *= np.float32(-2.0)
+    np.sqrt(r, out=r)
+    np.copyto(a, words[pairs:], casting="unsafe")
+    a *= np.float32(2.0 * math.pi * 2.0 ** -32)
+    np.cos(a, out=c)
+    c *= r
+    np.sin(a, out=a)
+    a *= r
+    return c, a[:size - pairs]
+
+
+def _as_key(key: bytes) -> bytes:
+    if isinstance(key, torch.Generator) or isinstance(key, int):
+        raise TypeError("a noise key is bytes (at least 16): a seeded torch.Generator or an integer seed is not a "
+                        "secret (torch's CPU generator keeps 32 bits of its seed)")
+    key = bytes(key)
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"a noise key needs at least {MIN_KEY_BYTES} bytes (128 bits), got {len(key)}")
+    if len(key) == KEY_BYTES:
+        return key
+    return hashlib.shake_256(_DERIVE_TAG + key).digest(KEY_BYTES)
+
+
+class GaussianKeystream:
+    """Standard normals from ChaCha20 under a secret key, read block by block (module docstring).
+
+    ``GaussianKeystream()`` takes a fresh 256-bit key from the OS CSPRNG (:func:`secrets.token_bytes`):
+    nobody, the caller included, can regenerate its draws. ``GaussianKeystream(key)`` (bytes, at
+    least 16; any length but 32 is hashed to 32 with SHAKE-256) is reproducible: whoever holds
+    ``key`` regenerates every draw, so it is as secret as the key. The stream's position (the
+    next block index) advances with each draw; the key is never printed.
+    """
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = secrets.token_bytes(KEY_BYTES) if key is None else _as_key(key)
+        self.blocks_drawn = 0
+
+    def __repr__(self) -> str:
+        return f"GaussianKeystream(blocks_drawn={self.blocks_drawn})"
+
+    def add_(self, tensors: Sequence[Tensor], std: float) -> None:
+        """``t += std · N(0, I)`` for every contiguous tensor in ``tensors``, in place: tensor k's
+        flat view is cut into blocks of :data:`BLOCK`, numbered on from :attr:`blocks_drawn` in
+        order (a zero ``std`` draws nothing)."""
+        if std == 0 or not tensors:
+            return
+        flats = [t.view(-1) for t in tensors]
+        blocks = [(k, start, min(start + BLOCK, flat.numel())) for k, flat in enumerate(flats)
+                  for start in range(0, flat.numel(), BLOCK)]
+        first = self.blocks_drawn
+        self.blocks_drawn += len(blocks)
+
+        def draw(j: int) -> None:
+            k, start, stop = blocks[j]
+            cos_half, sin_half = _fill_block(self._key, first + j, stop - start)
+            target = flats[k]
+            middle = start + len(cos_half)
+            target[start:middle].add_(torch.from_numpy(cos_half).to(target.device), alpha=std)
+            target[middle:stop].add_(torch.from_numpy(sin_half).to(target.device), alpha=std)
+
+        workers = min(torch.get_num_threads(), len(blocks))
+        if workers > 1:
+            list(_executor(workers).map(draw, range(len(blocks))))
+        else:
+            for j in range(len(blocks)):
+                draw(j)
+
+    def normal(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype = torch.float32) -> Tensor:
+        """A fresh tensor of standard normals (the next blocks of the stream)."""
+        out = torch.zeros(tuple(shape), dtype=dtype)
+        self.add_([out], 1.0)
+        return out
