@@ -367,6 +367,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
         **({"wall_s": wall_s} if session.diagnostics_enabled else {}),  # timing depends on the cohorts
         "ceiling_accuracy": data.ceiling_accuracy,
         "unigram_accuracy": data.unigram_accuracy,
+        **({"reference_source": data.reference_source} if data.reference_source else {}),
         "dataset": data.name, "num_users": data.num_users, "privacy_unit": session.task.algorithm.privacy_unit,
         "model": cfg["model"]["name"], "algorithm": cfg["algorithm"]["name"],
         "optimizer": cfg["optimizer"]["name"], "backend": cfg["backend"]["name"],

@@ -310,3 +310,35 @@ def test_a_node_with_no_user_gets_a_message_and_replies(tmp_path):
     assert sorted(node for node, _ in sent) == [1, 2, 3] and sorted(map(tuple, (u for _, u in sent))) == [(), (), (4,)]
     assert [u.user for u in updates] == [4] and updates[0].delta is not None
     session.run.unlock()
+
+
+# ------------------------------------------------------------- finding 6: statistics of training users
+
+
+def test_reference_accuracies_must_name_a_public_source():
+    """summary.json published unigram_accuracy from the training users' most frequent word. A
+    loader that sets a reference accuracy must now say what it is computed from."""
+    from fedpriv.data.federated import FederatedDataset
+    from fedpriv.text.vocabulary import Vocabulary
+
+    vocab = Vocabulary(size=10, bos_id=1, eos_id=2, pad_id=0, oov_id=3)
+    rows = np.zeros((2, 4), dtype=np.int64)
+    with pytest.raises(ValueError, match="reference_source"):
+        FederatedDataset(name="x", vocab=vocab, seq_len=3, users=[rows], test=rows, unigram_accuracy=0.1)
+    FederatedDataset(name="x", vocab=vocab, seq_len=3, users=[rows], test=rows)  # none claimed: fine
+
+
+def test_synthetic_reference_accuracies_use_no_training_rows(tmp_path):
+    from conftest import compose_cfg
+    from fedpriv.data.synthetic import unigram_accuracy
+    from fedpriv.runner import prepare
+    from server.app import run_local
+
+    session = prepare(compose_cfg("+experiment=smoke", "progress=false", "rounds=1", run_dir=tmp_path / "r"))
+    data = session.task.data
+    public = data.public.sentences
+    assert data.unigram_accuracy == unigram_accuracy(public, data.test, data.vocab)[0]
+    run_local(session)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert "public by construction" in summary["reference_source"]
+    assert summary["unigram_accuracy"] == data.unigram_accuracy

@@ -35,10 +35,19 @@ class FederatedDataset:
     test: np.ndarray  # int64 [M, seq_len + 1]
     ceiling_accuracy: float | None = None  # Bayes-optimal next-token accuracy, where known
     unigram_accuracy: float | None = None  # accuracy of predicting the most frequent word
+    # what the two reference accuracies are computed from: summary.json publishes them, so it must
+    # be public or held-out data, never the training users' (no ledger entry covers those)
+    reference_source: str | None = None
     public: PublicCorpus | None = None
     test_word_of: np.ndarray | None = None  # [M, seq_len]: word index of each test target (subword tokenizers)
     tokenizer: object | None = None  # the subword tokenizer every split was re-encoded with (None: word ids)
     info: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.ceiling_accuracy is not None or self.unigram_accuracy is not None) and not self.reference_source:
+            raise ValueError(f"dataset {self.name!r}: reference accuracies are published in summary.json, so the "
+                             "loader must say what they are computed from (reference_source: public or held-out "
+                             "data only, never the training users')")
 
     @property
     def num_users(self) -> int:
