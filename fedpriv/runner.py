@@ -117,8 +117,10 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     # adaptive clipping normalises each round by C_t: the mechanism then runs at unit sensitivity
     mechanism_clip = 1.0 if privacy_spec.clipping == "adaptive" else privacy["clip_norm"]
     accounting = build_mechanism(cfg["mechanism"], 1.0, mechanism_clip, rounds=int(cfg["rounds"]), sampler=sampler)
+    _adopt_strategy(accounting, checkpoint, run)
     mechanism = build_mechanism(cfg["mechanism"], _noise_multiplier(cfg, accounting, sampler), mechanism_clip,
                                 noise=randomness.noise("mechanism"), rounds=int(cfg["rounds"]), sampler=sampler)
+    _adopt_strategy(mechanism, checkpoint, run)
     opt_cfg = dict(cfg["optimizer"])
     optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
     optimizer.query_plan.check(cfg["optimizer"]["name"], mechanism, task.algorithm.per_unit_deltas)
@@ -148,6 +150,18 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     if checkpoint is not None:
         _restore(session, checkpoint)
     return session
+
+
+def _adopt_strategy(mechanism: Mechanism, checkpoint: dict | None, run: RunDirectory) -> None:
+    """A resumed run's mechanism takes its strategy (BLT's parameters, BandMF's bands) from the
+    checkpoint, never from the cache or a new optimisation: the earlier rounds used exactly it."""
+    if checkpoint is None:
+        return
+    try:
+        mechanism.adopt_strategy(checkpoint["server"]["mechanism"])
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        reason = (str(err).splitlines() or [type(err).__name__])[0]
+        raise DamagedFileError(f"checkpoint {run.checkpoint_path} does not fit this run ({reason[:160]})") from None
 
 
 def _resumable_checkpoint(run: RunDirectory, cfg: dict) -> dict | None:

@@ -342,3 +342,44 @@ def test_synthetic_reference_accuracies_use_no_training_rows(tmp_path):
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert "public by construction" in summary["reference_source"]
     assert summary["unigram_accuracy"] == data.unigram_accuracy
+
+
+# ------------------------------------------------------------- finding 10: BLT resume on another machine
+
+
+@pytest.mark.parametrize("mechanism", ["blt", "bandmf"])
+def test_a_resume_uses_the_checkpoints_strategy_not_the_cache_nor_a_new_optimisation(tmp_path, monkeypatch,
+                                                                                      mechanism):
+    """BLT re-optimised when its cache entry was missing and refused the resume if the floats
+    differed. Now the checkpoint holds the strategy (BLT's parameters, BandMF's bands) and a
+    resume on a machine whose cache holds another strategy — or none, and no optimiser — uses it,
+    ending where the uninterrupted run ends."""
+    from conftest import compose_cfg
+    from fedpriv.mechanisms import bandmf, blt
+    from fedpriv.runner import prepare
+    from helpers import interrupt_and_resume
+    from server.app import run_local
+
+    extra = ("mechanism.buffers=2",) if mechanism == "blt" else ("mechanism.bands=2", "sampling=cyclic")
+    args = ("+experiment=smoke", "progress=false", f"mechanism={mechanism}", *extra)
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "first-machine"))
+    blt.planned_params.cache_clear()
+    full = prepare(compose_cfg(*args, run_dir=tmp_path / "full"))
+    run_local(full)
+    cfg = compose_cfg(*args, run_dir=tmp_path / "cut")
+    interrupt_and_resume(cfg, crash_round=2)  # killed in round 3 (its resume is prepared below)
+    # "another machine": an empty cache holding a different (valid) strategy, and no optimiser
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "second-machine"))
+    blt.planned_params.cache_clear()
+    if mechanism == "blt":
+        other = blt.BLTParams(torch.tensor([0.3, 0.1], dtype=torch.float64), torch.tensor([0.9, 0.5], dtype=torch.float64))
+        monkeypatch.setattr(blt, "planned_params", lambda *a, **k: other)
+    else:
+        monkeypatch.setattr(bandmf, "cached_strategy", lambda n, b, *a, **k: torch.eye(n, dtype=torch.float64))
+    monkeypatch.setattr(blt, "optimize_auto", lambda *a, **k: pytest.fail("re-optimised"))
+    monkeypatch.setattr(blt, "optimize", lambda *a, **k: pytest.fail("re-optimised"))
+    monkeypatch.setattr(bandmf, "optimize_strategy", lambda *a, **k: pytest.fail("re-optimised"))
+    resumed = prepare({**cfg, "resume": True})
+    run_local(resumed)
+    torch.testing.assert_close(resumed.server.params, full.server.params, rtol=0, atol=0)
+    assert (tmp_path / "cut" / "privacy.json").read_text() == (tmp_path / "full" / "privacy.json").read_text()

@@ -226,6 +226,22 @@ class BandMFMechanism(CorrelatedMechanism):
         if round_idx >= self.rounds:
             raise ValueError(f"the BandMF strategy was optimized for {self.rounds} rounds")
 
+    def adopt_strategy(self, state: dict) -> None:
+        """The checkpoint's strategy (checked as a cached one is: :func:`strategy_problem`)."""
+        if state.get("name") != self.name:
+            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
+        if "bandmf_bands" not in state:
+            return  # a checkpoint from before the strategy was kept: its digest is still checked on load
+        bands = state["bandmf_bands"]
+        if not isinstance(bands, torch.Tensor) or tuple(bands.shape) != (self.bands, self.rounds):
+            raise ValueError("checkpoint's BandMF strategy does not fit this run's rounds and bands")
+        c = torch.zeros(self.rounds, self.rounds, dtype=torch.float64)
+        for k in range(self.bands):
+            c += torch.diag(bands[k, k:].to(torch.float64), diagonal=-k)
+        if (problem := strategy_problem(c, self.rounds, self.bands)) is not None:
+            raise ValueError(f"checkpoint's BandMF strategy is not valid ({problem})")
+        self._strategy, self._strategy_checked = c, True
+
     def matrix(self, rounds: int) -> torch.Tensor:
         """``C⁻¹`` restricted to the first ``rounds`` rounds: residual noise = C⁻¹ Z (float64)."""
         c = self.strategy[:rounds, :rounds]
@@ -277,8 +293,14 @@ class BandMFMechanism(CorrelatedMechanism):
     # ---------------------------------------------------------------- state
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "rounds": self.rounds, "bands": self.bands,
-                "strategy_sha256": hashlib.sha256(self.strategy.numpy().tobytes()).hexdigest()}
+        """The stream's state, and the strategy: its b bands (``bandmf_bands[k, t] = C[t, t−k]``),
+        which a resume adopts (:meth:`adopt_strategy`), and their digest, which it checks."""
+        c = self.strategy
+        bands = torch.zeros(self.bands, self.rounds, dtype=torch.float64)
+        for k in range(self.bands):
+            bands[k, k:] = torch.diagonal(c, offset=-k)
+        return {**super().state_dict(), "rounds": self.rounds, "bands": self.bands, "bandmf_bands": bands,
+                "strategy_sha256": hashlib.sha256(c.numpy().tobytes()).hexdigest()}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("name") == self.name:

@@ -90,6 +90,14 @@ class NoiseMechanism:
         return {"name": self.name, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
                 "noise": None if self._noise is None else self._noise.state_dict()}
 
+    def adopt_strategy(self, state: dict) -> None:
+        """Take what this mechanism derives when built — an optimised strategy — from a checkpoint's
+        ``state`` (:meth:`state_dict`) instead of deriving it again, so a resumed run uses exactly
+        the strategy its earlier rounds used, on any machine. Call it before anything reads the
+        strategy (calibration, accounting, noise). Raises ``ValueError`` for a state that does not
+        fit. Mechanisms with nothing derived have nothing to adopt."""
+        del state
+
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` saved (subclasses check their own keys first)."""
         if state.get("name") != self.name:

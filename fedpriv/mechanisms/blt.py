@@ -316,6 +316,16 @@ class BLTMechanism(CorrelatedMechanism):
         return {**super().state_dict(), "blt_weights": self.params.weights.clone(),
                 "blt_decays": self.params.decays.clone()}
 
+    def adopt_strategy(self, state: dict) -> None:
+        """The checkpoint's BLT parameters (checked as a cached entry is: :func:`params_problem`)
+        instead of the cache's or a new optimisation."""
+        entry = {"weights": state.get("blt_weights"), "decays": state.get("blt_decays")}
+        if state.get("name") != self.name:
+            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
+        if (problem := params_problem(entry, self.buffers)) is not None:
+            raise ValueError(f"checkpoint's BLT parameters are not a valid strategy ({problem})")
+        self._params = BLTParams(entry["weights"].clone(), entry["decays"].clone())
+
     def load_state_dict(self, state: dict) -> None:
         if state.get("name") == self.name and not (torch.equal(state["blt_weights"], self.params.weights)
                                                    and torch.equal(state["blt_decays"], self.params.decays)):
