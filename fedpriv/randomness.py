@@ -95,8 +95,8 @@ def normals(key: bytes, label: str, index: tuple[int, ...], shape: tuple[int, ..
 
 def computing_config(cfg: Mapping[str, Any]) -> dict:
     """``cfg`` without the :data:`PRESENTATION_KEYS` (and without an ``audit`` section that inserts
-    no canaries, or the adaptive-clipping keys of a fixed-clip run, which change nothing): what
-    determines the run's results."""
+    no canaries, the adaptive-clipping keys of a fixed-clip run, or an unset ``population``, which
+    change nothing): what determines the run's results."""
     out = json.loads(json.dumps(cfg, default=str))
     if isinstance(out.get("audit"), dict) and not out["audit"].get("canaries"):
         out.pop("audit")
@@ -104,6 +104,8 @@ def computing_config(cfg: Mapping[str, Any]) -> dict:
     if isinstance(privacy, dict) and privacy.get("clipping", "fixed") == "fixed":  # a fixed clip: as before
         privacy.pop("clipping", None)
         privacy.pop("adaptive", None)
+    if out.get("population", 0) is None:  # the rate from the data, as before the key existed
+        out.pop("population")
     for path in PRESENTATION_KEYS:
         *parents, leaf = path.split(".")
         node = out

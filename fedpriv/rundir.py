@@ -178,6 +178,10 @@ class RunDirectory:
     def checkpoint_path(self) -> Path:
         return self.path / "checkpoints" / "last.pt"
 
+    @property
+    def client_releases_path(self) -> Path:
+        return self.path / "checkpoints" / "client_releases.json"
+
     # ------------------------------------------------------------ writes
 
     def write_json(self, name: str, obj: dict) -> None:
@@ -203,7 +207,29 @@ class RunDirectory:
         torch.save(state, buffer)
         write_atomic(self.checkpoint_path, buffer.getvalue(), private=True)
 
+    def save_client_releases(self, count: int) -> None:
+        """Record, durably and before clients are asked, that ``count`` rounds of their
+        example-level DP replies may have reached the server (a round asked again after a crash
+        counts again: in secure mode its clients draw fresh noise)."""
+        directory = self.client_releases_path.parent
+        directory.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)
+        write_atomic(self.client_releases_path, json.dumps({"client_releases": int(count)}).encode(), private=True)
+
     # ------------------------------------------------------------ reads
+
+    def read_client_releases(self) -> int:
+        """What :meth:`save_client_releases` last recorded (0 if nothing)."""
+        path = self.client_releases_path
+        if not path.exists():
+            return 0
+        try:
+            count = json.loads(path.read_text())["client_releases"]
+        except (ValueError, KeyError, TypeError):
+            raise DamagedFileError(f"{path} is damaged (it counts the rounds clients replied in)") from None
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise DamagedFileError(f"{path} is damaged (it counts the rounds clients replied in)")
+        return count
 
     def read_config(self) -> dict | None:
         path = self.path / "config.yaml"

@@ -74,6 +74,7 @@ class RunSession:
     randomness: RunRandomness
     start_round: int = 0
     wall_s: float = 0.0
+    client_releases: int = 0  # rounds whose clients' example-level DP replies reached the server (client.dp=example)
     history: list[dict] = field(default_factory=list)  # metrics.jsonl rows (covered by the ledger)
     diagnostics: list[dict] = field(default_factory=list)  # diagnostics.jsonl rows (research only)
 
@@ -112,7 +113,8 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
     privacy = cfg["privacy"]
     privacy_spec = load(Privacy, privacy, "privacy")
     sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), randomness.subkey("sampling"),
-                           groups=load("mechanism", cfg["mechanism"]).sampling_groups())
+                           groups=load("mechanism", cfg["mechanism"]).sampling_groups(),
+                           public_population=cfg.get("population"))
     # calibrate on an accounting-only build, then build the mechanism once, with its σ and its stream
     # adaptive clipping normalises each round by C_t: the mechanism then runs at unit sensitivity
     mechanism_clip = 1.0 if privacy_spec.clipping == "adaptive" else privacy["clip_norm"]
@@ -149,7 +151,22 @@ def _build(cfg: dict, run: RunDirectory) -> RunSession:
                          randomness=randomness)
     if checkpoint is not None:
         _restore(session, checkpoint)
+    _count_client_releases(session, checkpoint)
     return session
+
+
+def _count_client_releases(session: RunSession, checkpoint: dict | None) -> None:
+    """Client example-level DP: the rounds whose replies reached the server, from the checkpoint
+    and the record written before each round's clients were asked. A round asked before a crash
+    and asked again on resume released twice (in secure mode its clients draw fresh noise), so it
+    is charged twice (docs/PRIVACY.md)."""
+    if session.task.local.dp is None:
+        return
+    saved = int((checkpoint or {}).get("client_releases", session.start_round))
+    session.client_releases = max(saved, session.run.read_client_releases())
+    if session.client_releases > session.start_round:
+        log.warning("the clients of %d round(s) replied before an interruption and are asked again: the example-level "
+                    "epsilon charges both releases", session.client_releases - session.start_round)
 
 
 def _adopt_strategy(mechanism: Mechanism, checkpoint: dict | None, run: RunDirectory) -> None:
@@ -309,6 +326,9 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
     for r in bar:
         ledger.check_can_run(ledger.rounds_done + 1)
         cohort = server.cohort(r)
+        if session.task.local.dp is not None:  # charged before the clients are asked: a crash cannot hide it
+            session.client_releases += 1
+            run.save_client_releases(session.client_releases)
         released, diag = server.apply_round(r, cohort, round_fn(r, cohort), diagnostics=diagnostics)
         ledger.record_round(r)
         epsilon = ledger.reported_epsilon()
@@ -361,7 +381,7 @@ def _checkpoint(session: RunSession, round_done: int, wall_s: float) -> dict:
     return {"format": CHECKPOINT_FORMAT, "round": round_done, "server": session.server.state_dict(),
             "ledger": session.ledger.state_dict(), "randomness": session.randomness.state_dict(),
             "history": session.history, "diagnostics": session.diagnostics, "wall_s": wall_s,
-            "config": session.cfg}
+            "client_releases": session.client_releases, "config": session.cfg}
 
 
 def _publish(session: RunSession) -> None:
@@ -406,12 +426,15 @@ def _example_privacy(session: RunSession) -> dict:
     dp = session.task.local.dp
     if dp is None:
         return {}
-    eps = dp.epsilon(session.ledger.rounds_done, session.cfg["privacy"]["accountant"])
+    releases = max(session.client_releases, session.ledger.rounds_done)
+    eps = dp.epsilon(releases, session.cfg["privacy"]["accountant"])
+    again = releases - session.ledger.rounds_done
     return {"example_privacy": {
         "epsilon": json_epsilon(eps), "delta": dp.delta, "noise_multiplier": dp.noise_multiplier,
         "accountant": session.cfg["privacy"]["accountant"], "neighboring_relation": "add_or_remove_one",
         "sampling_rate": dp.sampling_rate, "steps_per_round": dp.steps, "clip_norm": dp.clip_norm,
-        "denominator": dp.denominator,
+        "denominator": dp.denominator, "rounds_charged": releases,
+        **({"rounds_asked_again_after_an_interruption": again} if again else {}),
         "assumes": "every client takes part in every round (no amplification by user sampling)"}}
 
 
@@ -455,4 +478,9 @@ def _example_line(summary: dict, mode: str) -> str:
     eps = "inf" if ex["epsilon"] is None else f"{ex['epsilon']:.4g}"
     return (f"\nexample-level epsilon on clients {eps} at delta {ex['delta']:g} "
             f"({ex['accountant']}, add_or_remove_one example), noise multiplier {ex['noise_multiplier']:.4g}, "
-            f"every client assumed in every round [{mode}]")
+            f"every client assumed in every round"
+            f"{_again_text(ex.get('rounds_asked_again_after_an_interruption', 0))} [{mode}]")
+
+
+def _again_text(again: int) -> str:
+    return f", {again} round(s) charged twice (asked again after an interruption)" if again else ""

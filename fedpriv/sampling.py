@@ -10,6 +10,14 @@ sampling assumes. A sampler built without a key (``key=None``) only states its a
 User ``u``'s draw in round ``t`` is the ``u``-th value of the round's keystream, so it does not
 depend on the population size; the cyclic-Poisson group of ``u`` is a keyed hash of ``u`` alone.
 
+The rate of the Poisson-type samplers (q = m/N, cyclic-Poisson's m·b/N) is fixed either by a
+public population size that the config states (``population``: then adding or removing a user
+changes nobody else's participation, and add/remove-one neighbouring holds), or by the dataset's
+own count (``rate_from_data``): then one more user changes every user's rate, and the relation
+that holds is zero-out — a user's data replaced by a null contribution, the population size
+fixed — under which dp_accounting gives the sampled Gaussian the same epsilon
+(:func:`fedpriv.mechanisms.base.amplified_relation`).
+
 ``sample_extra(t, key, count)`` draws, from another key, which of ``count`` units outside the
 population (an audit's canaries, :mod:`fedpriv.audit.canaries`) take part in round t with the
 participation a user has under the sampler's pattern; for a given sampling key, the population's
@@ -77,10 +85,13 @@ class PoissonSampler(PoissonPattern):
     rate: float
     key: bytes | None = field(default=None, repr=False)  # secret in secure mode: never printed
     kind: str = POISSON
+    rate_from_data: bool = False  # q = m / (the dataset's count): zero-out, not add/remove (module docstring)
+    public_population: int | None = None  # the config's N the rate was fixed from (None: the rate is given)
 
     @property
     def expected_cohort(self) -> float:
-        return self.rate * self.population
+        """The fixed denominator: ``q·N`` with N the public population where one fixed the rate."""
+        return self.rate * (self.public_population or self.population)
 
     def sample(self, round_idx: int) -> np.ndarray:
         draws = uniforms(_need_key(self.key), "poisson", (round_idx,), self.population)
@@ -210,10 +221,12 @@ class CyclicPoissonSampler(_CohortSized, GroupedPoissonPattern):
     groups: int
     key: bytes | None = field(default=None, repr=False)  # secret in secure mode: never printed
     kind: str = CYCLIC_POISSON
+    rate_from_data: bool = False  # the group rate from the dataset's count: zero-out (module docstring)
+    public_population: int | None = None  # the config's N the group rate was fixed from
 
     @property
     def group_rate(self) -> float:
-        return min(1.0, self.cohort * self.groups / self.population)
+        return min(1.0, self.cohort * self.groups / (self.public_population or self.population))
 
     def sample(self, round_idx: int) -> np.ndarray:
         key = _need_key(self.key)
@@ -261,23 +274,35 @@ def resolve_sampling(kind: str, mechanism: str) -> str:
 
 
 def make_sampler(kind: str, population: int, cohort_size: int, key: bytes | None,
-                 groups: int | None = None) -> Sampler:
-    """Build the sampler named by ``kind`` with expected cohort ``cohort_size`` (``groups``: the
-    number of groups of ``cyclic_poisson``, BandMF's bands); ``key``: the run's sampling key
-    (``RunRandomness.subkey("sampling")``), or None for a sampler that only states its accounting."""
+                 groups: int | None = None, public_population: int | None = None) -> Sampler:
+    """Build the sampler named by ``kind`` with expected cohort ``cohort_size`` over the
+    ``population`` units of the data (``groups``: the number of groups of ``cyclic_poisson``,
+    BandMF's bands); ``key``: the run's sampling key (``RunRandomness.subkey("sampling")``), or
+    None for a sampler that only states its accounting. ``public_population``: the config's
+    ``population``, which fixes the Poisson-type rates (None: the rates come from ``population``,
+    and are marked ``rate_from_data``); fixed-size and cyclic sampling draw from the data's units
+    and take none."""
     if population < 1:
         raise ConfigError(f"population must be >= 1, got {population}")
     if not 1 <= cohort_size <= population:
         raise ConfigError(f"cohort size {cohort_size} must be in [1, population={population}]")
+    if public_population is not None and kind not in (POISSON, CYCLIC_POISSON):
+        raise ConfigError(f"population={public_population} fixes a Poisson sampling rate; sampling={kind} draws from "
+                          "the dataset's own units (its neighbouring relation keeps their number fixed): leave "
+                          "population unset (null)")
+    if public_population is not None and cohort_size > public_population:
+        raise ConfigError(f"cohort_size {cohort_size} exceeds population={public_population}")
+    rate_base = public_population or population
+    fixed = {"rate_from_data": public_population is None, "public_population": public_population}
     if kind == POISSON:
-        return PoissonSampler(population=population, rate=cohort_size / population, key=key)
+        return PoissonSampler(population=population, rate=cohort_size / rate_base, key=key, **fixed)
     if kind == FIXED_SIZE:
         return FixedSizeSampler(population=population, cohort=cohort_size, key=key)
     if kind == CYCLIC:
         return CyclicSampler(population=population, cohort=cohort_size, key=key)
     if kind == CYCLIC_POISSON:
-        if not groups or groups < 1 or cohort_size * groups > population:
+        if not groups or groups < 1 or cohort_size * groups > rate_base:
             raise ConfigError(f"sampling=cyclic_poisson needs groups (mechanism.bands) >= 1 with cohort_size x groups "
-                              f"<= population; got groups={groups}, cohort {cohort_size}, population {population}")
-        return CyclicPoissonSampler(population=population, cohort=cohort_size, groups=groups, key=key)
+                              f"<= population; got groups={groups}, cohort {cohort_size}, population {rate_base}")
+        return CyclicPoissonSampler(population=population, cohort=cohort_size, groups=groups, key=key, **fixed)
     raise ConfigError(f"unknown sampler {kind!r} (expected 'poisson', 'fixed', 'cyclic' or 'cyclic_poisson')")

@@ -402,6 +402,9 @@ class RunConfig(Section):
     rounds: int = 220
     cohort_size: int = 150
     sampling: Literal["auto", "poisson", "fixed", "cyclic", "cyclic_poisson"] = "auto"
+    # public population size N fixing the Poisson rates q = cohort_size / N (add/remove-one holds);
+    # null: q from the dataset's count, accounted under zero-out (docs/PRIVACY.md, "The population")
+    population: Optional[int] = None
     ema_decay: float = 0.95  # >0: release/evaluate the EMA of the server iterates (post-processing); 0: off
     eval_every: Optional[int] = 20  # evaluate on the test set every k rounds (and after the last); null: last only
     resume: bool = False  # true: continue the run in run_dir from its last checkpoint
@@ -423,7 +426,7 @@ class RunConfig(Section):
 
     def check(self, path: str = "") -> None:
         nonnegative(self, "seed", path=path)
-        positive(self, "rounds", "cohort_size", "eval_every", path=path)
+        positive(self, "rounds", "cohort_size", "eval_every", "population", path=path)
         in_unit_interval(self, "ema_decay", path, closed_right=False, open_left=False)
         if self.algorithm.central and not isinstance(self.backend, LocalBackend):
             raise ConfigError(f"algorithm={self.algorithm.name} is central (pooled data, no clients): use backend=local")

@@ -383,3 +383,116 @@ def test_a_resume_uses_the_checkpoints_strategy_not_the_cache_nor_a_new_optimisa
     run_local(resumed)
     torch.testing.assert_close(resumed.server.params, full.server.params, rtol=0, atol=0)
     assert (tmp_path / "cut" / "privacy.json").read_text() == (tmp_path / "full" / "privacy.json").read_text()
+
+
+# ------------------------------------------------------------- finding 8: a round asked twice
+
+
+def test_a_round_whose_clients_replied_before_a_crash_is_charged_again(tmp_path, caplog):
+    """Example-level DP: resume re-runs the round, and in secure mode its clients draw fresh
+    noise, so the server has seen two releases of those users' examples. The count of releases is
+    recorded before the clients are asked and the example-level epsilon charges every release."""
+    from client.app import make_client_app
+    from conftest import compose_cfg
+    from fedpriv.local_dp import resolve_example_dp
+    from fedpriv.runner import prepare, train
+    from server.app import grid_round_fn, run_local
+    from server.grid import LocalGrid
+
+    args = ("+experiment=smoke", "progress=false", "client.dp=example", "client.example.steps=1",
+            "privacy.secure_rng=true")
+    full = run_local(prepare(compose_cfg(*args, run_dir=tmp_path / "full")))
+    assert full["example_privacy"]["rounds_charged"] == 3
+    cfg = compose_cfg(*args, run_dir=tmp_path / "cut")
+    first = prepare(cfg)
+    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
+
+    def replies_then_crash(round_idx, cohort):
+        updates = inner(round_idx, cohort)  # the server holds round 2's replies ...
+        if round_idx == 1:
+            raise KeyboardInterrupt  # ... and dies before the round's checkpoint
+        return updates
+
+    with pytest.raises(KeyboardInterrupt):
+        train(first, replies_then_crash)
+    with caplog.at_level("WARNING"):
+        resumed = prepare({**cfg, "resume": True})
+    assert resumed.start_round == 1 and resumed.client_releases == 2
+    assert "charges both releases" in caplog.text
+    summary = run_local(resumed)
+    ex = summary["example_privacy"]
+    assert ex["rounds_charged"] == 4 and ex["rounds_asked_again_after_an_interruption"] == 1
+    dp = resolve_example_dp(cfg["client"], cfg["rounds"])
+    assert ex["epsilon"] == pytest.approx(dp.epsilon(4)) and ex["epsilon"] > full["example_privacy"]["epsilon"]
+    assert json.loads((tmp_path / "cut" / "summary.json").read_text())["example_privacy"]["rounds_charged"] == 4
+
+
+# ------------------------------------------------------------- finding 4: the neighbouring relation
+
+
+def _participation(sampler, users: int, rounds: int) -> np.ndarray:
+    out = np.zeros((rounds, users), dtype=bool)
+    for t in range(rounds):
+        chosen = sampler.sample(t)
+        out[t, chosen[chosen < users]] = True
+    return out
+
+
+@pytest.mark.parametrize("kind", ["poisson", "cyclic_poisson"])
+def test_with_a_public_population_one_more_user_moves_nobody_else(kind):
+    """q = m/N made every user's participation depend on N: adding a user changed others'
+    (3 of 10,000 over 200 rounds in the review). With the rate fixed by the config's public
+    population, the other users' participation is identical, and add/remove-one holds."""
+    from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT, amplified_relation
+    from fedpriv.randomness import key_from_seed
+    from fedpriv.sampling import make_sampler
+
+    key, n, m, groups = key_from_seed(7), 10_000, 100, 4
+    fixed = [_participation(make_sampler(kind, size, m, key, groups=groups, public_population=n), n, 200)
+             for size in (n, n + 1)]
+    assert np.array_equal(*fixed)
+    from_data = [_participation(make_sampler(kind, size, m, key, groups=groups), n, 200) for size in (n, n + 1)]
+    assert not np.array_equal(*from_data)  # why the relation is zero-out when N comes from the data
+    assert amplified_relation(make_sampler(kind, n, m, key, groups=groups, public_population=n)) == ADD_REMOVE
+    assert amplified_relation(make_sampler(kind, n, m, key, groups=groups)) == ZERO_OUT
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_zero_out_and_add_remove_give_the_sampled_gaussian_the_same_epsilon(accountant):
+    """The zero-out label costs nothing: its privacy-loss pair is the add/remove pair."""
+    import dp_accounting
+
+    from fedpriv.accounting import compute_epsilon
+    from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT
+
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.015, dp_accounting.GaussianDpEvent(0.8)), 100)
+    assert compute_epsilon(event, 1e-5, accountant, ZERO_OUT) == pytest.approx(
+        compute_epsilon(event, 1e-5, accountant, ADD_REMOVE), rel=1e-9)
+
+
+def test_privacy_json_names_the_relation_that_holds(tmp_path):
+    from conftest import compose_cfg
+    from fedpriv.errors import ConfigError
+    from fedpriv.randomness import research_key
+    from fedpriv.runner import prepare
+    from server.app import run_local
+
+    base = ("+experiment=smoke", "progress=false", "rounds=1")
+    run_local(prepare(compose_cfg(*base, run_dir=tmp_path / "data")))
+    run_local(prepare(compose_cfg(*base, "population=40", run_dir=tmp_path / "public")))
+    from_data = json.loads((tmp_path / "data" / "privacy.json").read_text())
+    public = json.loads((tmp_path / "public" / "privacy.json").read_text())
+    assert from_data["neighboring_relation"] == "zero_out" and "dataset's own count" in from_data["sampling"]["rate_fixed_by"]
+    assert public["neighboring_relation"] == "add_or_remove_one" and public["sampling"]["public_population"] == 40
+    assert public["epsilon"] == pytest.approx(from_data["epsilon"])  # the same number, the relation that holds
+    summary = json.loads((tmp_path / "public" / "summary.json").read_text())
+    assert summary["privacy"]["neighboring_relation"] == "add_or_remove_one"
+    # an unset population leaves every earlier research key (and golden output) as it was
+    cfg = compose_cfg(*base, run_dir=tmp_path / "k")
+    assert research_key(cfg) == research_key({k: v for k, v in cfg.items() if k != "population"})
+    assert research_key({**cfg, "population": 40}) != research_key(cfg)
+    for bad, text in ((("population=40", "sampling=fixed"), "fixes a Poisson sampling rate"),
+                      (("population=5",), "exceeds population=5"), (("population=0",), "population must be > 0")):
+        with pytest.raises(ConfigError, match=text):
+            prepare(compose_cfg(*base, *bad, run_dir=tmp_path / "bad"))

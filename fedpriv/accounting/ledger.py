@@ -53,8 +53,17 @@ def json_epsilon(epsilon: float) -> float | None:
 
 
 def sampling_dict(sampler: Sampler) -> dict[str, Any]:
-    return {"kind": sampler.kind, "rate": float(sampler.rate), "population": int(sampler.population),
-            "expected_cohort": float(sampler.expected_cohort)}
+    """privacy.json's ``sampling``; for the Poisson-type samplers also what fixed the rate."""
+    out = {"kind": sampler.kind, "rate": float(sampler.rate), "population": int(sampler.population),
+           "expected_cohort": float(sampler.expected_cohort)}
+    if getattr(sampler, "rate_from_data", False):
+        out["rate_fixed_by"] = ("the dataset's own count (no public population was configured): neighbours keep "
+                                "the population size, so the relation is zero-out")
+    elif getattr(sampler, "public_population", None) is not None:
+        out["public_population"] = int(sampler.public_population)
+        out["rate_fixed_by"] = ("the public population size in the config: adding or removing a user changes no "
+                                "other user's participation")
+    return out
 
 
 def _check_round_count(rounds: int | None, what: str) -> int | None:

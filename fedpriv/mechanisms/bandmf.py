@@ -36,7 +36,7 @@ import torch
 from fedpriv.cache import cache_root, load_entry, save_entry
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.analysis import lbfgs_minimize, prefix_mse, toeplitz_matrix, toeplitz_prefix_column
-from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT, trivial_event
+from fedpriv.mechanisms.base import ZERO_OUT, amplified_relation, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC_POISSON, GroupedPoissonPattern, Sampler, SeparatedPattern
@@ -252,7 +252,7 @@ class BandMFMechanism(CorrelatedMechanism):
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
         self._check_sampler(sampler)
         if isinstance(sampler, GroupedPoissonPattern):
-            return ADD_REMOVE
+            return amplified_relation(sampler)
         return ZERO_OUT
 
     def _check_sampler(self, sampler: Sampler) -> None:

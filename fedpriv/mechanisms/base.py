@@ -26,6 +26,19 @@ ZERO_OUT = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
 RELATION_NAMES = {ADD_REMOVE: "add_or_remove_one", REPLACE_ONE: "replace_one", ZERO_OUT: "zero_out"}
 
 
+def amplified_relation(sampler) -> dp_accounting.NeighboringRelation:
+    """The relation a Poisson-type sampler (Poisson, cyclic-Poisson) is accounted under.
+
+    Add/remove-one when its rate is a public constant (the config's ``population``, or a rate a
+    calculator is given): a user added or removed changes nobody else's participation. When the
+    rate comes from the dataset's own count (``rate_from_data``), one more user changes every
+    user's rate, so add/remove does not hold; zero-out does — user u's data replaced by a null
+    contribution, the population size fixed — and for the Poisson-sampled Gaussian its privacy
+    loss pair is the add/remove pair (``N(0, σ²)`` against ``(1−q)N(0, σ²) + qN(1, σ²)``), which
+    dp_accounting's REPLACE_SPECIAL accounts identically (tests/test_privacy_second_pass.py)."""
+    return ZERO_OUT if getattr(sampler, "rate_from_data", False) else ADD_REMOVE
+
+
 def require_noise(noise: NoiseStream | None, name: str) -> NoiseStream:
     """The mechanism's noise stream; a mechanism built for accounting only has none (fail closed)."""
     if noise is None:

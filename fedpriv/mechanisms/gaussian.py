@@ -15,7 +15,7 @@ import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.base import ADD_REMOVE, NoiseMechanism, REPLACE_ONE, require_noise
+from fedpriv.mechanisms.base import REPLACE_ONE, NoiseMechanism, amplified_relation, require_noise
 from fedpriv.sampling import POISSON, FixedSizePattern, PoissonPattern, Sampler
 from fedpriv.schema import MechanismOption, register_option
 
@@ -46,7 +46,7 @@ class GaussianMechanism(NoiseMechanism):
 
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
         if isinstance(sampler, PoissonPattern):
-            return ADD_REMOVE
+            return amplified_relation(sampler)
         if isinstance(sampler, FixedSizePattern):
             return REPLACE_ONE
         raise ConfigError(f"gaussian mechanism cannot be accounted with sampler {sampler.kind!r}")
