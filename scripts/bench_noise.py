@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_clipping import fedpriv_model  # noqa: E402
 from fedpriv.clipping import GaussianKeystream  # noqa: E402
-from fedpriv.clipping.noise import BLOCK, _executor  # noqa: E402
+from fedpriv.clipping.noise import BLOCK, run_blocks  # noqa: E402
 from fedpriv.rundir import write_json  # noqa: E402
 
 
@@ -43,12 +43,7 @@ def previous_draw(tensors: list[torch.Tensor], std: float, generator: torch.Gene
         torch.randn(stop - start, generator=torch.Generator().manual_seed(seeds[j]), dtype=noises[k].dtype,
                     out=noises[k][start:stop])
 
-    workers = min(torch.get_num_threads(), len(blocks))
-    if workers > 1:
-        list(_executor(workers).map(draw, range(len(blocks))))
-    else:
-        for j in range(len(blocks)):
-            draw(j)
+    run_blocks(draw, len(blocks))
     for t, noise in zip(tensors, noises):
         t.view(-1).add_(noise, alpha=std)
 

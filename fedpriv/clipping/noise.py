@@ -32,7 +32,7 @@ import os
 import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -55,6 +55,16 @@ def _executor(workers: int) -> ThreadPoolExecutor:
         _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fedpriv-noise")
         _pool_key = key
     return _pool
+
+
+def run_blocks(draw: Callable[[int], None], count: int) -> None:
+    """``draw(j)`` for every block ``j < count``, on ``torch.get_num_threads()`` pool threads."""
+    workers = min(torch.get_num_threads(), count)
+    if workers > 1:
+        list(_executor(workers).map(draw, range(count)))
+    else:
+        for j in range(count):
+            draw(j)
 
 
 def _buffers() -> tuple[memoryview, bytearray, np.ndarray, np.ndarray, np.ndarray]:
@@ -145,12 +155,7 @@ class GaussianKeystream:
             target[start:middle].add_(torch.from_numpy(cos_half).to(target.device), alpha=std)
             target[middle:stop].add_(torch.from_numpy(sin_half).to(target.device), alpha=std)
 
-        workers = min(torch.get_num_threads(), len(blocks))
-        if workers > 1:
-            list(_executor(workers).map(draw, range(len(blocks))))
-        else:
-            for j in range(len(blocks)):
-                draw(j)
+        run_blocks(draw, len(blocks))
 
     def normal(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype = torch.float32) -> Tensor:
         """A fresh tensor of standard normals (the next blocks of the stream)."""
