@@ -6,8 +6,9 @@ one, never half) and ``fsync``s the directory so the rename survives a power cut
 file is created with its final mode in the one ``open`` call that makes it (``O_CREAT | O_EXCL``,
 mode 0644, or owner-only 0600 with ``private=True``: checkpoints, which hold the run key in secure
 mode), which the kernel masks with the process umask; the umask itself is never read or changed
-(changing it, even briefly, would hand another thread's new files permissive modes). A failure removes the temporary file and leaves the old
-``path`` untouched; a full disk raises :class:`~fedpriv.errors.OutputError` with one clear line.
+(changing it, even briefly, would hand another thread's new files permissive modes). A failure
+removes the temporary file and leaves the old ``path`` untouched; a full disk raises
+:class:`~fedpriv.errors.OutputError` with one clear line.
 """
 
 from __future__ import annotations

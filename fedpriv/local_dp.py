@@ -16,8 +16,8 @@ from user sampling is claimed), so after R rounds the example-level event is
 ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(σ_e)), R·K)``. The guarantee is
 against the server too: a client's reply carries the privatized delta and nothing else (no loss,
 no counts), and its masks and noise are read from its own 256-bit round key (OS entropy in secure
-mode, never stored or sent; see :class:`fedpriv.randomness.ClientDraws`). The server's user-level clipping and noise are a separate guarantee
-on top.
+mode, never stored or sent; see :class:`fedpriv.randomness.ClientDraws`). The server's user-level
+clipping and noise are a separate guarantee on top.
 """
 
 from __future__ import annotations

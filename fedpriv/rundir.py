@@ -198,11 +198,15 @@ class RunDirectory:
         """Rewrite ``diagnostics.jsonl``; every line carries :data:`DIAGNOSTICS_NOTE`."""
         write_atomic(self.path / DIAGNOSTICS_FILE, jsonl([{"note": DIAGNOSTICS_NOTE, **r} for r in rows]))
 
-    def save_checkpoint(self, state: dict) -> None:
-        """Write ``checkpoints/last.pt`` owner-only (directory 0700), atomically and durably."""
+    def _private_directory(self) -> None:
+        """``checkpoints/``, owner-only (0700) even if it existed with wider modes."""
         directory = self.checkpoint_path.parent
         directory.mkdir(mode=0o700, exist_ok=True)
         os.chmod(directory, 0o700)
+
+    def save_checkpoint(self, state: dict) -> None:
+        """Write ``checkpoints/last.pt`` owner-only (directory 0700), atomically and durably."""
+        self._private_directory()
         buffer = io.BytesIO()
         torch.save(state, buffer)
         write_atomic(self.checkpoint_path, buffer.getvalue(), private=True)
@@ -211,9 +215,7 @@ class RunDirectory:
         """Record, durably and before clients are asked, that ``count`` rounds of their
         example-level DP replies may have reached the server (a round asked again after a crash
         counts again: in secure mode its clients draw fresh noise)."""
-        directory = self.client_releases_path.parent
-        directory.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(directory, 0o700)
+        self._private_directory()
         write_atomic(self.client_releases_path, json.dumps({"client_releases": int(count)}).encode(), private=True)
 
     # ------------------------------------------------------------ reads
@@ -226,7 +228,7 @@ class RunDirectory:
         try:
             count = json.loads(path.read_text())["client_releases"]
         except (ValueError, KeyError, TypeError):
-            raise DamagedFileError(f"{path} is damaged (it counts the rounds clients replied in)") from None
+            count = None
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise DamagedFileError(f"{path} is damaged (it counts the rounds clients replied in)")
         return count

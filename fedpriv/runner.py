@@ -74,7 +74,7 @@ class RunSession:
     randomness: RunRandomness
     start_round: int = 0
     wall_s: float = 0.0
-    client_releases: int = 0  # rounds whose clients' example-level DP replies reached the server (client.dp=example)
+    client_releases: int = 0  # rounds whose clients' example-level DP replies reached the server
     history: list[dict] = field(default_factory=list)  # metrics.jsonl rows (covered by the ledger)
     diagnostics: list[dict] = field(default_factory=list)  # diagnostics.jsonl rows (research only)
 
@@ -177,8 +177,14 @@ def _adopt_strategy(mechanism: Mechanism, checkpoint: dict | None, run: RunDirec
     try:
         mechanism.adopt_strategy(checkpoint["server"]["mechanism"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        reason = (str(err).splitlines() or [type(err).__name__])[0]
-        raise DamagedFileError(f"checkpoint {run.checkpoint_path} does not fit this run ({reason[:160]})") from None
+        raise _does_not_fit(run, err) from None
+
+
+def _does_not_fit(run: RunDirectory, err: Exception) -> DamagedFileError:
+    """The one-line error for a checkpoint whose state this run cannot take (the first line of
+    ``err``, shortened)."""
+    reason = (str(err).splitlines() or [type(err).__name__])[0]
+    return DamagedFileError(f"checkpoint {run.checkpoint_path} does not fit this run ({reason[:160]})")
 
 
 def _resumable_checkpoint(run: RunDirectory, cfg: dict) -> dict | None:
@@ -241,9 +247,7 @@ def _restore(session: RunSession, checkpoint: dict) -> None:
     except ConfigError:
         raise
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as err:
-        reason = (str(err).splitlines() or [type(err).__name__])[0]
-        raise DamagedFileError(f"checkpoint {session.run.checkpoint_path} does not fit this run "
-                               f"({reason[:160]})") from None
+        raise _does_not_fit(session.run, err) from None
     if session.start_round != session.ledger.rounds_done or len(session.history) != session.start_round:
         raise DamagedFileError(f"checkpoint {session.run.checkpoint_path} is inconsistent "
                                f"(round {session.start_round}, ledger {session.ledger.rounds_done} rounds)")

@@ -12,6 +12,7 @@ the run's metrics alone. Needs the ``tensorboard`` package (``pip install -e ".[
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -25,8 +26,6 @@ WALL_TIME = 0.0  # every event's time: none is recorded
 
 def _record(event) -> bytes:
     """One TFRecord: length, masked CRC of the length, the serialized event, masked CRC of it."""
-    import io
-
     from tensorboard.summary.writer.record_writer import RecordWriter
 
     buffer = io.BytesIO()

@@ -372,7 +372,8 @@ def test_a_resume_uses_the_checkpoints_strategy_not_the_cache_nor_a_new_optimisa
     monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "second-machine"))
     blt.planned_params.cache_clear()
     if mechanism == "blt":
-        other = blt.BLTParams(torch.tensor([0.3, 0.1], dtype=torch.float64), torch.tensor([0.9, 0.5], dtype=torch.float64))
+        other = blt.BLTParams(torch.tensor([0.3, 0.1], dtype=torch.float64),
+                              torch.tensor([0.9, 0.5], dtype=torch.float64))
         monkeypatch.setattr(blt, "planned_params", lambda *a, **k: other)
     else:
         monkeypatch.setattr(bandmf, "cached_strategy", lambda n, b, *a, **k: torch.eye(n, dtype=torch.float64))
@@ -483,7 +484,8 @@ def test_privacy_json_names_the_relation_that_holds(tmp_path):
     run_local(prepare(compose_cfg(*base, "population=40", run_dir=tmp_path / "public")))
     from_data = json.loads((tmp_path / "data" / "privacy.json").read_text())
     public = json.loads((tmp_path / "public" / "privacy.json").read_text())
-    assert from_data["neighboring_relation"] == "zero_out" and "dataset's own count" in from_data["sampling"]["rate_fixed_by"]
+    assert from_data["neighboring_relation"] == "zero_out"
+    assert "dataset's own count" in from_data["sampling"]["rate_fixed_by"]
     assert public["neighboring_relation"] == "add_or_remove_one" and public["sampling"]["public_population"] == 40
     assert public["epsilon"] == pytest.approx(from_data["epsilon"])  # the same number, the relation that holds
     summary = json.loads((tmp_path / "public" / "summary.json").read_text())

@@ -29,9 +29,9 @@ def audit_label(cfg: dict) -> dict[str, Any] | None:
     if not audit.get("canaries"):
         return None
     return {"canaries": int(audit["canaries"]), "support": int(audit["support"]),
-            "note": f"audited run: {int(audit['canaries'])} canary units, each inserted by a secret coin, may take part "
-                    "in every round from round 1, so every released model carries canary directions; the epsilon "
-                    "still covers every real user (docs/PRIVACY.md, 'Auditing a run')"}
+            "note": f"audited run: {int(audit['canaries'])} canary units, each inserted by a secret coin, may take "
+                    "part in every round from round 1, so every released model carries canary directions; the "
+                    "epsilon still covers every real user (docs/PRIVACY.md, 'Auditing a run')"}
 
 
 def finish_audit(canaries: CanarySet, released, run_path, cfg: dict, epsilon: float, mode: str) -> dict[str, Any]:

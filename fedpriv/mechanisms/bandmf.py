@@ -228,8 +228,7 @@ class BandMFMechanism(CorrelatedMechanism):
 
     def adopt_strategy(self, state: dict) -> None:
         """The checkpoint's strategy (checked as a cached one is: :func:`strategy_problem`)."""
-        if state.get("name") != self.name:
-            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
+        self._check_name(state)
         if "bandmf_bands" not in state:
             return  # a checkpoint from before the strategy was kept: its digest is still checked on load
         bands = state["bandmf_bands"]

@@ -109,12 +109,16 @@ class NoiseMechanism:
         the strategy its earlier rounds used, on any machine. Call it before anything reads the
         strategy (calibration, accounting, noise). Raises ``ValueError`` for a state that does not
         fit. Mechanisms with nothing derived have nothing to adopt."""
-        del state
+        self._check_name(state)
+
+    def _check_name(self, state: dict) -> None:
+        """A checkpoint's mechanism state must be this mechanism's."""
+        if state.get("name") != self.name:
+            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` saved (subclasses check their own keys first)."""
-        if state.get("name") != self.name:
-            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
+        self._check_name(state)
         self.noise_multiplier = float(state["noise_multiplier"])
         self.clip_norm = float(state["clip_norm"])
         if state["noise"] is not None:

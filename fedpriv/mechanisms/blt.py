@@ -319,9 +319,8 @@ class BLTMechanism(CorrelatedMechanism):
     def adopt_strategy(self, state: dict) -> None:
         """The checkpoint's BLT parameters (checked as a cached entry is: :func:`params_problem`)
         instead of the cache's or a new optimisation."""
+        self._check_name(state)
         entry = {"weights": state.get("blt_weights"), "decays": state.get("blt_decays")}
-        if state.get("name") != self.name:
-            raise ValueError(f"checkpoint holds mechanism {state.get('name')!r}, not {self.name!r}")
         if (problem := params_problem(entry, self.buffers)) is not None:
             raise ValueError(f"checkpoint's BLT parameters are not a valid strategy ({problem})")
         self._params = BLTParams(entry["weights"].clone(), entry["decays"].clone())
