@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
@@ -144,16 +144,20 @@ class DPSGD(FedSGD):
 class FedAvgOption(schema.AlgorithmOption):
     """DP-FedAvg: local epochs on each sampled user, user-level clipping of the delta."""
 
+    algorithm_class: ClassVar[type[Algorithm]] = FedAvg
     local_training: ClassVar[bool] = True
     name: str = "dp_fedavg"
+
+    def build(self, client: schema.Client) -> Algorithm:
+        return (ExampleLevelFedAvg if client.dp == "example" else FedAvg)(self)
 
 
 @dataclass
 class BatchedOption(schema.AlgorithmOption):
     """The keys of the algorithms whose cohort's clipped sum comes from batched BK passes."""
 
-    clipping_mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
-    max_rows: int = 512  # rows per batched backward (whole users per chunk)
+    clipping_mode: Literal["ghost", "instantiate", "mixopt"] = field(default="mixopt", metadata=schema.PRESENTATION)
+    max_rows: int = field(default=512, metadata=schema.PRESENTATION)  # rows per batched backward (whole users)
 
     def check(self, path: str) -> None:
         schema.positive(self, "max_rows", path=path)
@@ -163,19 +167,20 @@ class BatchedOption(schema.AlgorithmOption):
 class FedSGDOption(BatchedOption):
     """DP-FedSGD: one full-batch gradient step per sampled user; one batched BK pass when one_pass."""
 
+    algorithm_class: ClassVar[type[Algorithm]] = FedSGD
     name: str = "dp_fedsgd"
-    one_pass: bool = True
+    one_pass: bool = field(default=True, metadata=schema.PRESENTATION)  # equals the per-client loop
 
 
 @dataclass
 class DPSGDOption(BatchedOption):
     """Central DP-SGD on the pooled examples (example-level accounting)."""
 
+    algorithm_class: ClassVar[type[Algorithm]] = DPSGD
     central: ClassVar[bool] = True
     name: str = "dpsgd"
 
 
-_CLASSES: dict[type, type[Algorithm]] = {FedAvgOption: FedAvg, FedSGDOption: FedSGD, DPSGDOption: DPSGD}
 schema.register_option("algorithm", "dp_fedavg", FedAvgOption())
 schema.register_option("algorithm", "dp_fedsgd", FedSGDOption())
 schema.register_option("algorithm", "dpsgd", DPSGDOption())
@@ -183,8 +188,4 @@ schema.register_option("algorithm", "dpsgd", DPSGDOption())
 
 def build_algorithm(cfg: dict[str, Any]) -> Algorithm:
     """The algorithm of a run config (``cfg["algorithm"]``, with ``client.dp`` for example-level DP)."""
-    spec = schema.load("algorithm", cfg["algorithm"])
-    cls = _CLASSES[type(spec)]
-    if cls is FedAvg and schema.load(schema.Client, cfg["client"], "client").dp == "example":
-        cls = ExampleLevelFedAvg
-    return cls(spec)
+    return schema.load("algorithm", cfg["algorithm"]).build(schema.load(schema.Client, cfg["client"], "client"))

@@ -6,11 +6,13 @@ function of FIPS 202 used as a keystream: without the key its output is indistin
 uniform bits). Two modes decide where the 32-byte run key comes from:
 
 * **research** (``privacy.secure_rng=false``): ``key = SHA-256(tag ‖ canonical JSON of the run's
-  config)``, the config without the keys that only change how a run is shown or driven
-  (:data:`PRESENTATION_KEYS`). A run is reproducible from its seed and config, and two runs whose
-  configs differ in anything that changes the training (budget, noise, clip, learning rate,
-  seed, ...) share no noise, no cohort and no mask. Anyone holding ``config.yaml`` can regenerate
-  all of it, so every output of such a run says "not for release".
+  config)`` (:mod:`fedpriv.research_key`: the values that change what the run computes, where they
+  differ from their defaults; inputs by content, not by path). A run is reproducible from its seed
+  and config, and two runs whose configs differ in anything that changes the training (budget,
+  noise, clip, learning rate, seed, ...) share no noise, no cohort and no mask — unless they ask
+  for paired randomness (``privacy.research_key=seed``: the key is the seed's alone). Anyone
+  holding ``config.yaml`` can regenerate all of it, so every output of such a run says "not for
+  release".
 * **secure** (``privacy.secure_rng=true``; the default for deployments): ``key`` is 32 bytes of the
   OS CSPRNG (:func:`secrets.token_bytes`). It is kept only in the checkpoint (written owner-only;
   see :mod:`fedpriv.rundir`), which is therefore secret: nothing else written or sent holds it.
@@ -40,21 +42,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedpriv.research_key import paired, research_key
+from fedpriv.schema import secure_mode
+
 RESEARCH = "research"
 SECURE = "secure"
 MODES = (RESEARCH, SECURE)
+PAIRED = "paired"  # the label of research mode under privacy.research_key=seed
 KEY_BYTES = 32
 RESEARCH_TAG = b"fedpriv research run key v1\x00"
 
-# Config keys (dotted paths) that change how a run is shown, driven or executed, never what it
-# computes: left out of the research key (so the same experiment on another backend, or through
-# the one-pass path that equals the per-client loop, draws the same noise) and free to change on
-# resume. Everything else — the seed, the budget, every hyper-parameter — is in the key.
-PRESENTATION_KEYS = ("resume", "backend", "progress", "run_dir", "verbose", "tensorboard", "diagnostics",
-                     "eval_every", "algorithm.one_pass", "algorithm.max_rows", "algorithm.clipping_mode",
-                     "client.example.mode", "audit.confidence", "device", "client.parallel")
-
 RESEARCH_NOTE = "randomness reproducible from the seed: not for release"
+PAIRED_NOTE = "paired randomness: shared with every run of this seed; not for release"
 SECURE_NOTE = "randomness from the OS CSPRNG; the checkpoint holds the run key and is secret"
 
 
@@ -93,33 +92,9 @@ def normals(key: bytes, label: str, index: tuple[int, ...], shape: tuple[int, ..
     return out.view(shape).to(dtype)
 
 
-def computing_config(cfg: Mapping[str, Any]) -> dict:
-    """``cfg`` without the :data:`PRESENTATION_KEYS` (and without an ``audit`` section that inserts
-    no canaries, the adaptive-clipping keys of a fixed-clip run, or an unset ``population``, which
-    change nothing): what determines the run's results."""
-    out = json.loads(json.dumps(cfg, default=str))
-    if isinstance(out.get("audit"), dict) and not out["audit"].get("canaries"):
-        out.pop("audit")
-    privacy = out.get("privacy")
-    if isinstance(privacy, dict) and privacy.get("clipping", "fixed") == "fixed":  # a fixed clip: as before
-        privacy.pop("clipping", None)
-        privacy.pop("adaptive", None)
-    if out.get("population", 0) is None:  # the rate from the data, as before the key existed
-        out.pop("population")
-    for path in PRESENTATION_KEYS:
-        *parents, leaf = path.split(".")
-        node = out
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    return out
-
-
-def research_key(cfg: Mapping[str, Any]) -> bytes:
-    """The research-mode run key of a resolved config: its seed and everything it computes."""
-    text = json.dumps(computing_config(cfg), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(RESEARCH_TAG + text.encode()).digest()
+def mode_label(described: Mapping[str, Any]) -> str:
+    """The mode label of a :meth:`RunRandomness.describe` dict (privacy.json's ``randomness``)."""
+    return PAIRED if described.get("paired") else described.get("mode", RESEARCH)
 
 
 def key_from_seed(seed: int) -> bytes:
@@ -128,15 +103,13 @@ def key_from_seed(seed: int) -> bytes:
 
 
 def resolve_secure(cfg: Mapping[str, Any]) -> bool:
-    """``privacy.secure_rng``, where ``null`` means: secure for deployments, research otherwise."""
+    """``privacy.secure_rng`` of a plain config (:func:`fedpriv.schema.secure_mode`), its type checked."""
     value = (cfg.get("privacy") or {}).get("secure_rng")
-    if value is None:
-        return ((cfg.get("backend") or {}).get("name")) == "deployment"
-    if not isinstance(value, bool):
+    if value is not None and not isinstance(value, bool):
         from fedpriv.errors import ConfigError
 
         raise ConfigError(f"privacy.secure_rng must be true, false or null (by backend), got {value!r}")
-    return value
+    return secure_mode(value, (cfg.get("backend") or {}).get("name"))
 
 
 @dataclass(frozen=True)
@@ -145,17 +118,23 @@ class RunRandomness:
 
     key: bytes = field(repr=False)
     mode: str = RESEARCH
+    paired: bool = False  # research mode keyed by the seed alone (privacy.research_key=seed)
 
     @staticmethod
     def for_config(cfg: Mapping[str, Any]) -> "RunRandomness":
         """Secure: a fresh key from the OS CSPRNG; research: the key derived from ``cfg``."""
         if resolve_secure(cfg):
             return RunRandomness(secrets.token_bytes(KEY_BYTES), SECURE)
-        return RunRandomness(research_key(cfg), RESEARCH)
+        return RunRandomness(research_key(cfg), RESEARCH, paired=paired(cfg))
 
     @property
     def secure(self) -> bool:
         return self.mode == SECURE
+
+    @property
+    def label(self) -> str:
+        """What outputs call the mode: research, secure, or paired (research keyed by the seed)."""
+        return PAIRED if self.paired else self.mode
 
     def subkey(self, label: str) -> bytes:
         """An independent key for one consumer (sampler, mechanism)."""
@@ -165,19 +144,22 @@ class RunRandomness:
         return NoiseStream(self.subkey(label))
 
     def state_dict(self) -> dict:
-        return {"mode": self.mode, "key": torch.frombuffer(bytearray(self.key), dtype=torch.uint8).clone()}
+        return {"mode": self.mode, "paired": self.paired,
+                "key": torch.frombuffer(bytearray(self.key), dtype=torch.uint8).clone()}
 
     @staticmethod
     def from_state(state: Mapping[str, Any]) -> "RunRandomness":
         key = bytes(state["key"].tolist())
         if state.get("mode") not in MODES or len(key) != KEY_BYTES:
             raise ValueError("malformed run randomness state")
-        return RunRandomness(key, state["mode"])
+        return RunRandomness(key, state["mode"], paired=bool(state.get("paired", False)))
 
     def describe(self) -> dict:
         """For privacy.json / summary.json: the mode, never the key."""
-        return {"mode": self.mode, "reproducible_from_seed": not self.secure,
-                "note": SECURE_NOTE if self.secure else RESEARCH_NOTE}
+        if self.secure:
+            return {"mode": self.mode, "reproducible_from_seed": False, "note": SECURE_NOTE}
+        return {"mode": self.mode, "reproducible_from_seed": True, **({"paired": True} if self.paired else {}),
+                "note": PAIRED_NOTE if self.paired else RESEARCH_NOTE}
 
 
 class NoiseStream:

@@ -29,6 +29,7 @@ from typing import Any
 
 from fedpriv.atomic import write_atomic
 from fedpriv.errors import ConfigError, OutputError
+from fedpriv.randomness import PAIRED, PAIRED_NOTE, SECURE, mode_label
 from fedpriv.rundir import RunDirectory, read_mapping
 
 BUDGET_KEYS = ("privacy.target_epsilon", "privacy.noise_multiplier")  # the x axis, not a line
@@ -50,8 +51,11 @@ def _read_json(path: Path) -> dict:
 
 def _mode_label(modes: Iterable[str]) -> str:
     """The randomness mode of the runs behind a plot (research runs are not for release)."""
-    if set(modes) == {"secure"}:
+    modes = set(modes)
+    if modes == {SECURE}:
         return "secure mode"
+    if PAIRED in modes:
+        return f"research mode, some runs {PAIRED_NOTE}"
     return "research mode: randomness reproducible from the seed, not for release"
 
 
@@ -93,7 +97,7 @@ def sweep_rows(runs: Iterable[Path]) -> tuple[list[str], list[dict[str, Any]]]:
                      "final_loss": _as_float(summary["final"]["loss"]),
                      "epsilon": math.inf if privacy.get("non_private") else _as_float(privacy.get("epsilon")),
                      "non_private": bool(privacy.get("non_private")), "delta": privacy.get("delta"),
-                     "mode": (privacy.get("randomness") or {}).get("mode", "research"),
+                     "mode": mode_label(privacy.get("randomness") or {}),
                      "rounds": summary.get("rounds"), "wall_s": _as_float(summary.get("wall_s"))})
     return swept, rows
 
@@ -229,7 +233,7 @@ def curves_figure(run: Path):
     else:
         ax.plot([r["round"] for r in rows], [_as_float(r.get("epsilon")) for r in rows])
         ax.set(xlabel="round", ylabel="epsilon spent", title="privacy")
-    fig.suptitle(_mode_label([(privacy.get("randomness") or {}).get("mode", "research")]), fontsize=9)
+    fig.suptitle(_mode_label([mode_label(privacy.get("randomness") or {})]), fontsize=9)
     for ax in axes:
         ax.grid(True, alpha=0.3)
     fig.tight_layout()

@@ -38,7 +38,8 @@ from fedpriv.models import set_flat_params
 from fedpriv.optim import build_server_optimizer
 from fedpriv.observe import RoundObserver, check_observability
 from fedpriv.public.stages import Stage, build_stages
-from fedpriv.randomness import RESEARCH_NOTE, ClientRandomness, RunRandomness, computing_config, research_key
+from fedpriv.randomness import RESEARCH_NOTE, ClientRandomness, RunRandomness, mode_label, research_key
+from fedpriv.research_key import canonical_config
 from fedpriv.rundir import CHECKPOINT_FORMAT, RunDirectory
 from fedpriv.schema import Privacy, load
 from fedpriv.sampling import make_sampler
@@ -217,7 +218,7 @@ def _resumable_checkpoint(run: RunDirectory, cfg: dict) -> dict | None:
 
 def _config_diff(saved: dict, cfg: dict) -> list[str]:
     """Top-level keys whose computing values differ (presentation keys may change on resume)."""
-    mine, theirs = computing_config(cfg), computing_config(saved)
+    mine, theirs = canonical_config(cfg), canonical_config(saved)
     return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
 
 
@@ -325,7 +326,7 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
     last_eval: dict[str, float] = {}
     audited = {"audit_canaries": ledger.audit["canaries"]} if ledger.audit else {}  # labelled from round 1
     bar = tqdm(range(session.start_round, rounds), total=rounds, initial=session.start_round,
-               desc=f"rounds ({session.randomness.mode} mode)", disable=not cfg.get("progress", True), dynamic_ncols=True,
+               desc=f"rounds ({session.randomness.label} mode)", disable=not cfg.get("progress", True), dynamic_ncols=True,
                bar_format=None if diagnostics else "{desc}: {n_fmt}/{total_fmt} |{bar}|{postfix}")
     for r in bar:
         ledger.check_can_run(ledger.rounds_done + 1)
@@ -336,7 +337,7 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
         released, diag = server.apply_round(r, cohort, round_fn(r, cohort), diagnostics=diagnostics)
         ledger.record_round(r)
         epsilon = ledger.reported_epsilon()
-        row = {"round": r + 1, **_epsilon_fields(epsilon), "mode": session.randomness.mode, **audited, **released}
+        row = {"round": r + 1, **_epsilon_fields(epsilon), "mode": session.randomness.label, **audited, **released}
         for stage in session.stages:  # public data and the release only: post-processing, no ledger entry
             params, fields = stage.after_round(r + 1, server.model_params)
             if params is not None:
@@ -361,7 +362,7 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
     summary = _summary(session, last_eval, time.perf_counter() - started)
     if server.canaries is not None:  # post-processing of the releases and the canaries (docs/PRIVACY.md)
         summary["audit"] = finish_audit(server.canaries, server.model_params, run.path, cfg,
-                                        ledger.reported_epsilon(), session.randomness.mode)
+                                        ledger.reported_epsilon(), session.randomness.label)
     run.write_json("summary.json", summary)
     return summary
 
@@ -369,7 +370,7 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
 def _tensorboard_texts(session: RunSession) -> dict[str, str]:
     """TensorBoard's text entries: the randomness mode, and an audited run's label."""
     randomness = session.randomness.describe()
-    texts = {"privacy/randomness": f"{randomness['mode']} mode: {randomness['note']}"}
+    texts = {"privacy/randomness": f"{mode_label(randomness)} mode: {randomness['note']}"}
     if session.ledger.audit:
         texts["privacy/audit"] = session.ledger.audit["note"]
     return texts
@@ -445,8 +446,7 @@ def _example_privacy(session: RunSession) -> dict:
 def mode_text(privacy: dict) -> str:
     """What every printed epsilon line says about the randomness behind it."""
     randomness = privacy.get("randomness") or {}
-    mode = randomness.get("mode", "research")
-    return f"{mode} mode: {randomness.get('note', RESEARCH_NOTE)}"
+    return f"{mode_label(randomness)} mode: {randomness.get('note', RESEARCH_NOTE)}"
 
 
 def format_result(summary: dict) -> str:

@@ -27,8 +27,10 @@ Fixed-size sampling refuses: its replace-one accounting has no place for a unit 
 
 from __future__ import annotations
 
+import abc
 import functools
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,6 +69,32 @@ class GroupedPoissonPattern(ParticipationPattern):
     of the round (amplified, and separated by ``groups`` rounds)."""
 
 
+class Sampler(ParticipationPattern, abc.ABC):
+    """The contract of a sampler: ``kind`` (its config name), the ``population`` it draws from,
+    the fixed denominator ``expected_cohort``, round t's cohort from ``(key, t)`` alone
+    (:meth:`sample`: sorted, distinct unit indices), and :meth:`sample_extra` for units outside
+    the population (canaries) with the participation a unit has under its pattern (or a
+    ``ConfigError`` where its accounting has no place for them). Its pattern class
+    (:class:`PoissonPattern`, ...) is what mechanisms account; a sampler of a new pattern is
+    refused by every mechanism until one states its accounting."""
+
+    kind: str
+    population: int
+
+    @property
+    @abc.abstractmethod
+    def expected_cohort(self) -> float:
+        """The fixed, public denominator of the round's sum."""
+
+    @abc.abstractmethod
+    def sample(self, round_idx: int) -> np.ndarray:
+        """Round ``round_idx``'s cohort: sorted, distinct int64 indices into the population."""
+
+    @abc.abstractmethod
+    def sample_extra(self, round_idx: int, key: bytes, count: int) -> np.ndarray:
+        """Which of ``count`` units outside the population take part in round ``round_idx`` (draws from ``key``)."""
+
+
 def _need_key(key: bytes | None) -> bytes:
     if key is None:
         raise ValueError("this sampler was built for accounting only (no sampling key): it cannot draw cohorts")
@@ -74,7 +102,7 @@ def _need_key(key: bytes | None) -> bytes:
 
 
 @dataclass(frozen=True)
-class PoissonSampler(PoissonPattern):
+class PoissonSampler(PoissonPattern, Sampler):
     """Each of ``population`` users joins round t independently with probability ``rate``.
 
     Accounting: ``PoissonSampledDpEvent(rate, ...)`` under add/remove-one neighbouring. The
@@ -119,7 +147,7 @@ class _CohortSized:
 
 
 @dataclass(frozen=True)
-class FixedSizeSampler(_CohortSized, FixedSizePattern):
+class FixedSizeSampler(_CohortSized, FixedSizePattern, Sampler):
     """Exactly ``cohort`` users drawn uniformly without replacement each round.
 
     Accounting: ``SampledWithoutReplacementDpEvent(population, cohort, ...)`` under the
@@ -163,7 +191,7 @@ def user_groups(key: bytes, population: int, groups: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class CyclicSampler(_CohortSized, SeparatedPattern):
+class CyclicSampler(_CohortSized, SeparatedPattern, Sampler):
     """Epochs in a fixed order: the population is shuffled once (by the sampling key) and cut into
     ``blocks = population // cohort`` disjoint cohorts; round t takes block ``t mod blocks``.
 
@@ -204,7 +232,7 @@ class CyclicSampler(_CohortSized, SeparatedPattern):
 
 
 @dataclass(frozen=True)
-class CyclicPoissonSampler(_CohortSized, GroupedPoissonPattern):
+class CyclicPoissonSampler(_CohortSized, GroupedPoissonPattern, Sampler):
     """b-min-separated Poisson sampling (amplified BandMF): user ``u`` belongs to group
     :func:`user_groups` (a keyed hash of ``u``, secret in secure mode); round t Poisson-samples
     group ``t mod groups`` with rate ``group_rate = cohort · groups / population``, so the expected
@@ -258,7 +286,52 @@ class ParticipationBound(SeparatedPattern):
         return min(self.participations, -(-rounds // (self.min_separation + 1)))
 
 
-Sampler = PoissonSampler | FixedSizeSampler | CyclicSampler | CyclicPoissonSampler
+# (population, cohort_size, key, groups, public_population) -> the sampler
+SamplerFactory = Callable[[int, int, "bytes | None", "int | None", "int | None"], Sampler]
+SAMPLERS: dict[str, SamplerFactory] = {}
+# kinds whose rate a public population may fix (Poisson-type: add/remove-one then holds)
+PUBLIC_RATE_KINDS: set[str] = set()
+
+
+def register_sampler(kind: str, public_rate: bool = False) -> Callable[[SamplerFactory], SamplerFactory]:
+    """Make a sampler factory selectable as ``sampling=kind`` (``public_rate``: a Poisson-type
+    sampler whose rate the config's ``population`` may fix). The factory returns a :class:`Sampler`."""
+    def add(factory: SamplerFactory) -> SamplerFactory:
+        SAMPLERS[kind] = factory
+        if public_rate:
+            PUBLIC_RATE_KINDS.add(kind)
+        return factory
+    return add
+
+
+def _rate_fixed(public_population: int | None) -> dict:
+    return {"rate_from_data": public_population is None, "public_population": public_population}
+
+
+@register_sampler(POISSON, public_rate=True)
+def _poisson(population, cohort_size, key, groups, public_population) -> Sampler:
+    return PoissonSampler(population=population, rate=cohort_size / (public_population or population), key=key,
+                          **_rate_fixed(public_population))
+
+
+@register_sampler(FIXED_SIZE)
+def _fixed(population, cohort_size, key, groups, public_population) -> Sampler:
+    return FixedSizeSampler(population=population, cohort=cohort_size, key=key)
+
+
+@register_sampler(CYCLIC)
+def _cyclic(population, cohort_size, key, groups, public_population) -> Sampler:
+    return CyclicSampler(population=population, cohort=cohort_size, key=key)
+
+
+@register_sampler(CYCLIC_POISSON, public_rate=True)
+def _cyclic_poisson(population, cohort_size, key, groups, public_population) -> Sampler:
+    rate_base = public_population or population
+    if not groups or groups < 1 or cohort_size * groups > rate_base:
+        raise ConfigError(f"sampling=cyclic_poisson needs groups (mechanism.bands) >= 1 with cohort_size x groups "
+                          f"<= population; got groups={groups}, cohort {cohort_size}, population {rate_base}")
+    return CyclicPoissonSampler(population=population, cohort=cohort_size, groups=groups, key=key,
+                                **_rate_fixed(public_population))
 
 
 def resolve_sampling(kind: str, mechanism: str) -> str:
@@ -286,23 +359,15 @@ def make_sampler(kind: str, population: int, cohort_size: int, key: bytes | None
         raise ConfigError(f"population must be >= 1, got {population}")
     if not 1 <= cohort_size <= population:
         raise ConfigError(f"cohort size {cohort_size} must be in [1, population={population}]")
-    if public_population is not None and kind not in (POISSON, CYCLIC_POISSON):
+    if kind not in SAMPLERS:
+        raise ConfigError(f"unknown sampler {kind!r} (choose one of: {', '.join(sorted(SAMPLERS))})")
+    if public_population is not None and kind not in PUBLIC_RATE_KINDS:
         raise ConfigError(f"population={public_population} fixes a Poisson sampling rate; sampling={kind} draws from "
                           "the dataset's own units (its neighbouring relation keeps their number fixed): leave "
                           "population unset (null)")
     if public_population is not None and cohort_size > public_population:
         raise ConfigError(f"cohort_size {cohort_size} exceeds population={public_population}")
-    rate_base = public_population or population
-    fixed = {"rate_from_data": public_population is None, "public_population": public_population}
-    if kind == POISSON:
-        return PoissonSampler(population=population, rate=cohort_size / rate_base, key=key, **fixed)
-    if kind == FIXED_SIZE:
-        return FixedSizeSampler(population=population, cohort=cohort_size, key=key)
-    if kind == CYCLIC:
-        return CyclicSampler(population=population, cohort=cohort_size, key=key)
-    if kind == CYCLIC_POISSON:
-        if not groups or groups < 1 or cohort_size * groups > rate_base:
-            raise ConfigError(f"sampling=cyclic_poisson needs groups (mechanism.bands) >= 1 with cohort_size x groups "
-                              f"<= population; got groups={groups}, cohort {cohort_size}, population {rate_base}")
-        return CyclicPoissonSampler(population=population, cohort=cohort_size, groups=groups, key=key, **fixed)
-    raise ConfigError(f"unknown sampler {kind!r} (expected 'poisson', 'fixed', 'cyclic' or 'cyclic_poisson')")
+    sampler = SAMPLERS[kind](population, cohort_size, key, groups, public_population)
+    if not isinstance(sampler, Sampler):
+        raise TypeError(f"the factory of sampling={kind} returned {type(sampler).__name__}, not a Sampler")
+    return sampler

@@ -21,8 +21,10 @@ a partial dict given to ``fedpriv.config.validate`` is completed with the defaul
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import difflib
+import inspect
 import math
 import types
 import typing
@@ -73,14 +75,35 @@ def divisible(section: Any, name: str, by: str, path: str) -> None:
                           f"({getattr(section, by)})")
 
 
+# --- field roles in the research key --------------------------------------------------------------
+
+# ``field(metadata=PRESENTATION)``: the field changes how a run is shown, driven or executed, never
+# what it computes (the backend, the progress bar, an execution path that equals the reference
+# one): it is left out of the research key and may change on resume.
+PRESENTATION = {"presentation": True}
+# ``field(metadata=LOCATION)``: the field says where an input lives; the research key covers the
+# input's identity (its size and content digest, :mod:`fedpriv.content_digest`), not its path.
+LOCATION = {"location": True}
+
+
 # --- sections --------------------------------------------------------------------------------------
 
 @dataclass
-class Section:
+class Section(abc.ABC):
     """A config node: dataclass fields are its keys; ``check`` validates their values."""
 
     def check(self, path: str) -> None:  # noqa: B027 — most sections need no range checks
         """Range and consistency checks of this section's own fields (types are already checked)."""
+
+    def inert_fields(self) -> tuple[str, ...]:
+        """Fields whose values change nothing in this configuration (an audit that inserts no
+        canaries): left out of the research key, like fields at their defaults."""
+        return ()
+
+    def implied_locations(self) -> dict[str, str]:
+        """``LOCATION`` fields left unset whose input is found anyway (the vocabulary beside a data
+        file): field -> the path that is read, so the research key covers that input's content."""
+        return {}
 
 
 @dataclass
@@ -94,7 +117,7 @@ class ExampleDP(Section):
     target_epsilon: float = 8.0  # example-level epsilon after `rounds` rounds (client assumed in every round)
     delta: float = 1.0e-6
     denominator: float = 6.0  # fixed, public divisor of each step's noisy clipped sum
-    mode: Literal["ghost", "instantiate", "mixopt"] = "mixopt"
+    mode: Literal["ghost", "instantiate", "mixopt"] = field(default="mixopt", metadata=PRESENTATION)
 
     def check(self, path: str) -> None:
         in_unit_interval(self, "sampling_rate", path)
@@ -113,7 +136,8 @@ class Client(Section):
     max_steps: Optional[int] = 2  # cap on local steps per round (null: full epochs)
     dp: Literal["none", "example"] = "none"  # example: local steps are example-level DP-SGD through Book-Keeping
     example: ExampleDP = field(default_factory=ExampleDP)
-    parallel: int = 1  # clients trained in lockstep as one vectorized computation (1: one after another)
+    # clients trained in lockstep as one vectorized computation (1: one after another)
+    parallel: int = field(default=1, metadata=PRESENTATION)
 
     def check(self, path: str) -> None:
         positive(self, "epochs", "batch_size", "lr", "max_steps", "parallel", path=path)
@@ -142,7 +166,8 @@ class Public(Section):
     pretrain_lr: float = 0.5
     pretrain_fraction: float = 1.0  # share of the public pool pre-training draws from (seeded subset)
     teacher: Literal["none", "embedded", "hf"] = "none"
-    teacher_path: Optional[str] = None  # teacher=hf: local directory with the model and tokenizer (never downloaded)
+    # teacher=hf: local directory with the model and tokenizer (never downloaded)
+    teacher_path: Optional[str] = field(default=None, metadata=LOCATION)
     teacher_model: TeacherModel = field(default_factory=TeacherModel)
     teacher_steps: int = 500
     teacher_batch_size: int = 64
@@ -190,6 +215,10 @@ class Privacy(Section):
     adaptive: AdaptiveClipping = field(default_factory=AdaptiveClipping)
     accountant: Literal["rdp", "pld"] = "rdp"
     secure_rng: Optional[bool] = None  # true: secure mode; false: research mode; null: secure for deployments
+    # research mode only. config: the key covers the run's computing config (no two runs that differ
+    # share randomness); seed: the key is the seed's alone, so runs of one seed share cohorts and
+    # noise whatever else differs (paired comparisons; never for release)
+    research_key: Literal["config", "seed"] = "config"
 
     def check(self, path: str) -> None:
         if self.noise_multiplier is None:
@@ -202,6 +231,9 @@ class Privacy(Section):
         if self.target_epsilon is not None and not math.isfinite(self.target_epsilon):
             _fail(_key(path, "target_epsilon"), "finite", self.target_epsilon)  # also beside a fixed sigma
 
+    def inert_fields(self) -> tuple[str, ...]:
+        return ("adaptive",) if self.clipping == "fixed" else ()  # a fixed clip reads no adaptive key
+
 
 @dataclass
 class Audit(Section):
@@ -209,13 +241,16 @@ class Audit(Section):
 
     canaries: int = 0  # M canary units with a secret inclusion coin, plus M never inserted (0: no audit)
     support: int = 4096  # coordinates of each canary's random direction (0: all of the model's)
-    confidence: float = 0.95  # of the one-run lower bound
+    confidence: float = field(default=0.95, metadata=PRESENTATION)  # of the one-run lower bound
 
     def check(self, path: str) -> None:
         nonnegative(self, "canaries", "support", path=path)
         if self.canaries == 1:
             _fail(_key(path, "canaries"), "0 (off) or at least 2", self.canaries)
         in_unit_interval(self, "confidence", path, closed_right=False)
+
+    def inert_fields(self) -> tuple[str, ...]:
+        return () if self.canaries else tuple(f.name for f in dataclasses.fields(self))  # no audit
 
 
 # --- options of the polymorphic groups --------------------------------------------------------------
@@ -229,7 +264,9 @@ class Option(Section):
 
 @dataclass
 class ModelOption(Option):
-    """A ``model`` option: ``model_class`` built with this option's fields."""
+    """Contract of a ``model`` option: ``model_class`` (an ``nn.Module`` language model:
+    ``forward(tokens [B, T]) -> logits [B, T, V]``, every trainable layer one Book-Keeping knows)
+    built with this option's fields by :meth:`build_model`."""
 
     model_class: ClassVar[type]
 
@@ -244,14 +281,18 @@ class ModelOption(Option):
 
 @dataclass
 class MechanismOption(Option):
-    """A ``mechanism`` option: ``build`` makes the mechanism; ``default_sampling`` is what
-    ``sampling=auto`` picks for it."""
+    """Contract of a ``mechanism`` option: :meth:`build` makes the mechanism (a
+    :class:`fedpriv.mechanisms.base.NoiseMechanism`); ``default_sampling`` is what ``sampling=auto``
+    picks for it."""
 
     default_sampling: ClassVar[str]
+    accounting_fields: ClassVar[tuple[str, ...]] = ()  # fields its DpEvent depends on: a calculator must be told
 
+    @abc.abstractmethod
     def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
               sampler=None):
-        raise NotImplementedError
+        """The mechanism with multiplier σ and clip C, drawing from ``noise`` (None: accounting
+        only), sized for ``rounds`` and (where it optimises for one) the ``sampler``'s pattern."""
 
     def sampling_groups(self) -> int | None:
         """The groups of ``sampling=cyclic_poisson`` (BandMF: its bands)."""
@@ -259,26 +300,49 @@ class MechanismOption(Option):
 
 
 @dataclass
-class AlgorithmOption(Option):
-    """An ``algorithm`` option (fedpriv/algorithms.py builds the algorithm from it)."""
+class OptimizerOption(Option):
+    """Contract of an ``optimizer`` option: :meth:`build` makes the server optimizer (a
+    :class:`fedpriv.optim.base.ServerOptimizerBase`)."""
 
+    @abc.abstractmethod
+    def build(self, rounds: int | None = None):
+        """The optimizer for a run of ``rounds`` rounds (a schedule may need them)."""
+
+
+@dataclass
+class AlgorithmOption(Option):
+    """Contract of an ``algorithm`` option: ``algorithm_class`` (a :class:`fedpriv.algorithms.Algorithm`)
+    built from the option by :meth:`build`."""
+
+    algorithm_class: ClassVar[type]
     central: ClassVar[bool] = False  # pooled data, no clients: in-process only
     local_training: ClassVar[bool] = False  # clients run local steps (client.dp=example applies to them)
+
+    def build(self, client: "Client"):
+        """The algorithm this option selects, given the client section (``client.dp``)."""
+        return self.algorithm_class(self)
+
+
+@dataclass
+class BackendOption(Option):
+    """A ``backend`` option: how rounds reach clients (server/ implements each; no DP here)."""
 
 
 @dataclass
 class TextPipeline(Option):
-    """The keys every dataset shares: the public corpus and the tokenizer (fedpriv/data/text_pipeline.py)."""
+    """Contract of a ``data`` option: :meth:`load_words` reads the users' sentences; the keys every
+    dataset shares (the public corpus and the tokenizer, fedpriv/data/text_pipeline.py) are here."""
 
-    path: Optional[str] = None
     seq_len: int = 20
     seed: int = 0
     public_source: Literal["embedded", "c4", "text", "none"] = "none"
-    public_path: Optional[str] = None  # c4: local c4-*.json.gz shard(s), a directory or glob; text: .txt/.jsonl/.json(.gz)
+    # c4: local c4-*.json.gz shard(s), a directory or glob; text: .txt/.jsonl/.json(.gz)
+    public_path: Optional[str] = field(default=None, metadata=LOCATION)
     public_max_sentences: int = 20000
     public_text_field: str = "text"  # JSON field holding the text (text source)
     tokenizer: Literal["word", "sentencepiece", "hf"] = "word"  # sentencepiece: trained on the public corpus only
-    tokenizer_path: Optional[str] = "${public.teacher_path}"  # tokenizer=hf: its directory (default: the teacher's)
+    # tokenizer=hf: its directory (default: the teacher's)
+    tokenizer_path: Optional[str] = field(default="${public.teacher_path}", metadata=LOCATION)
     sp_vocab_size: int = 2000
     sp_model_type: Literal["bpe", "unigram"] = "bpe"
     sp_seq_len: Optional[int] = None  # subword tokens per row (null: 2 x seq_len)
@@ -287,14 +351,24 @@ class TextPipeline(Option):
         positive(self, "seq_len", "public_max_sentences", "sp_vocab_size", "sp_seq_len", path=path)
         nonnegative(self, "seed", path=path)
 
+    def example_overrides(self, directory) -> list[str]:
+        """Config overrides of a tiny runnable instance of this dataset, writing any input file it
+        needs under ``directory`` (the contract tests, tests/test_plugins.py, run a round of it)."""
+        return []
+
+    @abc.abstractmethod
+    def load_words(self):
+        """The dataset as a :class:`fedpriv.data.federated.FederatedDataset` of word ids (users'
+        training sentences, a test split, the public corpus where the option has one)."""
+
 
 @dataclass
-class LocalBackend(Option):
+class LocalBackend(BackendOption):
     name: str = "local"
 
 
 @dataclass
-class FlowerBackend(Option):
+class FlowerBackend(BackendOption):
     """Flower's simulation engine (Ray)."""
 
     name: str = "flower"
@@ -310,7 +384,7 @@ class FlowerBackend(Option):
 
 
 @dataclass
-class DeploymentBackend(Option):
+class DeploymentBackend(BackendOption):
     """A real Flower deployment (``flwr run`` against a SuperLink)."""
 
     name: str = "deployment"
@@ -324,11 +398,14 @@ class DeploymentBackend(Option):
         nonnegative(self, "skip_rounds", path=path)
 
 
+def secure_mode(secure_rng: bool | None, backend: str | None) -> bool:
+    """``privacy.secure_rng``, where null means: secure for deployments, research otherwise."""
+    return backend == "deployment" if secure_rng is None else secure_rng
+
+
 # group -> option name -> its defaults (the ConfigStore entries). The options register themselves
 # from the modules that implement them (register_option); options() imports those modules.
-OPTIONS: dict[str, dict[str, Option]] = {
-    "backend": {"local": LocalBackend(), "flower": FlowerBackend(), "deployment": DeploymentBackend()},
-}
+OPTIONS: dict[str, dict[str, Option]] = {}
 PLUGINS = {"data": "fedpriv.data", "model": "fedpriv.models", "algorithm": "fedpriv.algorithms",
            "mechanism": "fedpriv.mechanisms", "optimizer": "fedpriv.optim"}
 GROUPS = ("data", "model", "algorithm", "mechanism", "optimizer", "backend")
@@ -337,10 +414,35 @@ DEFAULT_OPTIONS = {"data": "synthetic", "model": "lstm", "algorithm": "dp_fedavg
                    "optimizer": "momentum", "backend": "local"}
 
 
+# group -> the contract its options meet (register_option checks it)
+GROUP_BASES: dict[str, type[Option]] = {"data": TextPipeline, "model": ModelOption, "algorithm": AlgorithmOption,
+                                        "mechanism": MechanismOption, "optimizer": OptimizerOption,
+                                        "backend": BackendOption}
+_CLASS_ATTRIBUTES = {"model": ("model_class",), "algorithm": ("algorithm_class",), "mechanism": ("default_sampling",)}
+
+
 def register_option(group: str, name: str, option: Option) -> None:
     """Make ``option`` (its dataclass and defaults) selectable as ``group=name``: called by the
-    module implementing it, so adding an option touches no list elsewhere."""
+    module implementing it, so adding an option touches no list elsewhere. The option must meet its
+    group's contract (:data:`GROUP_BASES`): an instance of the group's base, every abstract method
+    implemented, every class attribute the run reads defined (``TypeError`` otherwise)."""
+    if group not in GROUP_BASES:
+        raise TypeError(f"unknown option group {group!r} (one of: {', '.join(GROUP_BASES)})")
+    base = GROUP_BASES[group]
+    cls = type(option)
+    if not (dataclasses.is_dataclass(option) and isinstance(option, base)):
+        raise TypeError(f"{group} option {name!r} must be a dataclass instance of {base.__module__}.{base.__name__}")
+    missing = sorted(getattr(cls, "__abstractmethods__", ())) + [
+        attr for attr in _CLASS_ATTRIBUTES.get(group, ()) if not hasattr(cls, attr)]
+    if missing or inspect.isabstract(cls):
+        raise TypeError(f"{group} option {name!r} ({cls.__name__}) does not implement: {', '.join(missing)}")
+    if not isinstance(option.name, str) or not option.name:
+        raise TypeError(f"{group} option {name!r} has no name")
     OPTIONS.setdefault(group, {})[name] = option
+
+
+for _backend in (LocalBackend(), FlowerBackend(), DeploymentBackend()):
+    register_option("backend", _backend.name, _backend)
 
 
 def options(group: str) -> dict[str, Option]:
@@ -398,21 +500,24 @@ class RunConfig(Section):
     """The whole run. Top-level keys, the fixed sections, and one option per group."""
 
     seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # where tensors live (auto: cuda when available)
+    # where tensors live (auto: cuda when available)
+    device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=PRESENTATION)
     rounds: int = 220
     cohort_size: int = 150
-    sampling: Literal["auto", "poisson", "fixed", "cyclic", "cyclic_poisson"] = "auto"
+    sampling: str = "auto"  # auto: the mechanism's default_sampling; else a registered sampler (fedpriv/sampling.py)
     # public population size N fixing the Poisson rates q = cohort_size / N (add/remove-one holds);
     # null: q from the dataset's count, accounted under zero-out (docs/PRIVACY.md, "The population")
     population: Optional[int] = None
     ema_decay: float = 0.95  # >0: release/evaluate the EMA of the server iterates (post-processing); 0: off
-    eval_every: Optional[int] = 20  # evaluate on the test set every k rounds (and after the last); null: last only
-    resume: bool = False  # true: continue the run in run_dir from its last checkpoint
-    progress: bool = True
-    verbose: bool = False  # one structured log line per round
-    diagnostics: bool = True  # research mode only: statistics of training users (NOT covered by epsilon)
-    tensorboard: bool = False
-    run_dir: str = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
+    # evaluate on the test set every k rounds (and after the last); null: last only
+    eval_every: Optional[int] = field(default=20, metadata=PRESENTATION)
+    resume: bool = field(default=False, metadata=PRESENTATION)  # true: continue the run in run_dir
+    progress: bool = field(default=True, metadata=PRESENTATION)
+    verbose: bool = field(default=False, metadata=PRESENTATION)  # one structured log line per round
+    # research mode only: statistics of training users (NOT covered by epsilon)
+    diagnostics: bool = field(default=True, metadata=PRESENTATION)
+    tensorboard: bool = field(default=False, metadata=PRESENTATION)
+    run_dir: str = field(default="outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}", metadata=PRESENTATION)
     client: Client = field(default_factory=Client)
     public: Public = field(default_factory=Public)
     privacy: Privacy = field(default_factory=Privacy)
@@ -421,15 +526,27 @@ class RunConfig(Section):
     model: ModelOption = field(default_factory=_default("model"))
     algorithm: AlgorithmOption = field(default_factory=_default("algorithm"))
     mechanism: MechanismOption = field(default_factory=_default("mechanism"))
-    optimizer: Option = field(default_factory=_default("optimizer"))
-    backend: Option = field(default_factory=_default("backend"))
+    optimizer: OptimizerOption = field(default_factory=_default("optimizer"))
+    backend: BackendOption = field(default_factory=_default("backend"), metadata=PRESENTATION)
+
+    @property
+    def secure(self) -> bool:
+        return secure_mode(self.privacy.secure_rng, self.backend.name)
 
     def check(self, path: str = "") -> None:
         nonnegative(self, "seed", path=path)
+        from fedpriv.sampling import SAMPLERS  # registered samplers (sampling imports this module)
+
+        if self.sampling != "auto" and self.sampling not in SAMPLERS:
+            raise ConfigError(f"unknown {_key(path, 'sampling')} {self.sampling!r} (choose one of: "
+                              f"{', '.join(['auto', *sorted(SAMPLERS)])})")
         positive(self, "rounds", "cohort_size", "eval_every", "population", path=path)
         in_unit_interval(self, "ema_decay", path, closed_right=False, open_left=False)
         if self.algorithm.central and not isinstance(self.backend, LocalBackend):
             raise ConfigError(f"algorithm={self.algorithm.name} is central (pooled data, no clients): use backend=local")
+        if self.privacy.research_key == "seed" and self.secure:
+            raise ConfigError("privacy.research_key=seed shares randomness between runs: research mode only "
+                              "(privacy.secure_rng=false, and not backend=deployment)")
         if self.client.dp == "example" and not self.algorithm.local_training:
             raise ConfigError(f"client.dp=example needs algorithm=dp_fedavg (local DP-SGD steps), "
                               f"not {self.algorithm.name}")
@@ -539,7 +656,7 @@ def _option(group: str, data: Any, path: str) -> Option:
     """The option of ``group`` that ``data["name"]`` selects, its missing keys from its preset."""
     if not isinstance(data, dict):
         _fail(path, "a mapping", data)
-    name = data.get("name")
+    name = data.get("name", DEFAULT_OPTIONS.get(group))  # a partial mapping: the group's default option
     return _section(dict(data), option_class(group, name, path), path, option_preset(group, name))
 
 

@@ -44,16 +44,17 @@ class Task:
 
 
 def load_dataset(data_cfg: Mapping[str, Any]) -> FederatedDataset:
-    """Build the dataset named by ``data_cfg['name']`` (``synthetic`` or ``stackoverflow``), then
-    its public corpus and tokenizer (:func:`~fedpriv.data.text_pipeline.apply_text_pipeline`)."""
+    """Build the dataset the ``data`` option selects (its typed config's ``load_words``), then its
+    public corpus and tokenizer (:func:`~fedpriv.data.text_pipeline.apply_text_pipeline`)."""
     from fedpriv.data.text_pipeline import apply_text_pipeline
 
-    return apply_text_pipeline(_load_words(data_cfg), data_cfg)
+    spec = schema.load("data", dict(data_cfg))
+    return apply_text_pipeline(_load_words(spec), spec)
 
 
-def _load_words(data_cfg: Mapping[str, Any]) -> FederatedDataset:
-    """The dataset option ``data_cfg`` selects, loaded (``load_words`` of its config dataclass)."""
-    return schema.load("data", dict(data_cfg)).load_words()
+def _load_words(spec: schema.TextPipeline) -> FederatedDataset:
+    """The users' sentences of the typed ``data`` option (its ``load_words``)."""
+    return spec.load_words()
 
 
 def _model(model_cfg: Mapping[str, Any], data: FederatedDataset, seed: int) -> nn.Module:

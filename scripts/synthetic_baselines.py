@@ -28,8 +28,8 @@ import scipy.sparse as sp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from fedpriv.data.federated import Vocabulary  # noqa: E402
-from fedpriv.data.synthetic import (SyntheticConfig, generate_with_truth,  # noqa: E402
-                                    scored_positions)
+from fedpriv.data.synthetic import SyntheticConfig, generate_with_truth  # noqa: E402
+from fedpriv.data.synthetic_oracle import scored_positions  # noqa: E402
 
 
 def parse_overrides(args: list[str]) -> SyntheticConfig:

@@ -7,6 +7,31 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
+# One torch thread for the whole suite, once, here: float reductions depend on the thread count
+# (tests/golden/ was frozen on one), the models are tiny (one thread is faster), and under
+# pytest-xdist (`make test`: one worker per core) more threads would only oversubscribe the
+# cores. The variables reach the processes the tests start (CLI runs, deployments, Ray workers)
+# and are set before torch is imported. Tests that need other counts set them and restore 1
+# (tests/test_clipping.py).
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import torch  # noqa: E402  (after the variables above)
+
+torch.set_num_threads(1)
+
+
+def _import_test_plugins() -> None:
+    """Options registered from test files (``tests/plugin_*.py``), imported before collection so
+    that tests/test_plugins.py, parametrised over the registry, gives them its contract tests."""
+    import importlib
+
+    for path in sorted(Path(__file__).parent.glob("plugin_*.py")):
+        importlib.import_module(f"tests.{path.stem}")
+
+
+_import_test_plugins()
+
 
 @pytest.fixture
 def run_cli():

@@ -68,9 +68,10 @@ class Killed(RuntimeError):
     """Raised in place of a round to stand for the process being killed."""
 
 
-def interrupt_and_resume(cfg: dict, crash_round: int):
+def interrupt_and_resume(cfg: dict, crash_round: int, before_resume=None):
     """Run ``cfg`` in process until it is "killed" during round ``crash_round`` (0-based, after
-    the previous round's checkpoint), then prepare its resume; returns ``(first, resumed)``."""
+    the previous round's checkpoint), then prepare its resume; returns ``(first, resumed)``.
+    ``before_resume(cfg) -> cfg``: what changes between the two (a newer fedpriv, say)."""
     import pytest
 
     from client.app import make_client_app
@@ -88,6 +89,8 @@ def interrupt_and_resume(cfg: dict, crash_round: int):
 
     with pytest.raises(Killed):
         train(first, crashing)
+    if before_resume is not None:
+        cfg = before_resume(cfg)
     return first, prepare({**cfg, "resume": True})
 
 

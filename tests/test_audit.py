@@ -22,8 +22,6 @@ from fedpriv.errors import ConfigError
 from fedpriv.randomness import key_from_seed
 from fedpriv.sampling import make_sampler
 
-torch.set_num_threads(1)
-
 
 # --- the one-run bound -------------------------------------------------------------------------
 

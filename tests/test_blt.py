@@ -17,8 +17,6 @@ from helpers import sensitivity_sq_brute_force
 from fedpriv.mechanisms.analysis import prefix_rmse
 from fedpriv.mechanisms.blt import BLTParams, error, inverse_noise, optimize, rmse, sensitivity_sq
 
-torch.set_num_threads(1)
-
 
 def _params(seed: int, buffers: int = 3) -> BLTParams:
     g = torch.Generator().manual_seed(seed)

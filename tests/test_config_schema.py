@@ -143,30 +143,13 @@ def test_cli_unknown_key_exits_2_naming_it(run_cli, tmp_path):
 
 
 def test_a_new_mechanism_is_its_module_only(tmp_path):
-    """Extension point: an option registered by its own module (dataclass + build) is selectable,
-    checked and built with no edit anywhere else (docs/ARCHITECTURE.md)."""
-    from dataclasses import dataclass
+    """Extension point: an option registered by its own module (tests/plugin_scaled_gaussian.py:
+    dataclass + mechanism + one register_option) is selectable, checked, built — and, with no
+    line of its own, gets every contract test of tests/test_plugins.py (docs/ARCHITECTURE.md)."""
+    from fedpriv.mechanisms import build_mechanism
 
-    from fedpriv.mechanisms import GaussianMechanism, build_mechanism
-
-    @dataclass
-    class ScaledGaussian(schema.MechanismOption):
-        default_sampling = "poisson"
-        name: str = "scaled_gaussian"
-        factor: float = 2.0
-
-        def check(self, path: str) -> None:
-            schema.positive(self, "factor", path=path)
-
-        def build(self, noise_multiplier, clip_norm, noise=None, rounds=None, sampler=None):
-            return GaussianMechanism(noise_multiplier * self.factor, clip_norm, noise=noise)
-
-    schema.register_option("mechanism", "scaled_gaussian", ScaledGaussian())
-    try:
-        cfg = compose_config(["+experiment=smoke", "mechanism=scaled_gaussian", "mechanism.factor=3"])
-        assert cfg["mechanism"] == {"name": "scaled_gaussian", "factor": 3}
-        assert build_mechanism(cfg["mechanism"], 0.5, 1.0).noise_multiplier == 1.5
-        with pytest.raises(ConfigError, match="mechanism.factor must be > 0"):
-            check_overrides(["mechanism=scaled_gaussian", "mechanism.factor=-1"])
-    finally:
-        del schema.OPTIONS["mechanism"]["scaled_gaussian"]
+    cfg = compose_config(["+experiment=smoke", "mechanism=scaled_gaussian", "mechanism.factor=3"])
+    assert cfg["mechanism"] == {"name": "scaled_gaussian", "factor": 3}
+    assert build_mechanism(cfg["mechanism"], 0.5, 1.0).noise_multiplier == 1.5
+    with pytest.raises(ConfigError, match="mechanism.factor must be > 0"):
+        check_overrides(["mechanism=scaled_gaussian", "mechanism.factor=-1"])

@@ -9,8 +9,6 @@ from fedpriv.errors import ConfigError
 from fedpriv.models import build_model
 from fedpriv.public.distill import TopKCorpus, distillation_loss, write_topk
 
-torch.set_num_threads(1)
-
 
 def _teacher():
     torch.manual_seed(0)

@@ -14,7 +14,6 @@ from fedpriv.training import LocalConfig, local_update
 from helpers import client_draws
 from tests.conftest import compose_cfg
 
-torch.set_num_threads(1)
 
 VOCAB, SEQ = 50, 8
 

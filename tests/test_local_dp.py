@@ -17,7 +17,6 @@ from fedpriv.training import LocalConfig, local_update
 
 from helpers import client_draws
 
-torch.set_num_threads(1)
 
 EXAMPLE = {"sampling_rate": 0.5, "steps": 2, "clip_norm": 1.0, "noise_multiplier": None,
            "target_epsilon": 4.0, "delta": 1e-6, "denominator": 3.0, "mode": "mixopt"}

@@ -8,8 +8,6 @@ from fedpriv.errors import ConfigError
 from fedpriv.models import build_model
 from fedpriv.public.matching import matching_stats, select_top, sequence_logprob
 
-torch.set_num_threads(1)
-
 
 def test_sequence_logprob_sums_non_pad_targets():
     torch.manual_seed(0)

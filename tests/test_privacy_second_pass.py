@@ -121,8 +121,8 @@ def test_secure_client_keys_are_fresh_256_bit_keys_and_research_keys_follow_the_
 # a secret draw; anything else calling manual_seed fails this test
 SEEDED_NOT_SECRET = {
     ("fedpriv/randomness.py", "_order_generator"): "the minibatch order of plain local SGD (no guarantee uses it)",
-    ("fedpriv/clipping/engine.py", "_separability_probe"): "fixed probe weights of a structural check",
-    ("fedpriv/clipping/engine.py", "_directions"): "fixed projection directions of the same check",
+    ("fedpriv/clipping/provenance.py", "separability_probe"): "fixed probe weights of a structural check",
+    ("fedpriv/clipping/provenance.py", "_directions"): "fixed projection directions of the same check",
     ("fedpriv/task.py", "_model"): "the public initial weights (the seed is in the public config)",
     ("fedpriv/public/teacher.py", "train_teacher"): "training on public data",
     ("fedpriv/public/pretrain.py", "pretrain"): "the batch order of pre-training on public data",

@@ -14,8 +14,6 @@ from fedpriv.runner import prepare
 from server.app import run_local
 from tests.conftest import compose_cfg
 
-torch.set_num_threads(1)
-
 
 def test_pretrain_lowers_public_loss_and_is_deterministic():
     rows = np.random.default_rng(0).integers(1, 30, size=(64, 9))

@@ -6,7 +6,8 @@ Examples::
         --rounds 14063 --delta 1e-5 --accountant pld --json
     python -m fedpriv.accounting noise --target-epsilon 2 --sampling-rate 0.01 --rounds 1000 --delta 1e-5
 
-The DpEvent always comes from the mechanism object (``MECHANISMS``) and a sampler of
+The DpEvent always comes from the mechanism object, built through its registered option (so a
+mechanism registered with ``fedpriv.schema.register_option`` is here too), and a sampler of
 ``fedpriv.sampling``; this file only parses, validates and prints. Bad input prints one line
 ``error: ...`` on stderr and exits 2.
 """
@@ -14,10 +15,12 @@ The DpEvent always comes from the mechanism object (``MECHANISMS``) and a sample
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import math
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import dp_accounting
 
@@ -28,48 +31,56 @@ from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.console import console_handler, fail as _fail
 from fedpriv.console import OneLineParser as _Parser
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.bandmf import BandMFMechanism
-from fedpriv.mechanisms.blt import MAX_BUFFERS as BLT_MAX_BUFFERS
-from fedpriv.mechanisms.blt import BLTMechanism
-from fedpriv.mechanisms.gaussian import GaussianMechanism
-from fedpriv.mechanisms.tree import TreeMechanism
 from fedpriv.rundir import json_text
+from fedpriv.schema import MechanismOption, load, option_preset, options
 from fedpriv.sampling import (CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, CyclicPoissonSampler, CyclicSampler,
                               FixedSizeSampler, ParticipationBound, PoissonSampler, Sampler)
 
 
 
-def _gaussian(args: argparse.Namespace, noise_multiplier: float, sampler: Sampler) -> GaussianMechanism:
-    """Independent Gaussian noise; the clip norm does not enter accounting (events are per unit sensitivity)."""
-    return GaussianMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0)
+# calculator flags that set a field of the chosen mechanism's option (any other field: --set KEY=VALUE)
+OPTION_FLAGS = {"bands": "bands", "buffers": "buffers", "restart_every": "restart_every"}
 
 
-def _tree(args: argparse.Namespace, noise_multiplier: float, sampler: Sampler) -> TreeMechanism:
-    """Tree aggregation (DP-FTRL); the estimator does not change privacy."""
-    return TreeMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0,
-                         restart_every=args.restart_every)
+def mechanism_names() -> list[str]:
+    """The registered mechanisms (``fedpriv.schema.register_option("mechanism", ...)``)."""
+    return sorted(options("mechanism"))
 
 
-def _bandmf(args: argparse.Namespace, noise_multiplier: float, sampler: Sampler) -> BandMFMechanism:
-    """BandMF; accounting depends only on the band count (the strategy is not optimized here)."""
-    if args.bands is None:
-        raise ConfigError("--mechanism bandmf needs --bands")
-    return BandMFMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, rounds=args.rounds, bands=args.bands)
+def mechanism_option(args: argparse.Namespace) -> MechanismOption:
+    """The registered option of ``--mechanism``, its fields from the flags (checked by its schema).
+    A field its accounting depends on (``accounting_fields``) must be given: a calculator never
+    guesses a band count."""
+    fields: dict[str, Any] = {}
+    for flag, key in OPTION_FLAGS.items():
+        if getattr(args, flag) is not None:
+            fields[key] = getattr(args, flag)
+    for item in args.set or ():
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
+        try:
+            fields[key] = json.loads(text)
+        except json.JSONDecodeError:
+            fields[key] = text
+    preset = option_preset("mechanism", args.mechanism)
+    known = {f.name for f in dataclasses.fields(preset)}
+    for key in fields:
+        if key not in known:
+            flag = next((f"--{f.replace('_', '-')}" for f, k in OPTION_FLAGS.items() if k == key), f"--set {key}=")
+            raise ConfigError(f"{flag} does not apply to --mechanism {args.mechanism} (its keys: "
+                              f"{', '.join(sorted(known - {'name'}))})")
+    for key in getattr(preset, "accounting_fields", ()):
+        if key not in fields:
+            flag = next((f"--{f.replace('_', '-')}" for f, k in OPTION_FLAGS.items() if k == key), f"--set {key}=")
+            raise ConfigError(f"--mechanism {args.mechanism} needs {flag.rstrip('=')}")
+    return load("mechanism", {"name": args.mechanism, **fields})
 
 
-def _blt(args: argparse.Namespace, noise_multiplier: float, sampler: Sampler) -> BLTMechanism:
-    """BLT, optimised for ``--rounds`` (``--buffers``, default auto) and the sampler's participation
-    pattern, as a run optimises it; its sensitivity is computed for that pattern."""
-    buffers = args.buffers
-    if buffers is not None and not 1 <= buffers <= BLT_MAX_BUFFERS:
-        raise ConfigError(f"--buffers must be in [1, {BLT_MAX_BUFFERS}], got {buffers}")
-    return BLTMechanism(noise_multiplier=noise_multiplier, clip_norm=1.0, rounds=args.rounds, buffers=buffers,
-                        sampler=sampler)
-
-
-# name -> builder(args, noise_multiplier, sampler) of a mechanism with ``dp_event`` / ``neighboring_relation``.
-MECHANISMS: dict[str, Callable[[argparse.Namespace, float, Sampler], Any]] = {
-    "gaussian": _gaussian, "tree": _tree, "bandmf": _bandmf, "blt": _blt}
+def _build(args: argparse.Namespace, noise_multiplier: float, sampler) -> Any:
+    """The mechanism through its registered option, at clip norm 1 (events are per unit of
+    sensitivity), sized for ``--rounds`` and the sampler's pattern."""
+    return mechanism_option(args).build(noise_multiplier, 1.0, rounds=args.rounds, sampler=sampler)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,15 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     noise = sub.add_parser("noise", help="smallest noise multiplier for a target epsilon")
     noise.add_argument("--target-epsilon", type=float, required=True)
     for p in (eps, noise):
-        p.add_argument("--mechanism", choices=sorted(MECHANISMS), default="gaussian")
+        p.add_argument("--mechanism", choices=mechanism_names(), default="gaussian",
+                       help="a registered mechanism; its option's keys: --bands, --buffers, --restart-every, --set")
         p.add_argument("--sampling-rate", type=float, default=None,
                        help="q in (0, 1] (poisson / fixed sampling)")
         p.add_argument("--rounds", type=int, required=True, help="number of rounds / steps T >= 1")
         p.add_argument("--delta", type=float, required=True, help="delta in (0, 1)")
         p.add_argument("--accountant", choices=ACCOUNTANTS, default=RDP)
         p.add_argument("--sampling", choices=(POISSON, FIXED_SIZE, CYCLIC, CYCLIC_POISSON), default=None,
-                       help="poisson (default for gaussian) | fixed | cyclic (default for tree, bandmf) | "
-                            "cyclic_poisson (bandmf, amplified; needs --population, --cohort)")
+                       help="default: poisson where the mechanism's own default is, else cyclic (tree, bandmf, "
+                            "blt) | fixed | cyclic_poisson (bandmf, amplified; needs --population, --cohort)")
         p.add_argument("--bands", type=int, default=None, help="bandmf: number of bands b")
         p.add_argument("--buffers", type=int, default=None, help="blt: buffers d (default: auto)")
         p.add_argument("--population", type=int, default=None,
@@ -100,14 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--min-separation", type=int, default=None,
                        help="tree: rounds strictly between two participations of a user")
         p.add_argument("--restart-every", type=int, default=None, help="tree: a new tree every k rounds")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="any other key of the mechanism's option (repeatable), e.g. --set error=max")
         p.add_argument("--json", action="store_true", help="print one JSON line")
     return parser
 
 
 def _validate(args: argparse.Namespace) -> None:
     check_delta(args.delta)
-    if args.sampling is None:
-        args.sampling = CYCLIC if args.mechanism in ("tree", "bandmf", "blt") else POISSON
+    if args.sampling is None:  # a calculator has no population: correlated noise defaults to cyclic
+        args.sampling = POISSON if option_preset("mechanism", args.mechanism).default_sampling == POISSON else CYCLIC
     if args.sampling in (POISSON, FIXED_SIZE):
         if args.sampling_rate is None:
             raise ConfigError(f"--sampling {args.sampling} needs --sampling-rate")
@@ -133,11 +147,13 @@ def make_cli_sampler(kind: str, rate: float | None, population: int | None,
                      args: argparse.Namespace | None = None) -> Sampler | ParticipationBound:
     """The sampler the accountant must assume (no key: a calculator never draws a cohort)."""
     if kind == CYCLIC_POISSON:
-        if args is None or args.population is None or args.cohort is None or args.bands is None:
-            raise ConfigError("--sampling cyclic_poisson needs --population, --cohort and --bands")
-        if args.cohort * args.bands > args.population:
-            raise ConfigError(f"--cohort x --bands = {args.cohort * args.bands} exceeds --population {args.population}")
-        return CyclicPoissonSampler(population=args.population, cohort=args.cohort, groups=args.bands)
+        groups = mechanism_option(args).sampling_groups() if args is not None else None
+        if args is None or args.population is None or args.cohort is None or groups is None:
+            raise ConfigError("--sampling cyclic_poisson needs --population, --cohort and a mechanism with groups "
+                              "(--bands)")
+        if args.cohort * groups > args.population:
+            raise ConfigError(f"--cohort x --bands = {args.cohort * groups} exceeds --population {args.population}")
+        return CyclicPoissonSampler(population=args.population, cohort=args.cohort, groups=groups)
     if kind == CYCLIC:
         if args is not None and args.population is not None and args.cohort is not None:
             if args.cohort > args.population:
@@ -160,14 +176,14 @@ def make_cli_sampler(kind: str, rate: float | None, population: int | None,
 
 
 def _epsilon(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
-    mechanism = MECHANISMS[args.mechanism](args, args.noise_multiplier, sampler)
+    mechanism = _build(args, args.noise_multiplier, sampler)
     relation = mechanism.neighboring_relation(sampler)
     eps = compute_epsilon(mechanism.dp_event(sampler, args.rounds), args.delta, args.accountant, relation)
     return _with_epsilon(mechanism.accounting_details(sampler, args.rounds), eps, args, relation)
 
 
 def _noise(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
-    mechanism = MECHANISMS[args.mechanism](args, 1.0, sampler)
+    mechanism = _build(args, 1.0, sampler)
     relation = mechanism.neighboring_relation(sampler)
 
     def make_event(sigma: float) -> dp_accounting.DpEvent:

@@ -35,12 +35,15 @@ BUDGET_SLACK = 1e-9  # relative slack when comparing spent ε with the target
 
 
 class AccountedMechanism(Protocol):
-    """What the ledger needs from a noise mechanism: it states its own DpEvent and relation."""
+    """What the ledger and calibration need from a noise mechanism: it states its own DpEvent —
+    at its σ, or at the σ it would have if built with ``noise_multiplier`` — and relation (the
+    accounting part of :class:`fedpriv.mechanisms.base.NoiseMechanism`)."""
 
     name: str
     noise_multiplier: float
 
-    def dp_event(self, sampler: Sampler, rounds: int) -> dp_accounting.DpEvent: ...
+    def dp_event(self, sampler: Sampler, rounds: int,
+                 noise_multiplier: float | None = None) -> dp_accounting.DpEvent: ...
 
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation: ...
 

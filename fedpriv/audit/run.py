@@ -8,7 +8,7 @@ from typing import Any
 from fedpriv.atomic import write_atomic
 from fedpriv.audit.canaries import CanarySet
 from fedpriv.audit.report import PLOT_FILE, SCORES_FILE, analyse, plot_png, scores_record
-from fedpriv.randomness import RESEARCH
+from fedpriv.randomness import SECURE
 from fedpriv.rundir import write_json
 
 
@@ -39,7 +39,7 @@ def finish_audit(canaries: CanarySet, released, run_path, cfg: dict, epsilon: fl
     ``audit`` block (``epsilon``: the ledger's claim; infinite for a non-private run)."""
     record = scores_record(canaries.scores(released), canaries.coins, float(cfg["privacy"]["delta"]),
                            epsilon if math.isfinite(epsilon) else None, float(cfg["audit"]["confidence"]),
-                           canaries.seconds if mode == RESEARCH else None, mode)  # no timing in secure mode
+                           canaries.seconds if mode != SECURE else None, mode)  # no timing in secure mode
     result = analyse(record)
     write_json(run_path / SCORES_FILE, record, indent=None)
     write_atomic(run_path / PLOT_FILE, plot_png(record, result))

@@ -2,14 +2,16 @@
 
 ``BookKeeping(model, clip_norm, noise_multiplier, mode, noise_key)`` hooks a model built from
 supported layers (``RULES``); ``bk.backward(per_sample_loss, groups=None)`` sets clipped and noised
-gradients (noise from a secret ChaCha20 keystream, :class:`GaussianKeystream`). Add a layer type
-with :func:`register_rule` (model packages register their own composite modules' rules when
-imported; this package imports no model).
+gradients (noise from a secret ChaCha20 keystream, :class:`GaussianKeystream`). Which rows are per
+sample is proven by :mod:`fedpriv.clipping.provenance` (:func:`computed_from` and
+:func:`flat_positions` declare what autograd cannot see). Add a layer type with
+:func:`register_rule` (model packages register their own composite modules' rules when imported;
+this package imports no model).
 """
 
-from fedpriv.clipping.engine import (MODES, BookKeeping, UnsupportedLayerError, computed_from, flat_positions,
-                                    record_call)
+from fedpriv.clipping.engine import MODES, BookKeeping, record_call
 from fedpriv.clipping.noise import GaussianKeystream
+from fedpriv.clipping.provenance import UnsupportedLayerError, computed_from, flat_positions
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule, no_contributions, register_hint, register_rule
 
 __all__ = ["BookKeeping", "GaussianKeystream", "HINTS", "LayerRule", "MODES", "RULES", "UnsupportedLayerError",

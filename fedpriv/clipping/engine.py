@@ -23,17 +23,10 @@ One step, given the per-sample losses ``ℓ_i`` of a batch-first forward:
    The noise is read from a secret ChaCha20 keystream on every core
    (:class:`fedpriv.clipping.noise.GaussianKeystream`).
 
-Which inputs are per sample is *proven*, never guessed from a shape (:meth:`BookKeeping._batched`):
-a call's input is per sample if it is the model's input or a view of it with the same dim 0, or a
-float tensor that autograd derives from the model's input or from an earlier hooked call (the
-model's float inputs are given ``requires_grad`` so that every computation on them is traced).
-It is *shared* by all samples if it is computed from neither — a buffer, a frozen weight, position
-ids ``arange(T)`` — whatever its dim 0 (a shared ``[T, d]`` tensor with T == B is not a batch).
-Anything else fails closed, naming the module: a view of the input whose dim 0 is not the batch
-(flattened, transposed), a batch-dependent tensor broadcast over dim 0 (stride 0), or a tensor
-that has the batch size in dim 0 but no traceable link to the input. A shared call's output is
-returned with a new leading batch dim (an ``expand`` view, which broadcasts exactly as the
-original did), so each sample gets its own part of the gradient.
+Which inputs are per sample is *proven*, never guessed from a shape, and that no sample's loss
+depends on another sample's rows, by :mod:`fedpriv.clipping.provenance` (its docstring states what
+is proven and under which assumptions). A shared call's output is returned with a new leading
+batch dim (an ``expand`` view), so each sample gets its own part of the gradient.
 
 Assumptions: dim 0 of the model input is the batch; sample i's loss depends only on sample i (no
 BatchNorm, no mixing of samples); the model does not modify its float inputs, nor a hooked call's
@@ -42,7 +35,6 @@ input, in place. (A hooked call's *output* may be: the gradient is taken at the 
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass
@@ -57,20 +49,12 @@ from torch.profiler import record_function
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
 from fedpriv.clipping.noise import GaussianKeystream
+from fedpriv.clipping.provenance import (Provenance, UnsupportedLayerError, ambiguous_batch_dim, check_separable,
+                                         separability_probe)
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule
-from fedpriv.errors import ConfigError
 
 MODES = ("ghost", "instantiate", "mixopt")
 _INSTANTIATE_BUDGET = 1 << 24  # floats of per-unit gradients held at once on the grouped path
-
-
-class UnsupportedLayerError(ConfigError):
-    """The model has a trainable parameter BK cannot clip per sample (a ``ValueError``).
-
-    Raised by ``BookKeeping(...)`` for a parameter owned by an unsupported module type, and by
-    ``backward`` when a parameter is used outside a call of its module (functional use, a fused
-    kernel), which hooks cannot see. Never a silent pass.
-    """
 
 
 def _type_name(kind: type) -> str:
@@ -109,7 +93,6 @@ class _Call:
     rows: Optional[Tensor] = None  # a call on flattened positions: the sample of each input row
 
 
-_SOURCE = "_fedpriv_computed_from"
 _RECORDERS: "weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]]" = weakref.WeakKeyDictionary()
 
 
@@ -126,36 +109,6 @@ def record_call(module: nn.Module, input: Tensor, output: Tensor) -> Optional[Te
         return None
     replaced = hook(module, (input,), {}, output)
     return output if replaced is None else replaced
-
-
-def computed_from(value: Tensor, source: Tensor) -> Tensor:
-    """Declare that row i of ``value`` (a tensor a module computed without autograd, e.g. the
-    states of a recurrence run under ``torch.no_grad()``) depends only on row i of ``source``, a
-    tensor of the same forward. A hooked call on ``value`` is then per sample iff ``source`` is
-    (proven as for any input; otherwise the call fails closed). The declaring module owns the
-    claim's truth, and its back-propagation must carry all of ``value``'s effect on the loss
-    (``value`` gets no gradient). Returns ``value``."""
-    setattr(value, _SOURCE, source)
-    return value
-
-
-_POSITIONS = "_fedpriv_positions_of"
-
-
-def flat_positions(x: Tensor, keep: Tensor) -> Tensor:
-    """``x[keep]``: the positions of a per-sample ``x`` [B, T, ...] where ``keep`` [B, T] is true,
-    flattened to [N, ...] (e.g. an LM's output layer run only on non-pad targets), declared so
-    that an attached engine attributes row n to sample ``keep.nonzero()[n, 0]``. A hooked call on
-    the result is clipped per sample as if it ran on all of ``x`` with zero output gradient at the
-    dropped positions (the same gradients). Accepted only if ``x`` is itself proven per sample;
-    a parameter used both on flattened positions and on batch rows in one step is refused (at
-    ``backward``)."""
-    if keep.shape != x.shape[:2] or keep.dtype != torch.bool:
-        raise ValueError(f"keep must be a bool mask of shape {tuple(x.shape[:2])}, got {keep.dtype} "
-                         f"{tuple(keep.shape)}")
-    flat = x[keep]
-    setattr(flat, _POSITIONS, (x, torch.nonzero(keep)[:, 0]))
-    return flat
 
 
 def _first_tensor(args: tuple, kwargs: dict) -> Optional[Tensor]:
@@ -219,12 +172,7 @@ class BookKeeping:
         self.last_methods: dict[str, str] = {}
         self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._calls: list[_Call] = []
-        self._batch: Optional[int] = None
-        self._index_ndim: Optional[int] = None
-        self._roots: list[Tensor] = []  # the model's tensor inputs in this forward (views of them are per sample)
-        self._sources: set[Any] = set()  # autograd nodes whose values are per sample (call outputs, inputs)
-        self._root_leaves: set[int] = set()  # ids of the model's float inputs that are autograd leaves
-        self._shared_storages: set[int] = set()  # storages of shared calls' (expanded) outputs
+        self._provenance = Provenance(model)  # what the forwards since the last backward proved
         self._separability_checked = False
         self._in_backward = False
         managed, to_prepare = self._inspect(model)
@@ -297,9 +245,7 @@ class BookKeeping:
     def clear(self) -> None:
         """Drop the calls recorded since the last backward (e.g. after an abandoned forward)."""
         self._calls = []
-        self._batch = None
-        self._index_ndim = None
-        self._roots, self._sources, self._root_leaves, self._shared_storages = [], set(), set(), set()
+        self._provenance.reset()
 
     def __enter__(self) -> "BookKeeping":
         return self
@@ -317,122 +263,21 @@ class BookKeeping:
     def _on_root(self, module: nn.Module, args: tuple, kwargs: dict):
         """The model's first tensor argument fixes the batch size (batch-first). Its tensor inputs
         become the sources of per-sample provenance; float inputs that do not require grad are
-        replaced by leaves that do, so autograd traces every computation on them."""
+        replaced by leaves that do, so autograd traces every computation on them
+        (:meth:`Provenance.trace_input`)."""
         if self._in_backward or not torch.is_grad_enabled():
             return None
         x = _first_tensor(args, kwargs)
         if x is None or x.dim() == 0:
             return None
-        if self._calls and self._batch is not None and x.shape[0] != self._batch:
+        proof = self._provenance
+        if self._calls and proof.batch is not None and x.shape[0] != proof.batch:
             self.clear()  # a new batch size: the pending calls belong to an abandoned forward
-        self._batch = x.shape[0]
-        if not (x.is_floating_point() or x.is_complex()):
-            self._index_ndim = x.dim()
-
-        def traced(value: Any) -> Any:
-            if not isinstance(value, Tensor) or value.dim() == 0:
-                return value
-            if value.is_floating_point() and not value.requires_grad:
-                value = value.detach().requires_grad_(True)
-            self._roots.append(value)
-            if value.requires_grad:
-                if value.grad_fn is None:
-                    self._root_leaves.add(id(value))
-                else:
-                    self._sources.add(value.grad_fn)
-            return value
-
-        new_args = tuple(traced(a) for a in args)
-        new_kwargs = {k: traced(v) for k, v in kwargs.items()}
+        proof.set_batch(x)
+        new_args = tuple(proof.trace_input(a) for a in args)
+        new_kwargs = {k: proof.trace_input(v) for k, v in kwargs.items()}
         changed = any(a is not b for a, b in zip(new_args, args)) or any(new_kwargs[k] is not kwargs[k] for k in kwargs)
         return (new_args, new_kwargs) if changed else None
-
-    def _positions(self, path: str, module: nn.Module, x: Tensor) -> Optional[Tensor]:
-        """The sample of each row of ``x`` if :func:`flat_positions` made it (else None); raise
-        :class:`UnsupportedLayerError` if the tensor it flattened is not proven per sample."""
-        declared = getattr(x, _POSITIONS, None)
-        if declared is None:
-            return None
-        source, rows = declared
-        batch = self._batch
-        if batch is None or not (source.dim() >= 2 and source.shape[0] == batch and rows.shape == (x.shape[0],)
-                                 and not (batch > 1 and source.stride(0) == 0)
-                                 and (any(source is r for r in self._roots) or self._derived_from_batch(source))):
-            raise UnsupportedLayerError(
-                f"{path} ({type(module).__name__}): its input {tuple(x.shape)} holds flattened positions of a tensor "
-                f"that is not derived from the batch of {batch} in dim 0")
-        return rows
-
-    def _batched(self, path: str, rule: LayerRule, module: nn.Module, x: Tensor) -> bool:
-        """Whether a call's input is per sample (dim 0 the batch) or shared by all samples; raise
-        :class:`UnsupportedLayerError` where neither can be proven (see the module docstring)."""
-        where = f"{path} ({type(module).__name__})"
-        batch = self._batch
-        if batch is None:
-            raise UnsupportedLayerError(f"{where} was called before the model itself: call the model (batch-first) so "
-                                        "BookKeeping knows the batch")
-        shape = tuple(x.shape)
-        storage = x.untyped_storage().data_ptr() if x.numel() else None
-        root = next((r for r in self._roots if r.numel() and r.untyped_storage().data_ptr() == storage), None)
-        if root is not None:  # the model's input, or a view of it
-            if (x.dim() >= rule.min_batched_ndim(module) and x.shape[0] == root.shape[0] == batch
-                    and x.stride(0) == root.stride(0) and not (rule.index_input and x.dim() < (self._index_ndim or 0))):
-                return True
-            raise UnsupportedLayerError(
-                f"{where}: its input {shape} is a view of the model's input whose dim 0 is not the batch of {batch} "
-                "(flattened or transposed?); keep the batch in dim 0 before every hooked layer")
-        source = getattr(x, _SOURCE, None)
-        if source is not None:  # declared by a module: computed without autograd from ``source``
-            if x.shape[0] != batch or x.dim() < rule.min_batched_ndim(module) or not (
-                    isinstance(source, Tensor) and source.dim() and source.shape[0] == batch
-                    and (any(source is r for r in self._roots) or self._derived_from_batch(source))):
-                raise UnsupportedLayerError(
-                    f"{where}: its input {shape} is declared computed from a per-sample tensor, but that tensor "
-                    f"is not derived from the batch of {batch} in dim 0")
-            return True
-        if x.is_floating_point() and self._derived_from_batch(x):
-            if x.dim() < rule.min_batched_ndim(module) or x.shape[0] != batch:
-                raise UnsupportedLayerError(
-                    f"{where}: its input {shape} is computed from the batch but its dim 0 is not the batch of {batch} "
-                    "(flattened or transposed?); keep the batch in dim 0 before every hooked layer")
-            if batch > 1 and x.stride(0) == 0 and storage not in self._shared_storages:
-                raise UnsupportedLayerError(
-                    f"{where}: its input {shape} is one batch-dependent tensor broadcast over dim 0 (stride 0), so its "
-                    "rows are not per sample; per-sample clipping needs each sample's own input")
-            return True
-        if x.grad_fn is None and (storage in self._constant_storages() or x.dim() < rule.min_batched_ndim(module)
-                                  or (rule.index_input and x.dim() < (self._index_ndim or 0)) or x.shape[0] != batch):
-            return False  # a buffer, a frozen weight or a batch-free tensor: the same for every sample
-        if x.grad_fn is not None:
-            return False  # computed with autograd from neither the input nor a hooked call: a constant
-        raise UnsupportedLayerError(
-            f"{where}: cannot prove that dim 0 of its input {shape} is the batch: it is not the model's input or a "
-            f"view of it, autograd does not derive it from the input, and its dim 0 has the batch size {batch}; pass "
-            "per-sample data to the model itself, and give a tensor shared by all samples no batch dim (e.g. "
-            "positions as arange(T), not expanded to [B, T])")
-
-    def _derived_from_batch(self, x: Tensor) -> bool:
-        """Whether autograd derives ``x`` from the model's input or an earlier hooked call's output."""
-        stack, seen = [x.grad_fn], set()
-        while stack:
-            node = stack.pop()
-            if node is None or node in seen:
-                continue
-            if node in self._sources:
-                return True
-            seen.add(node)
-            var = getattr(node, "variable", None)
-            if var is not None:
-                if id(var) in self._root_leaves:
-                    return True
-                continue
-            stack.extend(fn for fn, _ in node.next_functions)
-        return False
-
-    def _constant_storages(self) -> set[int]:
-        """Storages of the model's buffers and frozen parameters (the same for every sample)."""
-        return {t.untyped_storage().data_ptr() for t in self.model.buffers() if t.numel()} | \
-            {p.untyped_storage().data_ptr() for p in self.model.parameters() if not p.requires_grad and p.numel()}
 
     def _on_forward(self, path: str, rule: LayerRule, module: nn.Module, args: tuple,
                     kwargs: dict, output: Any) -> Optional[Tensor]:
@@ -441,17 +286,16 @@ class BookKeeping:
         x = _first_tensor(args, kwargs)
         leaf = x if x.requires_grad and x.grad_fn is None else None
         node = x.grad_fn
-        rows = self._positions(path, module, x)
+        proof = self._provenance
+        rows = proof.positions(path, module, x)
         if rows is not None:  # flattened positions of a per-sample tensor (flat_positions)
-            self._sources.add(output.grad_fn)
+            proof.add_output(output)
             self._calls.append(_Call(path, module, rule, x.detach(), get_gradient_edge(output), node, leaf, rows))
             return None
-        batched = self._batched(path, rule, module, x)
+        batched = proof.batched(path, rule, module, x)
         if not batched:
-            x = x.unsqueeze(0).expand((self._batch,) + tuple(x.shape))
-            output = output.unsqueeze(0).expand((self._batch,) + tuple(output.shape))
-            self._shared_storages.add(output.untyped_storage().data_ptr())
-        self._sources.add(output.grad_fn)
+            x, output = proof.expand_shared(x, output)
+        proof.add_output(output)
         self._calls.append(_Call(path, module, rule, x.detach(), get_gradient_edge(output), node, leaf))
         return None if batched else output
 
@@ -465,7 +309,7 @@ class BookKeeping:
         then a group's summed gradient is the unit clipped, and ``last_norms`` has one entry per
         distinct id, in increasing id order.
         """
-        calls, batch = self._calls, self._batch
+        calls, batch = self._calls, self._provenance.batch
         self.clear()
         if per_sample_loss.dim() != 1:
             raise ValueError("per_sample_loss must have shape [B], got "
@@ -488,16 +332,17 @@ class BookKeeping:
             self._audit(per_sample_loss, calls)
         self._in_backward = True
         try:
-            check = bool(calls) and size > 1 and (not self._separability_checked or _ambiguous(calls, size))
+            check = bool(calls) and size > 1 and (not self._separability_checked or ambiguous_batch_dim(calls, size))
             if check:
                 with record_function("bk.separability_check"):
-                    probe = self._separability_probe(per_sample_loss, calls)
+                    probe = separability_probe(per_sample_loss, calls)
             with record_function("bk.output_gradients"):
                 grads = torch.autograd.grad(per_sample_loss.sum(), [c.edge for c in calls],
                                             allow_unused=True) if calls else ()
             if check:
                 with record_function("bk.separability_check"):
-                    self._check_separable(calls, grads, *probe)
+                    check_separable(calls, grads, *probe)
+                self._separability_checked = True
         finally:
             self._in_backward = False
         with torch.no_grad():
@@ -616,57 +461,6 @@ class BookKeeping:
             return True
         return 2 * steps * steps < p.numel()
 
-    def _separability_probe(self, loss: Tensor, calls: list[_Call]
-                            ) -> tuple[Tensor, list[Optional[tuple[Tensor, Tensor]]]]:
-        """The weighted backward of :meth:`_check_separable`, run first (graph retained) and kept
-        only as per-row fingerprints (with the projection directions, reused for the unweighted
-        gradient), so the check holds at most one set of output gradients."""
-        weights = torch.rand(loss.shape[0], generator=torch.Generator().manual_seed(0x5EED),
-                             dtype=loss.dtype).to(loss.device) + 0.5
-        probe = list(torch.autograd.grad((loss * weights).sum(), [c.edge for c in calls], allow_unused=True,
-                                         retain_graph=True))
-        prints: list[Optional[tuple[Tensor, Tensor]]] = []
-        for k in range(len(probe)):
-            g, probe[k] = probe[k], None  # each gradient freed once fingerprinted
-            if g is None:
-                prints.append(None)
-            else:
-                directions = _directions(g)
-                prints.append((_fingerprint(g, directions), directions))
-        return weights, prints
-
-    def _check_separable(self, calls: list[_Call], grads: Sequence[Optional[Tensor]], weights: Tensor,
-                         probe: list[Optional[tuple[Tensor, Tensor]]]) -> None:
-        """Fail if any sample's loss depends on another sample's row of a hooked call's output.
-
-        Per-sample clipping attributes row i of every call to sample i, which holds iff
-        ∂ℓ_j/∂y[i] = 0 for j ≠ i. Then for any weights w, ∂(Σ_j w_j ℓ_j)/∂y[i] = w_i ∂(Σ_j ℓ_j)/∂y[i]
-        row by row; with random w, any dependence across samples (a transpose of the batch, a
-        cumulative sum or mean over it) breaks that equality. One extra backward, run on the first
-        backward of this engine and whenever a layer input has the batch size in another dim too
-        (where a permutation of the batch with that dim keeps every shape). Rows are compared
-        through :func:`_fingerprint` (squared norm and random projections, linear in the row up to
-        the norm); dependence smaller than the float32 tolerance (1e-3 relative) goes unnoticed."""
-        for call, full, weighted in zip(calls, grads, probe):
-            if full is None and weighted is None:
-                continue
-            if full is None or weighted is None:
-                mismatch = True
-            else:
-                weighted, directions = weighted
-                w = weights if call.rows is None else weights[call.rows]  # a flattened position's sample's
-                expected = _fingerprint(full, directions)
-                expected[:, 0] *= w * w  # squared norms scale by w²
-                expected[:, 1:] *= w.unsqueeze(1)
-                scale = expected.norm(dim=0) + weighted.norm(dim=0)  # per statistic, over the rows
-                mismatch = bool(((weighted - expected).norm(dim=0) > 1e-3 * scale + 1e-12).any())
-            if mismatch:
-                raise UnsupportedLayerError(
-                    f"{call.path} ({type(call.module).__name__}): a sample's loss depends on other samples' rows of "
-                    "this layer's output, so dim 0 of its input is not the batch (transposed, reshaped or mixed "
-                    "across samples); per-sample clipping needs the batch in dim 0 and no mixing of samples")
-        self._separability_checked = True
-
     def _audit(self, loss: Tensor, calls: list[_Call]) -> None:
         """Fail if a trainable parameter reaches the loss other than through a recorded call.
 
@@ -703,26 +497,6 @@ class BookKeeping:
                 "module (functional use such as F.linear(x, layer.weight), a fused kernel, or a "
                 "loss term on the weights), so BookKeeping would miss that part of their "
                 "gradient; call the module itself (weight decay belongs in the optimizer)")
-
-
-def _directions(g: Tensor, projections: int = 3) -> Tensor:
-    """``projections`` random directions (fixed seed) in the row space of ``g`` [B, ...]."""
-    return torch.randn(math.prod(g.shape[1:]), projections, generator=torch.Generator().manual_seed(0xF1A9),
-                       dtype=g.dtype).to(g.device)
-
-
-def _fingerprint(g: Tensor, directions: Tensor) -> Tensor:
-    """Per row of ``g`` [B, ...]: its squared norm and its projections on ``directions`` (the same
-    for both gradients of one call), [B, 1 + projections], float64."""
-    rows = g.reshape(g.shape[0], math.prod(g.shape[1:]))
-    squares = torch.linalg.vector_norm(rows, dim=1, keepdim=True).pow(2)  # no [B, N] temporary
-    return torch.cat([squares, rows @ directions], 1).double()
-
-
-def _ambiguous(calls: list[_Call], batch: int) -> bool:
-    """Whether some hooked input has the batch size in a dim other than 0 (where a transpose of the
-    batch with that dim would keep every shape)."""
-    return any(batch in tuple(c.input.shape[1:]) for c in calls)
 
 
 def _steps(parts: list[Contribution]) -> int:

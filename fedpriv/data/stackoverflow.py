@@ -1,11 +1,12 @@
 """TFF's StackOverflow (``stackoverflow.sqlite``) as a :class:`FederatedDataset`, without TensorFlow.
 
 File layout (TFF): table ``examples(split_name TEXT, client_id TEXT, serialized_example_proto BLOB)``,
-``split_name`` in {"train", "heldout", "test"}; each blob is a serialized ``tf.train.Example`` whose
-bytes feature ``tokens`` is one sentence of space-separated lowercased words (also ``title``,
-``tags``, ``type``, perhaps ``creation_date`` and ``score``, all ignored here). Files written by TFF's
-``sql_client_data_utils`` also hold ``client_metadata(client_id, split_name, num_examples)``; when
-present it lists the clients, which spares a scan of ``examples``.
+``split_name`` in {"train", "heldout", "test"}; each blob is a serialized ``tf.train.Example``
+(decoded by :mod:`fedpriv.data.tf_example`) whose bytes feature ``tokens`` is one sentence of
+space-separated lowercased words (also ``title``, ``tags``, ``type``, perhaps ``creation_date`` and
+``score``, all ignored here). Files written by TFF's ``sql_client_data_utils`` also hold
+``client_metadata(client_id, split_name, num_examples)``; when present it lists the clients, which
+spares a scan of ``examples``.
 
 Preprocessing is TFF's word-level StackOverflow task: the vocabulary is the first ``vocab_size`` (V)
 words of ``stackoverflow.word_count``; ids are pad 0, words 1..V, OOV V+1, BOS V+2, EOS V+3. A
@@ -27,15 +28,14 @@ cure is an indexed copy (``sqlite3 stackoverflow.sqlite ".backup copy.sqlite"``,
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import logging
 import operator
 import os
 from pathlib import Path
 import sqlite3
-import struct
 import threading
 from typing import Optional
 import warnings
@@ -43,145 +43,15 @@ import warnings
 import numpy as np
 
 from fedpriv.data.federated import FederatedDataset, Vocabulary
+from fedpriv.data.tf_example import decode_example
 from fedpriv.errors import ConfigError
-from fedpriv.schema import TextPipeline, positive, register_option
+from fedpriv.schema import LOCATION, TextPipeline, register_option
 
 logger = logging.getLogger(__name__)
-
-FeatureValues = list[bytes] | list[int] | list[float]
 
 VOCAB_FILE_NAME = "stackoverflow.word_count"
 _TRAIN, _TEST = "train", "test"
 _TEST_FETCH_CHUNK = 500  # rowids per ``IN (...)`` query, below SQLite's bound-parameter limit
-
-# ---------------------------------------------------------------------------------------------
-# tf.train.Example wire format
-# ---------------------------------------------------------------------------------------------
-
-_VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
-_UINT64 = 2**64
-
-
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """Decodes the unsigned varint at ``buf[pos:]``; returns (value, next position)."""
-    value = shift = 0
-    while shift < 70:
-        if pos >= len(buf):
-            raise ValueError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    raise ValueError("varint longer than 10 bytes")
-
-
-def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
-    """Yields (field number, wire type, value) of a message: an int for varints, bytes otherwise."""
-    pos = 0
-    while pos < len(buf):
-        key, pos = _read_varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == _VARINT:
-            value, pos = _read_varint(buf, pos)
-        else:
-            if wire == _LEN:
-                size, pos = _read_varint(buf, pos)
-            elif wire in (_FIXED32, _FIXED64):
-                size = 4 if wire == _FIXED32 else 8
-            else:
-                raise ValueError(f"unsupported protobuf wire type {wire}")
-            if pos + size > len(buf):
-                raise ValueError("truncated protobuf field")
-            value, pos = buf[pos : pos + size], pos + size
-        yield number, wire, value
-
-
-def _as_int64(value: int) -> int:
-    """Reads an unsigned 64-bit varint value as two's-complement int64."""
-    return value - _UINT64 if value >= 2**63 else value
-
-
-def _decode_int64s(buf: bytes) -> list[int]:
-    """Int64List: field 1, packed (one LEN of varints) or unpacked (one varint per value)."""
-    out: list[int] = []
-    for number, wire, value in _fields(buf):
-        if number != 1:
-            continue
-        if wire == _VARINT:
-            out.append(_as_int64(value))
-        elif wire == _LEN:
-            pos = 0
-            while pos < len(value):
-                raw, pos = _read_varint(value, pos)
-                out.append(_as_int64(raw))
-        else:
-            raise ValueError(f"Int64List value with wire type {wire}")
-    return out
-
-
-def _decode_floats(buf: bytes) -> list[float]:
-    """FloatList: field 1, little-endian float32s, packed (one LEN) or unpacked (one fixed32 each)."""
-    out: list[float] = []
-    for number, wire, value in _fields(buf):
-        if number != 1:
-            continue
-        if wire not in (_FIXED32, _LEN) or len(value) % 4:
-            raise ValueError("malformed FloatList")
-        out.extend(struct.unpack(f"<{len(value) // 4}f", value))
-    return out
-
-
-def _decode_bytes(buf: bytes) -> list[bytes]:
-    """BytesList: field 1, one LEN per value."""
-    return [value for number, wire, value in _fields(buf) if number == 1 and wire == _LEN]
-
-
-_LIST_DECODERS = {1: _decode_bytes, 2: _decode_floats, 3: _decode_int64s}
-
-
-def _decode_feature(buf: bytes) -> FeatureValues:
-    """Feature: a oneof of the three lists; an empty Feature decodes to ``[]``."""
-    values: FeatureValues = []
-    for number, _, value in _fields(buf):
-        if number in _LIST_DECODERS:
-            values = _LIST_DECODERS[number](value)  # oneof: the last one set wins
-    return values
-
-
-def decode_example(blob: bytes) -> dict[str, FeatureValues]:
-    """Decodes a serialized ``tf.train.Example`` into ``{feature name: values}``.
-
-    Field numbers (tensorflow/core/example/{example,feature}.proto)::
-
-        Example   { Features features = 1; }
-        Features  { map<string, Feature> feature = 1; }  // entry { string key = 1; Feature value = 2; }
-        Feature   { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
-                                 Int64List int64_list = 3; } }
-        BytesList { repeated bytes value = 1; }
-        FloatList { repeated float value = 1 [packed = true]; }   // fixed32, little-endian
-        Int64List { repeated int64 value = 1 [packed = true]; }   // varint; negatives take 10 bytes
-
-    Packed and unpacked repeated scalars are both accepted, unknown fields are skipped, and a
-    repeated map key keeps its last value (protobuf merge semantics).
-    """
-    features: dict[str, FeatureValues] = {}
-    for number, _, payload in _fields(blob):
-        if number != 1:
-            continue
-        for entry_number, _, entry in _fields(payload):
-            if entry_number != 1:
-                continue
-            key, value = b"", b""
-            for field, _, content in _fields(entry):
-                if field == 1:
-                    key = content
-                elif field == 2:
-                    value = content
-            features[key.decode("utf-8")] = _decode_feature(value)
-    return features
-
 
 # ---------------------------------------------------------------------------------------------
 # Vocabulary and sentence ids
@@ -384,11 +254,10 @@ def _missing_vocab_message(path: Path) -> str:
 
 
 def _check_args(**values: int | None) -> None:
-    minimum = {"max_test_sentences": 0}
+    """The one check of the loader's sizes (the ``data=stackoverflow`` option's too): each >= 1."""
     for name, value in values.items():
-        low = minimum.get(name, 1)
-        if value is not None and value < low:
-            raise ConfigError(f"data.{name} must be >= {low}, got {value}")
+        if value is not None and value < 1:
+            raise ConfigError(f"data.{name} must be >= 1, got {value}")
 
 
 def _private_vocab_words(
@@ -543,8 +412,9 @@ class StackOverflowData(TextPipeline):
     """TFF's StackOverflow (a local sqlite file; never downloaded)."""
 
     name: str = "stackoverflow"
-    path: Optional[str] = "data/stackoverflow.sqlite"  # stackoverflow.word_count beside it
-    vocab_path: Optional[str] = None
+    # stackoverflow.word_count beside it
+    path: Optional[str] = field(default="data/stackoverflow.sqlite", metadata=LOCATION)
+    vocab_path: Optional[str] = field(default=None, metadata=LOCATION)
     vocab_size: int = 10000
     max_sentences_per_user: int = 256
     max_users: Optional[int] = None
@@ -553,7 +423,19 @@ class StackOverflowData(TextPipeline):
 
     def check(self, path: str) -> None:
         super().check(path)
-        positive(self, "vocab_size", "max_sentences_per_user", "max_users", "max_test_sentences", path=path)
+        _check_args(vocab_size=self.vocab_size, max_sentences_per_user=self.max_sentences_per_user,
+                    max_users=self.max_users, max_test_sentences=self.max_test_sentences)
+
+    def example_overrides(self, directory) -> list[str]:
+        """A generated TFF-schema file of 12 users, and its word counts, under ``directory``."""
+        from fedpriv.data.stackoverflow_writer import write_tiny_dataset
+
+        return [f"data.path={write_tiny_dataset(Path(directory))}", "data.vocab_size=8", "data.seq_len=6"]
+
+    def implied_locations(self) -> dict[str, str]:
+        if self.vocab_path is None and self.path and (beside := Path(self.path).with_name(VOCAB_FILE_NAME)).is_file():
+            return {"vocab_path": str(beside)}  # the vocabulary the loader reads
+        return {}
 
     def load_words(self) -> FederatedDataset:
         """The users' sentences from TFF's sqlite file (never downloaded)."""

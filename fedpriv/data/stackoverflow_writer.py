@@ -1,81 +1,16 @@
 """Writing files in TFF's StackOverflow schema: ``tf.train.Example`` protos in a sqlite table
 ``examples(split_name, client_id, serialized_example_proto)`` — the inverse of the reader in
-:mod:`fedpriv.data.stackoverflow`. The tests' fixtures and ``scripts/bench_scale.py`` generate
-their files with it (nothing here downloads data)."""
+:mod:`fedpriv.data.stackoverflow`; both use the one Example codec, :mod:`fedpriv.data.tf_example`.
+The tests' fixtures and ``scripts/bench_scale.py`` generate their files with it (nothing here
+downloads data)."""
 
 from __future__ import annotations
 
 import sqlite3
-import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
-from fedpriv.data.stackoverflow import _FIXED32, _LEN, _UINT64, _VARINT
-
-_INT64_MIN = -(2**63)
-
-
-
-def _varint(value: int) -> bytes:
-    """Encodes a non-negative integer as a varint."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _tag(number: int, wire: int) -> bytes:
-    return _varint(number << 3 | wire)
-
-
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _tag(number, _LEN) + _varint(len(payload)) + payload
-
-
-def _encode_int64s(values: Sequence[int], packed: bool) -> bytes:
-    for v in values:
-        if not _INT64_MIN <= v < 2**63:
-            raise ValueError(f"{v} does not fit in int64")
-    varints = [_varint(v % _UINT64) for v in values]
-    if packed:
-        return _len_field(1, b"".join(varints)) if varints else b""
-    return b"".join(_tag(1, _VARINT) + v for v in varints)
-
-
-def _encode_floats(values: Sequence[float], packed: bool) -> bytes:
-    if packed:
-        return _len_field(1, struct.pack(f"<{len(values)}f", *values)) if values else b""
-    return b"".join(_tag(1, _FIXED32) + struct.pack("<f", v) for v in values)
-
-
-def _encode_feature(values: Sequence[bytes] | Sequence[int] | Sequence[float], packed: bool) -> bytes:
-    """Picks the list kind from the values: all bytes, all ints, or numbers with a float."""
-    if all(isinstance(v, bytes) for v in values):  # also the empty list
-        return _len_field(1, b"".join(_len_field(1, v) for v in values))
-    if all(isinstance(v, int) for v in values):
-        return _len_field(3, _encode_int64s(values, packed))
-    if all(isinstance(v, (int, float)) for v in values):
-        return _len_field(2, _encode_floats(values, packed))
-    raise TypeError("feature values must be all bytes, all ints or all numbers")
-
-
-def encode_example(
-    features: Mapping[str, Sequence[bytes] | Sequence[int] | Sequence[float]], *, packed: bool = True
-) -> bytes:
-    """Serializes ``{name: values}`` as a ``tf.train.Example`` (the inverse of
-    :func:`fedpriv.data.stackoverflow.decode_example`).
-
-    Lists of bytes become ``bytes_list``, of ints ``int64_list``, of numbers with a float
-    ``float_list`` (stored as float32), an empty list an empty ``bytes_list``. ``packed=True`` writes
-    int64/float lists packed, as TensorFlow does; ``packed=False`` writes one field per value.
-    """
-    entries = b"".join(
-        _len_field(1, _len_field(1, name.encode("utf-8")) + _len_field(2, _encode_feature(v, packed)))
-        for name, v in features.items()
-    )
-    return _len_field(1, entries)
+from fedpriv.data.tf_example import encode_example
 
 
 def write_examples(path: Path, rows: Iterable[tuple[str, str, str]], *, metadata: bool = False,
@@ -102,3 +37,18 @@ def write_examples(path: Path, rows: Iterable[tuple[str, str, str]], *, metadata
     finally:
         con.close()
     return path
+
+
+def write_tiny_dataset(directory: Path) -> Path:
+    """``stackoverflow.sqlite`` (indexed; 12 train and 6 test users of 3 sentences over 10 words)
+    and its ``stackoverflow.word_count`` under ``directory``: a runnable instance for the contract
+    tests (tests/test_plugins.py). Returns the sqlite file's path."""
+    from fedpriv.atomic import write_atomic
+    from fedpriv.data.stackoverflow import VOCAB_FILE_NAME
+
+    words = ["how", "to", "sort", "a", "list", "in", "python", "i", "do", "it"]
+    rows = [(split, f"{split[0]}{u}", " ".join(words[(u + k) % 10] for k in range(3 + u % 4)))
+            for split, users in (("train", 12), ("test", 6)) for u in range(users) for _ in range(3)]
+    db = write_examples(Path(directory) / "stackoverflow.sqlite", rows, index=True)
+    write_atomic(Path(directory) / VOCAB_FILE_NAME, "".join(f"{w}\t{100 - i}\n" for i, w in enumerate(words)).encode())
+    return db

@@ -27,15 +27,8 @@ Generative model
   ``public_private_fraction`` (exactly, after rounding) is drawn uniformly from the private topics,
   the rest uniformly from the public-only topics; each carries its topic label.
 
-Bayes ceiling
--------------
-``ceiling_accuracy`` is the next-token accuracy on the test set of the predictor that knows every
-chain and the population topic prior ``π_k = Σ_u n_u θ_uk / Σ_u n_u`` (the exact marginal topic
-distribution of a test sentence) but not the user. At each position it forms the topic posterior
-``p(k | prefix) ∝ π_k Π_j P_k(t_{j+1} | t_j)`` and predicts ``argmax_w Σ_k p(k | prefix)
-P_k(w | t_i)`` over words only (EOS excluded, ties to the lowest id). As in the standard metric,
-positions whose target is pad, OOV or EOS are ignored, so the accuracy is the mean over test
-positions whose target is a word. Ignoring the user makes it the ceiling for a single global model.
+The Bayes ceiling and the other reference accuracies of the generated dataset are computed from the
+chains by its Bayes oracle, :mod:`fedpriv.data.synthetic_oracle`.
 """
 
 from __future__ import annotations
@@ -46,9 +39,10 @@ import math
 from typing import Literal
 
 import numpy as np
-import scipy.sparse as sp
 
 from fedpriv.data.federated import FederatedDataset, PublicCorpus, Vocabulary
+from fedpriv.data.synthetic_oracle import (TopicChains, bigram_bayes_accuracy, ceiling_accuracy,
+                                           oracle_topic_accuracy, scored_positions, unigram_accuracy)
 from fedpriv.errors import ConfigError
 from fedpriv.schema import Section, TextPipeline, in_unit_interval, nonnegative, positive, register_option
 
@@ -61,7 +55,7 @@ class SyntheticConfig:
     vocab_size: int = 3000
     num_topics: int = 20
     num_public_topics: int = 10
-    num_users: int = 3000
+    num_users: int = 10000
     mean_sentences: float = 25.0  # lognormal mean before rounding and clipping
     sentences_sigma: float = 1.0  # lognormal shape of sentences per user
     max_sentences_per_user: int = 256
@@ -81,24 +75,6 @@ class SyntheticConfig:
     mean_length: float = 14.0  # mean words per sentence before truncation to seq_len
     eos_concentration: float = 4.0  # Beta(c, c·(mean_length-1)) for the EOS probability
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class TopicChains:
-    """The topics' Markov chains in padded sparse form.
-
-    State index: 0 is BOS, ``w`` (1..V) is word ``w``. ``succ[t, s, j]`` is a successor token id
-    (a word or EOS) with probability ``prob[t, s, j]``; padding entries have id 0 and probability 0.
-    """
-
-    succ: np.ndarray  # int64 [T, V+1, M]
-    prob: np.ndarray  # float64 [T, V+1, M]
-    topic_words: np.ndarray  # int64 [T, topic_words]
-    vocab: Vocabulary
-
-    @property
-    def num_states(self) -> int:
-        return self.succ.shape[1]
 
 
 @dataclass(frozen=True)
@@ -124,8 +100,9 @@ def zipf_probs(vocab_size: int, exponent: float) -> np.ndarray:
     return p / p.sum()
 
 
-def _validate(cfg: SyntheticConfig) -> None:
-    """Raise ``ConfigError`` on a config the generator cannot honour."""
+def _validate(cfg: SyntheticConfig, path: str = "synthetic") -> None:
+    """Raise ``ConfigError`` on a config the generator cannot honour (the one validator of its
+    knobs: ``data.synthetic`` is checked here too, its keys named under ``path``)."""
     checks = [
         (cfg.seq_len >= 1, "seq_len must be >= 1"),
         (cfg.vocab_size >= 2, "vocab_size must be >= 2"),
@@ -142,11 +119,11 @@ def _validate(cfg: SyntheticConfig) -> None:
         (cfg.num_public >= 0, "num_public must be >= 0"),
         (0.0 <= cfg.public_private_fraction <= 1.0, "public_private_fraction must be in [0, 1]"),
         (cfg.num_public_topics > 0 or cfg.public_private_fraction == 1.0 or cfg.num_public == 0,
-         "public-only samples need num_public_topics >= 1"),
+         "num_public_topics must be >= 1 for public-only samples (public_private_fraction < 1)"),
         (1 <= cfg.min_successors <= cfg.max_successors <= cfg.vocab_size,
-         "need 1 <= min_successors <= max_successors <= vocab_size"),
+         "min_successors must satisfy 1 <= min_successors <= max_successors <= vocab_size"),
         (1 <= cfg.topic_words <= cfg.vocab_size, "topic_words must be in [1, vocab_size]"),
-        (0.0 <= cfg.shared_successor_fraction <= 1.0, "shared_successor_fraction in [0, 1]"),
+        (0.0 <= cfg.shared_successor_fraction <= 1.0, "shared_successor_fraction must be in [0, 1]"),
         (0.0 <= cfg.topic_bias <= 1.0, "topic_bias must be in [0, 1]"),
         (cfg.successor_concentration > 0, "successor_concentration must be > 0"),
         (cfg.user_concentration > 0, "user_concentration must be > 0"),
@@ -155,7 +132,7 @@ def _validate(cfg: SyntheticConfig) -> None:
     ]
     for ok, msg in checks:
         if not ok:
-            raise ConfigError(f"synthetic: {msg}")
+            raise ConfigError(f"{path}.{msg}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,144 +275,6 @@ def public_topics(cfg: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Ceiling
-
-
-def _states(tokens: np.ndarray, vocab: Vocabulary) -> np.ndarray:
-    """Chain state of each token: the word id for a word, 0 for anything else (BOS)."""
-    is_word = (tokens >= 1) & (tokens < vocab.oov_id)
-    return np.where(is_word, tokens, 0)
-
-
-def _transition_logprob(chains: TopicChains, topics: np.ndarray, states: np.ndarray,
-                        targets: np.ndarray) -> np.ndarray:
-    """``log P_t(target | state)`` for every topic ``t`` in ``topics`` and pair; ``[T', N]``."""
-    t_all, s_all, m = chains.succ.shape
-    width = chains.vocab.size
-    keys = ((np.arange(t_all)[:, None, None] * s_all + np.arange(s_all)[None, :, None]) * width
-            + chains.succ)
-    live = chains.prob > 0
-    keys, vals = keys[live], np.log(chains.prob[live])
-    order = np.argsort(keys, kind="stable")
-    keys, vals = keys[order], vals[order]
-    q = (topics[:, None] * s_all + states[None, :]) * width + targets[None, :]
-    pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
-    return np.where(keys[pos] == q, vals[pos], -np.inf)
-
-
-def topic_posteriors(chains: TopicChains, prior: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``p(k | prefix)`` for every row and position ``i`` (prefix = ``rows[:, :i+1]``); [N, L, K].
-
-    Only transitions into words count (later positions are never scored).
-    """
-    vocab = chains.vocab
-    k = len(prior)
-    prev, tgt = rows[:, :-1], rows[:, 1:]
-    is_word = (tgt >= 1) & (tgt < vocab.oov_id)
-    ll = np.zeros((k,) + tgt.shape)
-    flat = is_word.ravel()
-    ll.reshape(k, -1)[:, flat] = _transition_logprob(
-        chains, np.arange(k), _states(prev, vocab).ravel()[flat], tgt.ravel()[flat])
-    # Exclusive cumulative sum: the posterior at i conditions on transitions 0..i-1.
-    cum = np.zeros_like(ll)
-    np.cumsum(ll[:, :, :-1], axis=2, out=cum[:, :, 1:])
-    with np.errstate(divide="ignore"):
-        logp = np.log(prior)[:, None, None] + cum
-    logp -= logp.max(axis=0, keepdims=True)
-    post = np.exp(logp)
-    post /= post.sum(axis=0, keepdims=True)
-    return np.moveaxis(post, 0, 2)
-
-
-def predict_words(chains: TopicChains, states: np.ndarray, post: np.ndarray) -> np.ndarray:
-    """``argmax_w Σ_k post[n, k] P_k(w | states[n])`` over words (ties: lowest id)."""
-    k = post.shape[1]
-    succ, prob = chains.succ[:k], chains.prob[:k]
-    is_word = (succ >= 1) & (succ < chains.vocab.oov_id)
-    pred = np.zeros(len(states), dtype=np.int64)
-    order = np.argsort(states, kind="stable")
-    uniq, starts = np.unique(states[order], return_index=True)
-    bounds = np.append(starts, len(order))
-    for s, a, b in zip(uniq, bounds[:-1], bounds[1:]):
-        idx = order[a:b]
-        live = is_word[:, s]
-        words, inv = np.unique(succ[:, s][live], return_inverse=True)
-        table = np.zeros((k, len(words)))
-        table[np.nonzero(live)[0], inv] = prob[:, s][live]
-        pred[idx] = words[np.argmax(post[idx] @ table, axis=1)]
-    return pred
-
-
-def scored_positions(rows: np.ndarray, vocab: Vocabulary) -> np.ndarray:
-    """Mask ``[N, L]`` of positions the accuracy counts: the target ``rows[:, 1:]`` is a word."""
-    tgt = rows[:, 1:]
-    return ~np.isin(tgt, vocab.excluded_from_accuracy()) & (tgt != vocab.bos_id)
-
-
-def bayes_correct(chains: TopicChains, prior: np.ndarray, rows: np.ndarray) -> tuple[int, int]:
-    """(correct, scored) of the Bayes predictor on ``rows`` (see the module docstring)."""
-    mask = scored_positions(rows, chains.vocab)
-    post = topic_posteriors(chains, prior, rows)[mask]
-    pred = predict_words(chains, _states(rows[:, :-1], chains.vocab)[mask], post)
-    return int((pred == rows[:, 1:][mask]).sum()), int(mask.sum())
-
-
-def ceiling_accuracy(chains: TopicChains, prior: np.ndarray, rows: np.ndarray) -> float:
-    """Bayes-optimal next-word accuracy of a user-agnostic predictor on ``rows``."""
-    correct, total = bayes_correct(chains, prior, rows)
-    return correct / max(total, 1)
-
-
-def oracle_topic_accuracy(chains: TopicChains, rows: np.ndarray, topics: np.ndarray) -> float:
-    """Accuracy when the sentence's topic is known (an upper bound on ``ceiling_accuracy``)."""
-    mask = scored_positions(rows, chains.vocab)
-    k = int(topics.max()) + 1
-    onehot = np.eye(k)[np.broadcast_to(topics[:, None], mask.shape)[mask]]
-    pred = predict_words(chains, _states(rows[:, :-1], chains.vocab)[mask], onehot)
-    return float((pred == rows[:, 1:][mask]).mean()) if mask.any() else 0.0
-
-
-def expected_visits(chains: TopicChains, topics: int, seq_len: int) -> np.ndarray:
-    """``v[k, s]``: expected visits of state ``s`` at input positions ``0..seq_len-1`` under topic k."""
-    n = chains.num_states
-    visits = np.zeros((topics, n))
-    for k in range(topics):
-        word = (chains.succ[k] >= 1) & (chains.succ[k] < chains.vocab.oov_id)
-        rows = np.nonzero(word)[0]
-        step = sp.csr_matrix((chains.prob[k][word], (rows, chains.succ[k][word])), shape=(n, n))
-        d = np.zeros(n)
-        d[0] = 1.0
-        for _ in range(seq_len):
-            visits[k] += d
-            d = step.T @ d
-    return visits
-
-
-def bigram_bayes_accuracy(chains: TopicChains, prior: np.ndarray, rows: np.ndarray,
-                          seq_len: int) -> float:
-    """Accuracy of the best predictor that sees only the previous token.
-
-    It predicts ``argmax_w Σ_k π_k v_k(s) P_k(w | s)`` with ``v_k(s)`` the expected visits of
-    ``s`` as an input position under topic ``k`` (the exact population bigram).
-    """
-    mask = scored_positions(rows, chains.vocab)
-    weight = prior[:, None] * expected_visits(chains, len(prior), seq_len)
-    weight /= np.maximum(weight.sum(axis=0, keepdims=True), 1e-300)
-    states = _states(rows[:, :-1], chains.vocab)[mask]
-    pred = predict_words(chains, states, weight.T[states])
-    return float((pred == rows[:, 1:][mask]).mean()) if mask.any() else 0.0
-
-
-def unigram_accuracy(reference: np.ndarray, test: np.ndarray, vocab: Vocabulary) -> tuple[float, int]:
-    """Accuracy on ``test`` of always predicting ``reference``'s most frequent word, and that word
-    (the run publishes it with ``reference`` the public corpus: no training user's data)."""
-    words = reference[:, 1:][scored_positions(reference, vocab)]
-    top = int(np.argmax(np.bincount(words, minlength=vocab.size)))
-    mask = scored_positions(test, vocab)
-    return (float((test[:, 1:][mask] == top).mean()) if mask.any() else 0.0), top
-
-
-# ---------------------------------------------------------------------------------------------
 # Assembly
 
 REFERENCE_SOURCE = ("public by construction: the Bayes ceiling uses the generator's chains and topic prior (its "
@@ -516,25 +355,26 @@ def generate(cfg: SyntheticConfig | None = None) -> FederatedDataset:
 # --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
 
 
+_GENERATOR = SyntheticConfig()  # the one copy of the generator's defaults
+
+
 @dataclass
 class SyntheticParams(Section):
-    """``data.synthetic``: the embedded generator's knobs (fedpriv/data/synthetic.py)."""
+    """``data.synthetic``: the embedded generator's knobs (fedpriv/data/synthetic.py): their defaults
+    and checks are the generator's own (:class:`SyntheticConfig`)."""
 
-    vocab_size: int = 3000
-    num_users: int = 10000
-    num_topics: int = 20
-    num_public_topics: int = 10
-    mean_sentences: float = 25.0
-    max_sentences_per_user: int = 256
-    num_test: int = 4000
-    num_public: int = 20000
-    public_private_fraction: float = 0.2
+    vocab_size: int = _GENERATOR.vocab_size
+    num_users: int = _GENERATOR.num_users
+    num_topics: int = _GENERATOR.num_topics
+    num_public_topics: int = _GENERATOR.num_public_topics
+    mean_sentences: float = _GENERATOR.mean_sentences
+    max_sentences_per_user: int = _GENERATOR.max_sentences_per_user
+    num_test: int = _GENERATOR.num_test
+    num_public: int = _GENERATOR.num_public
+    public_private_fraction: float = _GENERATOR.public_private_fraction
 
     def check(self, path: str) -> None:
-        positive(self, "vocab_size", "num_users", "num_topics", "num_public_topics", "mean_sentences",
-                 "max_sentences_per_user", "num_test", path=path)
-        nonnegative(self, "num_public", path=path)
-        in_unit_interval(self, "public_private_fraction", path, open_left=False)
+        _validate(dataclasses.replace(_GENERATOR, **dataclasses.asdict(self)), path)
 
 
 @dataclass
@@ -543,10 +383,17 @@ class SyntheticData(TextPipeline):
     public_source: Literal["embedded", "c4", "text", "none"] = "embedded"
     synthetic: SyntheticParams = field(default_factory=SyntheticParams)
 
+    def example_overrides(self, directory) -> list[str]:
+        return [f"data.synthetic.{k}={v}" for k, v in (("num_users", 40), ("vocab_size", 300), ("num_test", 200),
+                                                         ("num_public", 200))]
+
     def load_words(self) -> FederatedDataset:
         """The generated corpus (before the text pipeline re-encodes it)."""
         return generate(SyntheticConfig(seq_len=self.seq_len, seed=self.seed, **dataclasses.asdict(self.synthetic)))
 
 
 register_option("data", "synthetic", SyntheticData())
+# a small corpus for tests and checks (+experiment=smoke selects it, as it selects model=lstm_tiny)
+register_option("data", "synthetic_tiny", SyntheticData(synthetic=SyntheticParams(num_users=40, vocab_size=300,
+                                                                                  num_test=200, num_public=200)))
 

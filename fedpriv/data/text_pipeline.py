@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from fedpriv import schema
 from fedpriv.data.federated import FederatedDataset, PublicCorpus, Vocabulary
 from fedpriv.errors import ConfigError
-from fedpriv.text.corpora import SOURCES, public_texts
+from fedpriv.schema import TextPipeline
+from fedpriv.text.corpora import public_texts
 from fedpriv.text.tokenizers import SentencePieceTokenizer, Tokenizer, WordTokenizer, encode_rows, rows_to_texts
-
-TOKENIZERS = ("word", "sentencepiece", "hf")
 
 
 class RetokenizedUsers(Sequence):
@@ -58,39 +58,35 @@ class RetokenizedUsers(Sequence):
         return rows
 
 
-def _public_corpus(data: FederatedDataset, cfg: Mapping[str, Any]) -> PublicCorpus | None:
-    source = cfg.get("public_source") or "embedded"
-    if source not in SOURCES:
-        raise ConfigError(f"unknown data.public_source {source!r} (choose one of: {', '.join(SOURCES)})")
-    if source == "none":
+def _public_corpus(data: FederatedDataset, spec: TextPipeline) -> PublicCorpus | None:
+    if spec.public_source == "none":
         return None
-    if source == "embedded":
+    if spec.public_source == "embedded":
         return data.public
     if data.vocab.words is None:
-        raise ConfigError(f"data.public_source={source} needs a dataset with a word vocabulary")
-    texts = public_texts(source, cfg.get("public_path"), int(cfg.get("public_max_sentences") or 20000),
-                         str(cfg.get("public_text_field") or "text"))
+        raise ConfigError(f"data.public_source={spec.public_source} needs a dataset with a word vocabulary")
+    texts = public_texts(spec.public_source, spec.public_path, spec.public_max_sentences, spec.public_text_field)
     rows, _ = encode_rows(WordTokenizer(data.vocab.words), texts, data.seq_len)
     return PublicCorpus(sentences=rows)
 
 
-def _subword_tokenizer(data: FederatedDataset, cfg: Mapping[str, Any]) -> Tokenizer:
+def _subword_tokenizer(data: FederatedDataset, spec: TextPipeline) -> Tokenizer:
     """``sentencepiece``: trained here on the public sentences; ``hf``: loaded from a local directory."""
-    if cfg.get("tokenizer") == "hf":
+    if spec.tokenizer == "hf":
         from fedpriv.text.hf_tokenizer import HFTokenizer
 
-        return HFTokenizer.load(cfg.get("tokenizer_path"))
+        return HFTokenizer.load(spec.tokenizer_path)
     if data.public is None:
         raise ConfigError("data.tokenizer=sentencepiece trains on the public corpus, and this run has none "
                           "(set data.public_source)")
-    return SentencePieceTokenizer.train(rows_to_texts(data.public.sentences, data.vocab),
-                                        int(cfg.get("sp_vocab_size") or 2000), str(cfg.get("sp_model_type") or "bpe"))
+    return SentencePieceTokenizer.train(rows_to_texts(data.public.sentences, data.vocab), spec.sp_vocab_size,
+                                        spec.sp_model_type)
 
 
-def _retokenize(data: FederatedDataset, cfg: Mapping[str, Any]) -> FederatedDataset:
+def _retokenize(data: FederatedDataset, spec: TextPipeline) -> FederatedDataset:
     """Every split re-encoded with a subword tokenizer into rows of ``sp_seq_len + 1`` ids."""
-    tok = _subword_tokenizer(data, cfg)
-    seq_len = int(cfg.get("sp_seq_len") or 2 * data.seq_len)
+    tok = _subword_tokenizer(data, spec)
+    seq_len = spec.sp_seq_len or 2 * data.seq_len
     vocab = Vocabulary(size=tok.size, bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id, oov_id=tok.oov_id)
     test, test_word_of = encode_rows(tok, rows_to_texts(data.test, data.vocab), seq_len)
     public = None
@@ -99,16 +95,15 @@ def _retokenize(data: FederatedDataset, cfg: Mapping[str, Any]) -> FederatedData
                                                             seq_len)[0])
     return replace(data, vocab=vocab, seq_len=seq_len, users=RetokenizedUsers(data.users, data.vocab, tok, seq_len),
                    test=test, test_word_of=test_word_of, public=public, tokenizer=tok,
-                   info={**data.info, "tokenizer": cfg.get("tokenizer"), "token_vocab_size": tok.size,
+                   info={**data.info, "tokenizer": spec.tokenizer, "token_vocab_size": tok.size,
                          "token_seq_len": seq_len})
 
 
-def apply_text_pipeline(data: FederatedDataset, cfg: Mapping[str, Any]) -> FederatedDataset:
-    """``data`` with its public corpus chosen and, for ``tokenizer=sentencepiece``, re-tokenized."""
-    data = replace(data, public=_public_corpus(data, cfg))
-    tokenizer = cfg.get("tokenizer") or "word"
-    if tokenizer not in TOKENIZERS:
-        raise ConfigError(f"unknown data.tokenizer {tokenizer!r} (choose one of: {', '.join(TOKENIZERS)})")
-    if tokenizer == "word":
-        return data
-    return _retokenize(data, cfg)
+def apply_text_pipeline(data: FederatedDataset, spec: TextPipeline | Mapping[str, Any]) -> FederatedDataset:
+    """``data`` with its public corpus chosen and, for ``tokenizer=sentencepiece``/``hf``, re-tokenized.
+    ``spec``: the typed data option (a mapping is checked and completed by the schema first: its
+    defaults are the ``data`` option its ``name`` selects, the default one when it names none)."""
+    if isinstance(spec, Mapping):
+        spec = schema.load("data", dict(spec))
+    data = replace(data, public=_public_corpus(data, spec))
+    return data if spec.tokenizer == "word" else _retokenize(data, spec)

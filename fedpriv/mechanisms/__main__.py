@@ -27,14 +27,35 @@ from fedpriv.accounting.tree import max_sensitivity_sq
 from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.blt import ERRORS, MAX_BUFFERS, optimize_auto
 from fedpriv.mechanisms.blt import optimize as optimize_blt
-from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.analysis import prefix_rmse
 from fedpriv.mechanisms.tree import TreeMechanism
 from fedpriv.console import OneLineParser as _Parser
+from fedpriv.errors import ConfigError
 from fedpriv.rundir import json_text
 
-CHOICES = ("gaussian", "tree", "tree-efficient", "bandmf", "blt")
 MAX_ROUNDS = 4096
+
+
+def choices() -> list[str]:
+    """Every registered mechanism, and ``tree-efficient`` (the tree with Honaker's estimator)."""
+    from fedpriv.schema import options
+
+    return sorted([*options("mechanism"), "tree-efficient"])
+
+
+def _registered_rmse(mechanism: str, rounds: int) -> float:
+    """A registered mechanism whose noise matrix M is square (a factorization ``M = C⁻¹``): the
+    single-participation sensitivity² is C's largest column norm²."""
+    from fedpriv.sampling import ParticipationBound
+    from fedpriv.schema import load
+
+    mech = load("mechanism", {"name": mechanism}).build(1.0, 1.0, rounds=rounds,
+                                                        sampler=ParticipationBound(participations=1, min_separation=0))
+    matrix = mech.matrix(rounds)
+    if matrix.shape[0] != matrix.shape[1]:
+        raise ConfigError(f"rmse of {mechanism} needs a square noise matrix (got {tuple(matrix.shape)})")
+    strategy = torch.linalg.inv(matrix)
+    return prefix_rmse(matrix, float(torch.linalg.vector_norm(strategy, dim=0).max() ** 2))
 
 
 def rmse(mechanism: str, rounds: int, bands: int | None = None, participations: int = 1,
@@ -46,8 +67,8 @@ def rmse(mechanism: str, rounds: int, bands: int | None = None, participations: 
         mech = BandMFMechanism(1.0, 1.0, rounds=rounds, bands=bands if bands is not None else rounds)
         sens_sq = float(torch.linalg.vector_norm(mech.strategy, dim=0).max() ** 2)
         return prefix_rmse(mech.matrix(rounds), sens_sq * participations)
-    if mechanism == "gaussian":
-        return prefix_rmse(GaussianMechanism(1.0, 1.0).matrix(rounds), 1.0)
+    if mechanism not in ("tree", "tree-efficient"):
+        return _registered_rmse(mechanism, rounds)
     estimator = "efficient" if mechanism == "tree-efficient" else "plain"
     matrix = TreeMechanism(1.0, 1.0, estimator=estimator).matrix(rounds)
     return prefix_rmse(matrix, max_sensitivity_sq(1, 0, rounds))
@@ -68,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _Parser(prog="python -m fedpriv.mechanisms", description="Noise mechanism analysis.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     cmd = sub.add_parser("rmse", help="prefix-sum RMSE at unit noise multiplier, single participation")
-    cmd.add_argument("--mechanism", choices=CHOICES, required=True)
+    cmd.add_argument("--mechanism", choices=choices(), required=True)
     cmd.add_argument("--rounds", type=int, required=True)
     cmd.add_argument("--bands", type=int, default=None, help="bandmf: bands b (default: rounds)")
     cmd.add_argument("--buffers", default="auto",
@@ -101,7 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         value, report = blt_rmse(args.rounds, buffers, k, sep, args.error)
         out.update(report, participations=k, min_separation=sep, error=args.error)
     else:
-        value = rmse(args.mechanism, args.rounds, args.bands, k, sep)
+        try:
+            value = rmse(args.mechanism, args.rounds, args.bands, k, sep)
+        except ConfigError as err:
+            parser.error(str(err))
     out["rmse"] = value
     if args.mechanism == "bandmf":
         out.update(bands=bands, participations=k, min_separation=sep)

@@ -317,6 +317,7 @@ class BandMFNoise(MechanismOption):
     """Banded matrix-factorization noise (sampling cyclic or cyclic_poisson)."""
 
     default_sampling: ClassVar[str] = CYCLIC_POISSON  # what sampling=auto picks for this mechanism
+    accounting_fields: ClassVar[tuple[str, ...]] = ("bands",)
     name: str = "bandmf"
     bands: int = 16
     strategy: Literal["auto", "general", "toeplitz"] = "auto"  # auto: toeplitz above 512 rounds

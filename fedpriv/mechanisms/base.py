@@ -10,8 +10,9 @@ matrix for small n (``matrix``), and the extra state of a correlated stream.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import dp_accounting
 import torch
@@ -55,9 +56,17 @@ def trivial_event(noise_multiplier: float, rounds: int) -> dp_accounting.DpEvent
     return None
 
 
-class NoiseMechanism:
+class NoiseMechanism(abc.ABC):
     """Round t's noise ``w_t = Σ_{j≤t} M[t, j] z_j`` with ``z_j ~ N(0, σ²C² I)`` the j-th draw of
-    the run's noise stream and ``M`` lower triangular (the identity for independent noise)."""
+    the run's noise stream and ``M`` lower triangular (the identity for independent noise).
+
+    The contract (what the run, the ledger, calibration and the calculators rely on): the noise of
+    round t (:meth:`noise`, from ``_residual``), the explicit ``M`` for small n (:meth:`matrix`),
+    the DpEvent of T rounds under a sampler — at its own σ, or at the σ it would have been built
+    with (``noise_multiplier=``, what calibration searches over) — with the relation it holds
+    under and any detail the event alone does not say, and its checkpoint. A sampler the
+    mechanism cannot account is a ``ConfigError`` from :meth:`neighboring_relation` and
+    :meth:`dp_event` (fail closed)."""
 
     name: ClassVar[str]
     independent_noise: ClassVar[bool] = False  # z_t independent across rounds (extra queries may draw more)
@@ -95,9 +104,26 @@ class NoiseMechanism:
     def _check_round(self, round_idx: int) -> None:
         """A mechanism planned for a number of rounds refuses the ones beyond it."""
 
+    @abc.abstractmethod
     def _residual(self, draw: Callable[[], torch.Tensor]) -> torch.Tensor:
         """``w_t`` from the stream's next draws (``draw()`` gives one ``z``); counts the round."""
-        raise NotImplementedError
+
+    @abc.abstractmethod
+    def matrix(self, rounds: int) -> torch.Tensor:
+        """``M`` (float64, ``rounds × draws``): round t's noise is ``σC · (M z)_t``."""
+
+    @abc.abstractmethod
+    def neighboring_relation(self, sampler) -> dp_accounting.NeighboringRelation:
+        """The relation :meth:`dp_event` holds under for ``sampler`` (``ConfigError`` if none)."""
+
+    @abc.abstractmethod
+    def dp_event(self, sampler, rounds: int, noise_multiplier: float | None = None) -> dp_accounting.DpEvent:
+        """The DpEvent of ``rounds`` rounds under ``sampler``, at this mechanism's σ, or at the σ
+        it would have if built with ``noise_multiplier`` (calibration searches over this)."""
+
+    @abc.abstractmethod
+    def accounting_details(self, sampler, rounds: int) -> dict[str, Any]:
+        """What privacy.json records beside the event (sensitivity computed, bounds used); {} if none."""
 
     def state_dict(self) -> dict:
         return {"name": self.name, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,

@@ -56,7 +56,7 @@ import torch
 from fedpriv.errors import ConfigError
 from fedpriv.optim.base import ServerOptimizerBase
 from fedpriv.queries import QueryPlan, RoundRelease
-from fedpriv.schema import Option, in_unit_interval, positive, register_option
+from fedpriv.schema import OptimizerOption, in_unit_interval, positive, register_option
 
 RULES = ("adam", "adagrad")
 VARIANTS = ("post", "bc", "ime", "stp", "noiseless")
@@ -200,7 +200,7 @@ ADAPTIVE_NAMES.update({f"{rule}_noiseless_precond": (rule, "noiseless") for rule
 
 
 @dataclass
-class AdamOptimizer(Option):
+class AdamOptimizer(OptimizerOption):
     """``adam``: DP-Adam on the privatized update (= dpadam_post)."""
 
     name: str = "adam"
@@ -243,8 +243,8 @@ class STPOptimizer(AdaptiveOptimizer):
         positive(self, "stp_eps", path=path)
 
 
-def _adaptive_options() -> dict[str, Option]:
-    out: dict[str, Option] = {"adam": AdamOptimizer()}
+def _adaptive_options() -> dict[str, OptimizerOption]:
+    out: dict[str, OptimizerOption] = {"adam": AdamOptimizer()}
     for rule, lr in (("adam", 0.01), ("adagrad", 0.1)):
         for variant in ("post", "bc", "ime"):
             out[f"dp{rule}_{variant}"] = AdaptiveOptimizer(name=f"dp{rule}_{variant}", lr=lr)

@@ -13,7 +13,7 @@ import torch
 from fedpriv.errors import ConfigError
 from fedpriv.optim.adaptive import ADAPTIVE_NAMES, DPAdaptive  # noqa: F401 (re-exported)
 from fedpriv.optim.base import ServerOptimizerBase
-from fedpriv.schema import Option, in_unit_interval, positive, register_option
+from fedpriv.schema import OptimizerOption, in_unit_interval, positive, register_option
 
 
 def cosine_factor(step: int, total_steps: int | None) -> float:
@@ -107,7 +107,7 @@ def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> Se
 
 
 @dataclass
-class SGDOptimizer(Option):
+class SGDOptimizer(OptimizerOption):
     """``θ ← θ + η_t Δ̄`` (fedpriv/optim/server.py)."""
 
     name: str = "sgd"
@@ -134,7 +134,7 @@ class MomentumOptimizer(SGDOptimizer):
 
 
 @dataclass
-class FTRLOptimizer(Option):
+class FTRLOptimizer(OptimizerOption):
     """DP-FTRL(M): θ_t = θ_0 + lr · m_t over the running sum of privatized updates."""
 
     name: str = "ftrl"

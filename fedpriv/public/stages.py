@@ -13,6 +13,7 @@ entry; tested). Hooks:
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,8 +23,9 @@ from fedpriv.public.midtrain import check_mid_training, mid_train
 from fedpriv.public.setup import PublicArtifacts, prepare_public
 
 
-class Stage:
-    """A public-data stage; every hook defaults to doing nothing."""
+class Stage(abc.ABC):  # noqa: B024 — every hook has a default: a stage overrides those it needs
+    """The contract of a public-data stage (the hooks of the module docstring); every hook
+    defaults to doing nothing."""
 
     def initial_params(self, params: torch.Tensor) -> torch.Tensor:
         return params
@@ -96,4 +98,8 @@ def build_stages(public_cfg: Mapping[str, Any], task, seed: int, rounds: int) ->
     corpus only when a stage uses them)."""
     check_mid_training(public_cfg, rounds)  # before the (costly) public artifacts
     artifacts = prepare_public(public_cfg, task, seed)
-    return [stage for build in BUILDERS if (stage := build(public_cfg, task, artifacts, seed, rounds)) is not None]
+    stages = [stage for build in BUILDERS if (stage := build(public_cfg, task, artifacts, seed, rounds)) is not None]
+    for stage in stages:
+        if not isinstance(stage, Stage):
+            raise TypeError(f"a registered public stage built {type(stage).__name__}, not a Stage")
+    return stages

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from fedpriv.errors import ConfigError
 
-SOURCES = ("embedded", "c4", "text", "none")
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\sa-z0-9]")

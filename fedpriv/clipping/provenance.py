@@ -1,0 +1,316 @@
+"""The per-sample provenance proof of Book-Keeping (:mod:`fedpriv.clipping.engine`): which rows of
+a hooked call belong to which sample, proven from autograd's graph, never guessed from a shape.
+
+What it proves, for every hooked module call of one step:
+
+1. *Provenance of the input* (:meth:`Provenance.batched`). A call's input is per sample if it is
+   the model's input or a view of it with the same dim 0, or a float tensor that autograd derives
+   from the model's input or from an earlier hooked call (the model's float inputs are given
+   ``requires_grad`` so that every computation on them is traced). It is *shared* by all samples if
+   it is computed from neither — a buffer, a frozen weight, position ids ``arange(T)`` — whatever
+   its dim 0 (a shared ``[T, d]`` tensor with T == B is not a batch). Anything else fails closed,
+   naming the module: a view of the input whose dim 0 is not the batch (flattened, transposed), a
+   batch-dependent tensor broadcast over dim 0 (stride 0), or a tensor that has the batch size in
+   dim 0 but no traceable link to the input. A shared call's output is returned with a new leading
+   batch dim (an ``expand`` view, which broadcasts exactly as the original did), so each sample
+   gets its own part of the gradient. Two declarations extend the proof where autograd cannot see:
+   :func:`computed_from` (a tensor computed without autograd from a per-sample source) and
+   :func:`flat_positions` (positions of a per-sample tensor flattened to rows); each is accepted
+   only if its source is itself proven per sample.
+2. *Separability of the loss* (:func:`separability_probe`, :func:`check_separable`). No sample's
+   loss depends on another sample's row of a hooked call's output: a second backward with random
+   per-sample weights must scale each row's output gradient by its own sample's weight. It runs on
+   an engine's first backward and whenever some hooked input has the batch size in another dim
+   too (:func:`ambiguous_batch_dim`), where a permutation of the batch with that dim keeps every
+   shape.
+
+Assumptions: dim 0 of the model's input is the batch; the model modifies neither its float inputs
+nor a hooked call's input in place; a module that declares :func:`computed_from` owns the claim's
+truth; views are recognised by their storage (a view of the input shares its storage); the model's
+structure does not change between backwards without an ambiguous batch dim (the separability check
+is then not repeated); and a dependence across samples smaller than the check's float32 tolerance
+(1e-3 relative, on per-row fingerprints) goes unnoticed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Protocol, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from fedpriv.clipping.rules import LayerRule
+from fedpriv.errors import ConfigError
+
+_SOURCE = "_fedpriv_computed_from"
+_POSITIONS = "_fedpriv_positions_of"
+
+
+class UnsupportedLayerError(ConfigError):
+    """The model has a trainable parameter BK cannot clip per sample (a ``ValueError``).
+
+    Raised by ``BookKeeping(...)`` for a parameter owned by an unsupported module type, and by
+    ``backward`` when a parameter is used outside a call of its module (functional use, a fused
+    kernel), which hooks cannot see; by the proof of this module where a call's rows cannot be
+    proven per sample. Never a silent pass.
+    """
+
+
+class RecordedCall(Protocol):
+    """What the proof reads of one recorded module call (the engine's ``_Call``)."""
+
+    path: str
+    module: nn.Module
+    input: Tensor
+    edge: Any  # torch.autograd.graph.GradientEdge of the output
+    rows: Optional[Tensor]  # a call on flattened positions: the sample of each input row
+
+
+def computed_from(value: Tensor, source: Tensor) -> Tensor:
+    """Declare that row i of ``value`` (a tensor a module computed without autograd, e.g. the
+    states of a recurrence run under ``torch.no_grad()``) depends only on row i of ``source``, a
+    tensor of the same forward. A hooked call on ``value`` is then per sample iff ``source`` is
+    (proven as for any input; otherwise the call fails closed). The declaring module owns the
+    claim's truth, and its back-propagation must carry all of ``value``'s effect on the loss
+    (``value`` gets no gradient). Returns ``value``."""
+    setattr(value, _SOURCE, source)
+    return value
+
+
+def flat_positions(x: Tensor, keep: Tensor) -> Tensor:
+    """``x[keep]``: the positions of a per-sample ``x`` [B, T, ...] where ``keep`` [B, T] is true,
+    flattened to [N, ...] (e.g. an LM's output layer run only on non-pad targets), declared so
+    that an attached engine attributes row n to sample ``keep.nonzero()[n, 0]``. A hooked call on
+    the result is clipped per sample as if it ran on all of ``x`` with zero output gradient at the
+    dropped positions (the same gradients). Accepted only if ``x`` is itself proven per sample;
+    a parameter used both on flattened positions and on batch rows in one step is refused (at
+    ``backward``)."""
+    if keep.shape != x.shape[:2] or keep.dtype != torch.bool:
+        raise ValueError(f"keep must be a bool mask of shape {tuple(x.shape[:2])}, got {keep.dtype} "
+                         f"{tuple(keep.shape)}")
+    flat = x[keep]
+    setattr(flat, _POSITIONS, (x, torch.nonzero(keep)[:, 0]))
+    return flat
+
+
+class Provenance:
+    """What the forwards since the last reset have proven per sample (see the module docstring).
+
+    ``batch``: the batch size, fixed by the model's first tensor argument (:meth:`set_batch`);
+    ``index_ndim``: the dims of that argument if it holds indices. The model's tensor inputs
+    (:meth:`trace_input`) and the outputs of hooked calls (:meth:`add_output`) are the sources of
+    per-sample provenance; :meth:`batched` and :meth:`positions` prove a call's input from them.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every forward (the next one starts a new batch)."""
+        self.batch: Optional[int] = None
+        self.index_ndim: Optional[int] = None
+        self.roots: list[Tensor] = []  # the model's tensor inputs in this forward (views of them are per sample)
+        self.sources: set[Any] = set()  # autograd nodes whose values are per sample (call outputs, inputs)
+        self.root_leaves: set[int] = set()  # ids of the model's float inputs that are autograd leaves
+        self.shared_storages: set[int] = set()  # storages of shared calls' (expanded) outputs
+
+    def set_batch(self, x: Tensor) -> None:
+        """The model's first tensor argument ``x`` fixes the batch size (batch-first), and the dims
+        of an index input (a hooked layer with an index input sees at least as many)."""
+        self.batch = x.shape[0]
+        if not (x.is_floating_point() or x.is_complex()):
+            self.index_ndim = x.dim()
+
+    def trace_input(self, value: Any) -> Any:
+        """Make one of the model's arguments a source of per-sample provenance: a float tensor that
+        does not require grad is replaced by a leaf that does, so autograd traces every computation
+        on it. Returns the argument to pass on."""
+        if not isinstance(value, Tensor) or value.dim() == 0:
+            return value
+        if value.is_floating_point() and not value.requires_grad:
+            value = value.detach().requires_grad_(True)
+        self.roots.append(value)
+        if value.requires_grad:
+            if value.grad_fn is None:
+                self.root_leaves.add(id(value))
+            else:
+                self.sources.add(value.grad_fn)
+        return value
+
+    def add_output(self, output: Tensor) -> None:
+        """A hooked call's (per-sample) output: what autograd derives from it is per sample."""
+        self.sources.add(output.grad_fn)
+
+    def expand_shared(self, x: Tensor, output: Tensor) -> tuple[Tensor, Tensor]:
+        """A shared call's input and output with a new leading batch dim (``expand`` views); the
+        output's storage is remembered, so a later call on it is not taken for a broadcast batch."""
+        x = x.unsqueeze(0).expand((self.batch,) + tuple(x.shape))
+        output = output.unsqueeze(0).expand((self.batch,) + tuple(output.shape))
+        self.shared_storages.add(output.untyped_storage().data_ptr())
+        return x, output
+
+    def positions(self, path: str, module: nn.Module, x: Tensor) -> Optional[Tensor]:
+        """The sample of each row of ``x`` if :func:`flat_positions` made it (else None); raise
+        :class:`UnsupportedLayerError` if the tensor it flattened is not proven per sample."""
+        declared = getattr(x, _POSITIONS, None)
+        if declared is None:
+            return None
+        source, rows = declared
+        batch = self.batch
+        if batch is None or not (source.dim() >= 2 and source.shape[0] == batch and rows.shape == (x.shape[0],)
+                                 and not (batch > 1 and source.stride(0) == 0)
+                                 and (any(source is r for r in self.roots) or self.derived_from_batch(source))):
+            raise UnsupportedLayerError(
+                f"{path} ({type(module).__name__}): its input {tuple(x.shape)} holds flattened positions of a tensor "
+                f"that is not derived from the batch of {batch} in dim 0")
+        return rows
+
+    def batched(self, path: str, rule: LayerRule, module: nn.Module, x: Tensor) -> bool:
+        """Whether a call's input is per sample (dim 0 the batch) or shared by all samples; raise
+        :class:`UnsupportedLayerError` where neither can be proven (see the module docstring)."""
+        where = f"{path} ({type(module).__name__})"
+        batch = self.batch
+        if batch is None:
+            raise UnsupportedLayerError(f"{where} was called before the model itself: call the model (batch-first) so "
+                                        "BookKeeping knows the batch")
+        shape = tuple(x.shape)
+        storage = x.untyped_storage().data_ptr() if x.numel() else None
+        root = next((r for r in self.roots if r.numel() and r.untyped_storage().data_ptr() == storage), None)
+        if root is not None:  # the model's input, or a view of it
+            if (x.dim() >= rule.min_batched_ndim(module) and x.shape[0] == root.shape[0] == batch
+                    and x.stride(0) == root.stride(0) and not (rule.index_input and x.dim() < (self.index_ndim or 0))):
+                return True
+            raise UnsupportedLayerError(
+                f"{where}: its input {shape} is a view of the model's input whose dim 0 is not the batch of {batch} "
+                "(flattened or transposed?); keep the batch in dim 0 before every hooked layer")
+        source = getattr(x, _SOURCE, None)
+        if source is not None:  # declared by a module: computed without autograd from ``source``
+            if x.shape[0] != batch or x.dim() < rule.min_batched_ndim(module) or not (
+                    isinstance(source, Tensor) and source.dim() and source.shape[0] == batch
+                    and (any(source is r for r in self.roots) or self.derived_from_batch(source))):
+                raise UnsupportedLayerError(
+                    f"{where}: its input {shape} is declared computed from a per-sample tensor, but that tensor "
+                    f"is not derived from the batch of {batch} in dim 0")
+            return True
+        if x.is_floating_point() and self.derived_from_batch(x):
+            if x.dim() < rule.min_batched_ndim(module) or x.shape[0] != batch:
+                raise UnsupportedLayerError(
+                    f"{where}: its input {shape} is computed from the batch but its dim 0 is not the batch of {batch} "
+                    "(flattened or transposed?); keep the batch in dim 0 before every hooked layer")
+            if batch > 1 and x.stride(0) == 0 and storage not in self.shared_storages:
+                raise UnsupportedLayerError(
+                    f"{where}: its input {shape} is one batch-dependent tensor broadcast over dim 0 (stride 0), so its "
+                    "rows are not per sample; per-sample clipping needs each sample's own input")
+            return True
+        if x.grad_fn is None and (storage in self.constant_storages() or x.dim() < rule.min_batched_ndim(module)
+                                  or (rule.index_input and x.dim() < (self.index_ndim or 0)) or x.shape[0] != batch):
+            return False  # a buffer, a frozen weight or a batch-free tensor: the same for every sample
+        if x.grad_fn is not None:
+            return False  # computed with autograd from neither the input nor a hooked call: a constant
+        raise UnsupportedLayerError(
+            f"{where}: cannot prove that dim 0 of its input {shape} is the batch: it is not the model's input or a "
+            f"view of it, autograd does not derive it from the input, and its dim 0 has the batch size {batch}; pass "
+            "per-sample data to the model itself, and give a tensor shared by all samples no batch dim (e.g. "
+            "positions as arange(T), not expanded to [B, T])")
+
+    def derived_from_batch(self, x: Tensor) -> bool:
+        """Whether autograd derives ``x`` from the model's input or an earlier hooked call's output."""
+        stack, seen = [x.grad_fn], set()
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            if node in self.sources:
+                return True
+            seen.add(node)
+            var = getattr(node, "variable", None)
+            if var is not None:
+                if id(var) in self.root_leaves:
+                    return True
+                continue
+            stack.extend(fn for fn, _ in node.next_functions)
+        return False
+
+    def constant_storages(self) -> set[int]:
+        """Storages of the model's buffers and frozen parameters (the same for every sample)."""
+        return {t.untyped_storage().data_ptr() for t in self.model.buffers() if t.numel()} | \
+            {p.untyped_storage().data_ptr() for p in self.model.parameters() if not p.requires_grad and p.numel()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Separability of the loss
+
+
+def ambiguous_batch_dim(calls: Sequence[RecordedCall], batch: int) -> bool:
+    """Whether some hooked input has the batch size in a dim other than 0 (where a transpose of the
+    batch with that dim would keep every shape)."""
+    return any(batch in tuple(c.input.shape[1:]) for c in calls)
+
+
+def separability_probe(loss: Tensor, calls: Sequence[RecordedCall]
+                       ) -> tuple[Tensor, list[Optional[tuple[Tensor, Tensor]]]]:
+    """The weighted backward of :func:`check_separable`, run first (graph retained) and kept
+    only as per-row fingerprints (with the projection directions, reused for the unweighted
+    gradient), so the check holds at most one set of output gradients."""
+    weights = torch.rand(loss.shape[0], generator=torch.Generator().manual_seed(0x5EED),
+                         dtype=loss.dtype).to(loss.device) + 0.5
+    probe = list(torch.autograd.grad((loss * weights).sum(), [c.edge for c in calls], allow_unused=True,
+                                     retain_graph=True))
+    prints: list[Optional[tuple[Tensor, Tensor]]] = []
+    for k in range(len(probe)):
+        g, probe[k] = probe[k], None  # each gradient freed once fingerprinted
+        if g is None:
+            prints.append(None)
+        else:
+            directions = _directions(g)
+            prints.append((_fingerprint(g, directions), directions))
+    return weights, prints
+
+
+def check_separable(calls: Sequence[RecordedCall], grads: Sequence[Optional[Tensor]], weights: Tensor,
+                    probe: list[Optional[tuple[Tensor, Tensor]]]) -> None:
+    """Fail if any sample's loss depends on another sample's row of a hooked call's output.
+
+    Per-sample clipping attributes row i of every call to sample i, which holds iff
+    ∂ℓ_j/∂y[i] = 0 for j ≠ i. Then for any weights w, ∂(Σ_j w_j ℓ_j)/∂y[i] = w_i ∂(Σ_j ℓ_j)/∂y[i]
+    row by row; with random w, any dependence across samples (a transpose of the batch, a
+    cumulative sum or mean over it) breaks that equality. ``grads`` are the unweighted output
+    gradients, ``weights`` and ``probe`` what :func:`separability_probe` returned: one extra
+    backward, which the engine runs on its first backward and whenever a layer input has the batch
+    size in another dim too (:func:`ambiguous_batch_dim`). Rows are compared
+    through :func:`_fingerprint` (squared norm and random projections, linear in the row up to
+    the norm); dependence smaller than the float32 tolerance (1e-3 relative) goes unnoticed."""
+    for call, full, weighted in zip(calls, grads, probe):
+        if full is None and weighted is None:
+            continue
+        if full is None or weighted is None:
+            mismatch = True
+        else:
+            weighted, directions = weighted
+            w = weights if call.rows is None else weights[call.rows]  # a flattened position's sample's
+            expected = _fingerprint(full, directions)
+            expected[:, 0] *= w * w  # squared norms scale by w²
+            expected[:, 1:] *= w.unsqueeze(1)
+            scale = expected.norm(dim=0) + weighted.norm(dim=0)  # per statistic, over the rows
+            mismatch = bool(((weighted - expected).norm(dim=0) > 1e-3 * scale + 1e-12).any())
+        if mismatch:
+            raise UnsupportedLayerError(
+                f"{call.path} ({type(call.module).__name__}): a sample's loss depends on other samples' rows of "
+                "this layer's output, so dim 0 of its input is not the batch (transposed, reshaped or mixed "
+                "across samples); per-sample clipping needs the batch in dim 0 and no mixing of samples")
+
+
+def _directions(g: Tensor, projections: int = 3) -> Tensor:
+    """``projections`` random directions (fixed seed) in the row space of ``g`` [B, ...]."""
+    return torch.randn(math.prod(g.shape[1:]), projections, generator=torch.Generator().manual_seed(0xF1A9),
+                       dtype=g.dtype).to(g.device)
+
+
+def _fingerprint(g: Tensor, directions: Tensor) -> Tensor:
+    """Per row of ``g`` [B, ...]: its squared norm and its projections on ``directions`` (the same
+    for both gradients of one call), [B, 1 + projections], float64."""
+    rows = g.reshape(g.shape[0], math.prod(g.shape[1:]))
+    squares = torch.linalg.vector_norm(rows, dim=1, keepdim=True).pow(2)  # no [B, N] temporary
+    return torch.cat([squares, rows @ directions], 1).double()
