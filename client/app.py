@@ -18,7 +18,7 @@ from flwr.clientapp import ClientApp
 from fedpriv.codec import decode, train_reply_content
 from fedpriv.config import client_diagnostics_enabled, resolve_config
 from fedpriv.randomness import ClientRandomness
-from fedpriv.runner import client_updates
+from fedpriv.clients import client_updates
 from fedpriv.task import load_task
 
 

@@ -18,7 +18,7 @@ import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from torch import nn
@@ -27,10 +27,8 @@ from fedpriv import schema
 from fedpriv.clipping import BookKeeping
 from fedpriv.cohort import CohortClipper, CohortSum
 from fedpriv.local_dp import resolve_example_dp
+from fedpriv.replies import RoundInputs
 from fedpriv.training import LocalConfig
-
-if TYPE_CHECKING:
-    from fedpriv.runner import RunSession
 
 
 class PooledExamples(Sequence):
@@ -46,7 +44,7 @@ class PooledExamples(Sequence):
         return self.rows[i:i + 1]
 
 
-BatchedRound = Callable[[int, np.ndarray], CohortSum]
+BatchedRound = Callable[[RoundInputs], CohortSum]
 
 
 class Algorithm:
@@ -75,9 +73,11 @@ class Algorithm:
         """The per-sample clipping engine hooked on the clients' model, if the local steps need one."""
         return None
 
-    def batched_round(self, session: RunSession) -> BatchedRound | None:
-        """An in-process round computing the cohort's clipped sum in one batched pass, or None
-        (then each unit's delta is computed by a client and clipped by the aggregator)."""
+    def batched_round(self, model: nn.Module, local: LocalConfig, pad_id: int,
+                      units: Sequence[np.ndarray]) -> BatchedRound | None:
+        """An in-process round computing the cohort's clipped sum in one batched pass over
+        ``units`` with (a copy of) ``model``, or None (then each unit's delta is computed by a
+        client and clipped by the aggregator)."""
         return None
 
 
@@ -91,7 +91,7 @@ class ExampleLevelFedAvg(FedAvg):
 
     def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
         local = super().local_config(client, rounds, accountant)
-        return dataclasses.replace(local, dp=resolve_example_dp(dataclasses.asdict(client), rounds, accountant))
+        return dataclasses.replace(local, dp=resolve_example_dp(client, rounds, accountant))
 
     def client_engine(self, model: nn.Module, local: LocalConfig) -> BookKeeping | None:
         dp = local.dp
@@ -112,17 +112,20 @@ class FedSGD(Algorithm):
     def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
         return LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client.lr), max_steps=1)
 
-    def batched_round(self, session: RunSession) -> BatchedRound | None:
+    def batched_round(self, model: nn.Module, local: LocalConfig, pad_id: int,
+                      units: Sequence[np.ndarray]) -> BatchedRound | None:
         if not self._one_pass:
             return None
-        task = session.task
-        clipper = CohortClipper(copy.deepcopy(task.client_model), session.server.clip_norm, task.local.lr,
-                                task.data.vocab.pad_id, mode=self.spec.clipping_mode, max_rows=self.spec.max_rows)
+        replica = copy.deepcopy(model)
+        clipper: CohortClipper | None = None
 
-        def round_fn(round_idx: int, cohort: np.ndarray) -> CohortSum:
-            del round_idx  # one full-batch step: no data order to seed
-            clipper.set_clip_norm(session.server.clip_norm)  # this round's bound (adaptive clipping: C_t)
-            return clipper.clipped_sum(session.server.params, cohort, lambda u: task.units[u])
+        def round_fn(inputs: RoundInputs) -> CohortSum:  # one full-batch step: no data order to seed
+            nonlocal clipper
+            if clipper is None:
+                clipper = CohortClipper(replica, inputs.clip_norm, local.lr, pad_id, mode=self.spec.clipping_mode,
+                                        max_rows=self.spec.max_rows)
+            clipper.set_clip_norm(inputs.clip_norm)  # this round's bound (adaptive clipping: C_t)
+            return clipper.clipped_sum(inputs.params, inputs.cohort, lambda u: units[u])
 
         return round_fn
 
@@ -186,6 +189,6 @@ schema.register_option("algorithm", "dp_fedsgd", FedSGDOption())
 schema.register_option("algorithm", "dpsgd", DPSGDOption())
 
 
-def build_algorithm(cfg: dict[str, Any]) -> Algorithm:
-    """The algorithm of a run config (``cfg["algorithm"]``, with ``client.dp`` for example-level DP)."""
-    return schema.load("algorithm", cfg["algorithm"]).build(schema.load(schema.Client, cfg["client"], "client"))
+def build_algorithm(spec: schema.RunConfig) -> Algorithm:
+    """The algorithm of a run (its ``algorithm`` option, with ``client.dp`` for example-level DP)."""
+    return spec.algorithm.build(spec.client)

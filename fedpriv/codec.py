@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-from fedpriv.dpfedavg import ClientUpdate
+from fedpriv.replies import ClientUpdate
 
 STYPE = "fedpriv.raw"
 

@@ -4,6 +4,7 @@ line, exit 2) before anything is written; the per-field checks live with the typ
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from fedpriv.devices import resolve_device
@@ -23,6 +24,12 @@ def resolve_config(cfg: dict) -> dict:
     privacy = cfg.setdefault("privacy", {})
     privacy["secure_rng"] = resolve_secure(cfg)
     return cfg
+
+
+def resolved(spec: RunConfig, cfg: dict) -> RunConfig:
+    """``spec`` with the values :func:`resolve_config` resolved in ``cfg`` (no second parse)."""
+    return dataclasses.replace(spec, sampling=cfg["sampling"],
+                               privacy=dataclasses.replace(spec.privacy, secure_rng=cfg["privacy"]["secure_rng"]))
 
 
 def diagnostics_enabled(cfg: dict) -> bool:

@@ -12,6 +12,9 @@ import logging
 import sys
 from typing import NoReturn
 
+from fedpriv.errors import DamagedFileError
+from fedpriv.rundir import RunDirectory
+
 EXIT_BAD_INPUT = 2  # every CLI's exit status for bad input
 
 
@@ -49,3 +52,82 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         fail(message)
+
+
+# --- what the run CLIs (fedpriv.simulate, server.deploy) print ------------------------------------
+
+def interrupted_message(run: RunDirectory, overrides: list[str]) -> str:
+    """The one line the CLI prints when a run is interrupted (Ctrl-C): the round the run
+    directory's checkpoint holds — what ``resume=true`` continues from; the work of an unfinished
+    round is lost — and the command that resumes it (``overrides``: the run's command-line
+    overrides, whose ``resume`` and ``run_dir`` it replaces)."""
+    import shlex
+
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("resume", "run_dir")]
+    command = " ".join(["python -m fedpriv.simulate", *map(shlex.quote, kept)])
+    where = f"run_dir={shlex.quote(str(run.path))}"
+    try:
+        checkpoint = run.load_checkpoint()
+        started = checkpoint is not None or run.read_config() is not None
+    except DamagedFileError as err:
+        return f"error: interrupted; {err}"
+    if checkpoint is not None:
+        total = (checkpoint.get("config") or {}).get("rounds", "?")
+        return (f"error: interrupted; the last checkpoint is after round {checkpoint['round']} of {total}: "
+                f"resume from it with: {command} resume=true {where}")
+    if started:  # training had started (config.yaml is written): resume=true starts it again
+        return f"error: interrupted before the first checkpoint: start again with: {command} resume=true {where}"
+    return f"error: interrupted before training started: start again with: {command} {where}"
+
+
+def mode_text(privacy: dict) -> str:
+    """What every printed epsilon line says about the randomness behind it."""
+    randomness = privacy.get("randomness") or {}
+    from fedpriv.randomness import RESEARCH_NOTE, mode_label
+
+    return f"{mode_label(randomness)} mode: {randomness.get('note', RESEARCH_NOTE)}"
+
+
+def format_result(summary: dict) -> str:
+    """The lines the CLI prints at the end of a run; every epsilon line names the mode."""
+    import math
+
+    from fedpriv.audit.report import headline as audit_headline
+
+    eps = summary["privacy"]["epsilon"]
+    reason = summary["privacy"].get("non_private_reason")
+    eps_text = (f"inf (non-private{': ' + reason if reason else ''})"
+                if eps is None or (isinstance(eps, float) and math.isinf(eps)) else f"{eps:.4g}")
+    mode = mode_text(summary["privacy"])
+    ceiling = summary.get("ceiling_accuracy")
+    ceiling_text = f" (Bayes ceiling {ceiling:.4f})" if ceiling else ""
+    final = summary["final"]
+    accuracy = (f"final next-word accuracy {final['word_accuracy']:.4f}{ceiling_text}, "
+                f"next-token accuracy {final['accuracy']:.4f}" if "word_accuracy" in final
+                else f"final accuracy {final['accuracy']:.4f}{ceiling_text}")
+    return (f"{accuracy}, loss {final['loss']:.4f}\n"
+            f"{summary.get('privacy_unit', 'user')}-level epsilon {eps_text} at delta {summary['privacy']['delta']:g} "
+            f"({summary['privacy']['accountant']}, {summary['privacy']['neighboring_relation']}), "
+            f"noise multiplier {summary['privacy']['noise_multiplier']:.4g}, {_rounds_text(summary['rounds'])} "
+            f"[{mode}]{_example_line(summary, mode)}"
+            + (f"\n{audit_headline(summary['audit'])}" if "audit" in summary else ""))
+
+
+def _rounds_text(rounds: int) -> str:
+    """``1 round``, ``3 rounds``."""
+    return f"{rounds} round{'' if rounds == 1 else 's'}"
+
+
+def _example_line(summary: dict, mode: str) -> str:
+    ex = summary.get("example_privacy")
+    if not ex:
+        return ""
+    eps = "inf" if ex["epsilon"] is None else f"{ex['epsilon']:.4g}"
+    return (f"\nexample-level epsilon on clients {eps} at delta {ex['delta']:g} "
+            f"({ex['accountant']}, add_or_remove_one example), noise multiplier {ex['noise_multiplier']:.4g}, "
+            f"every client assumed in every round"
+            f"{_again_text(ex.get('rounds_asked_again_after_an_interruption', 0))} [{mode}]")
+
+
+def _again_text(again: int) -> str:
+    return f", {again} round(s) charged twice (asked again after an interruption)" if again else ""

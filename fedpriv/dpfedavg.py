@@ -15,50 +15,17 @@ pre-clip-scaled plan, ``s_t``, computed from earlier releases only. An audited r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
 from fedpriv.adaptive_clipping import AdaptiveClip
 from fedpriv.aggregation import RoundAggregate
-from fedpriv.cohort import CohortSum
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import Mechanism
 from fedpriv.optim.server import ServerOptimizer
 from fedpriv.queries import privatize
+from fedpriv.replies import Replies, RoundInputs
 from fedpriv.sampling import Sampler
-
-
-@dataclass
-class ClientUpdate:
-    """What one client sent back; ``delta=None`` marks a malformed reply."""
-
-    user: int
-    delta: torch.Tensor | None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class ClientReplies:
-    """The replies of a round's clients (what the grid returned), added in user order so the sum
-    does not depend on arrival order. Users of the cohort with no reply count as dropped; replies
-    from users outside the cohort, duplicates and malformed ones are rejected."""
-
-    def __init__(self, updates: list[ClientUpdate]) -> None:
-        self.updates = list(updates)
-
-    def add_to(self, agg: RoundAggregate, expected: set[int], round_idx: int) -> tuple[set[int], list[float]]:
-        seen: set[int] = set()
-        for update in sorted(self.updates, key=lambda u: u.user):
-            if update.user not in expected or update.user in seen:
-                agg.rejected += 1
-                continue
-            seen.add(update.user)  # it replied: a malformed reply is rejected, not dropped
-            if update.delta is None:
-                agg.rejected += 1
-            else:
-                agg.add(update.delta)
-        return seen, [u.metrics["train_loss"] for u in self.updates if "train_loss" in u.metrics]
 
 
 class DPFedAvg:
@@ -113,14 +80,17 @@ class DPFedAvg:
     def cohort(self, round_idx: int) -> np.ndarray:
         return self.sampler.sample(round_idx)
 
-    def apply_round(self, round_idx: int, cohort: np.ndarray, updates: list[ClientUpdate] | CohortSum,
-                    diagnostics: bool = False) -> tuple[dict[str, float], dict[str, float]]:
-        """Aggregate ``updates`` (from users of ``cohort``) into one privatized server step.
+    def round_inputs(self, round_idx: int, cohort: np.ndarray) -> RoundInputs:
+        """What round ``round_idx``'s clients (or its one-pass sum) are given: the cohort, the
+        current parameters and the round's clip bound (C_t, from earlier releases only)."""
+        return RoundInputs(round_idx, cohort, self.params, self.clip_norm)
 
-        Updates are summed in user order so the result does not depend on arrival order.
-        Users of the cohort with no reply count as dropped; replies from users outside the
-        cohort or duplicates are rejected. A :class:`CohortSum` (the one-pass path) is a sum
-        already clipped to C per user; it must cover exactly the cohort.
+    def apply_round(self, round_idx: int, cohort: np.ndarray, replies: Replies,
+                    diagnostics: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+        """Aggregate ``replies`` (from users of ``cohort``: :class:`~fedpriv.replies.ClientReplies`,
+        summed in user order with the cohort's missing users dropped and foreign, duplicate or
+        malformed replies rejected; or a :class:`~fedpriv.cohort.CohortSum`, a sum already clipped
+        to C per user covering exactly the cohort) into one privatized server step.
 
         Returns ``(released, diagnostics)``: ``released`` holds only quantities computed from the
         privatized release (covered by the ledger: the adaptive optimizers' ``v_negative_fraction``);
@@ -132,7 +102,6 @@ class DPFedAvg:
         scale = opt.pre_clip_scale() if plan.pre_clip_scale else None  # from earlier releases only
         agg = RoundAggregate.zeros(self.params.numel(), self.clip_norm, squares=plan.squares, scale=scale)
         expected = {int(u) for u in cohort}
-        replies = updates if isinstance(updates, CohortSum) else ClientReplies(updates)
         seen, losses = replies.add_to(agg, expected, round_idx)
         if self.canaries is not None:
             self.canaries.add_to(agg, round_idx)

@@ -66,10 +66,12 @@ def example_event(rate: float, noise_multiplier: float, steps: int) -> dp_accoun
         dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(noise_multiplier)), steps)
 
 
-def resolve_example_dp(client: Mapping[str, Any], rounds: int, accountant: str = "rdp") -> ExampleDP | None:
+def resolve_example_dp(client: schema.Client | Mapping[str, Any], rounds: int,
+                       accountant: str = "rdp") -> ExampleDP | None:
     """``client.example`` as an :class:`ExampleDP` (σ_e calibrated when not given); None when
-    ``client.dp`` is ``none``. Raises ``ConfigError`` for bad values."""
-    spec = schema.load(schema.Client, client, "client")  # types and ranges checked there
+    ``client.dp`` is ``none``. ``client``: the typed section (a mapping is checked by the schema
+    first). Raises ``ConfigError`` for bad values."""
+    spec = client if isinstance(client, schema.Client) else schema.load(schema.Client, client, "client")
     if spec.dp == "none":
         return None
     ex = spec.example

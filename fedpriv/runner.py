@@ -14,9 +14,7 @@ republishes from the checkpoint whatever the crash kept from being written.
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,47 +24,42 @@ from tqdm import tqdm
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.adaptive_clipping import build_adaptive_clip
-from fedpriv.audit.report import headline as audit_headline
 from fedpriv.audit.run import audit_label, build_canaries, finish_audit
-from fedpriv.cohort import CohortSum  # noqa: F401 (RoundFn)
-from fedpriv.config import diagnostics_enabled, resolve_config, validate, validate_against_data
-from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
+from fedpriv.config import diagnostics_enabled, resolve_config, resolved, validate, validate_against_data
+from fedpriv.dpfedavg import DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
-from fedpriv.mechanisms import Mechanism, build_mechanism
+from fedpriv.mechanisms import Mechanism
 from fedpriv.metrics import evaluate
 from fedpriv.models import set_flat_params
-from fedpriv.optim import build_server_optimizer
 from fedpriv.observe import RoundObserver, check_observability
 from fedpriv.public.stages import Stage, build_stages
-from fedpriv.randomness import RESEARCH_NOTE, ClientRandomness, RunRandomness, mode_label, research_key
+from fedpriv.randomness import RunRandomness, mode_label, research_key
+from fedpriv.replies import RoundFn
 from fedpriv.research_key import canonical_config
 from fedpriv.rundir import CHECKPOINT_FORMAT, RunDirectory
-from fedpriv.schema import Privacy, load
+from fedpriv.schema import RunConfig
 from fedpriv.sampling import make_sampler
 from fedpriv.task import Task, load_task
-from fedpriv.training import local_update
 
 
 log = logging.getLogger(__name__)
 
-RoundFn = Callable[[int, np.ndarray], "list[ClientUpdate] | CohortSum"]
-
-
-def _noise_multiplier(cfg: dict, mechanism: Mechanism, sampler) -> float:
-    privacy = cfg["privacy"]
-    if privacy.get("noise_multiplier") is not None:
-        return float(privacy["noise_multiplier"])
+def _noise_multiplier(spec: RunConfig, mechanism: Mechanism, sampler) -> float:
+    """σ: the config's, or calibrated to its target ε over the mechanism's own DpEvent."""
+    privacy = spec.privacy
+    if privacy.noise_multiplier is not None:
+        return float(privacy.noise_multiplier)
     return calibrate_noise_multiplier(
-        lambda s: mechanism.dp_event(sampler, cfg["rounds"], noise_multiplier=s),
-        privacy["target_epsilon"], privacy["delta"], privacy["accountant"],
-        mechanism.neighboring_relation(sampler))
+        lambda s: mechanism.dp_event(sampler, spec.rounds, noise_multiplier=s),
+        privacy.target_epsilon, privacy.delta, privacy.accountant, mechanism.neighboring_relation(sampler))
 
 
 @dataclass
 class RunSession:
     """Everything a run needs, built and validated before anything is written."""
 
-    cfg: dict
+    cfg: dict  # the resolved plain config (config.yaml, the research key, clients)
+    spec: RunConfig  # its typed view (the builders' input)
     run: RunDirectory
     task: Task
     server: DPFedAvg
@@ -94,61 +87,60 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
     error, removes it only if it created it and it is still empty. ``sampling=auto`` and
     ``privacy.secure_rng=null`` are resolved here, so config.yaml names what the run does.
     """
-    validate(cfg)  # before resolving: `secure_rng=abc` is an error, not a truthy value
-    resolve_config(cfg)
+    spec = validate(cfg)  # before resolving: `secure_rng=abc` is an error, not a truthy value
+    spec = resolved(spec, resolve_config(cfg))
     own = run is None
     run = run if run is not None else RunDirectory(cfg["run_dir"]).lock()
     try:
-        return _build(cfg, run)
+        return _build(cfg, spec, run)
     except BaseException:
         if own:
             run.abandon()
         raise
 
 
-def _build(cfg: dict, run: RunDirectory) -> RunSession:
+def _build(cfg: dict, spec: RunConfig, run: RunDirectory) -> RunSession:
+    """The session of the resolved plain ``cfg`` (what config.yaml and the research key hold) and
+    its typed view ``spec`` (what the builders take)."""
     checkpoint = _resumable_checkpoint(run, cfg)
     randomness = _randomness(cfg, checkpoint, run)
     task = load_task(cfg)
     validate_against_data(cfg, len(task.units), task.algorithm.privacy_unit)
-    privacy = cfg["privacy"]
-    privacy_spec = load(Privacy, privacy, "privacy")
-    sampler = make_sampler(cfg["sampling"], len(task.units), int(cfg["cohort_size"]), randomness.subkey("sampling"),
-                           groups=load("mechanism", cfg["mechanism"]).sampling_groups(),
-                           public_population=cfg.get("population"))
+    privacy = spec.privacy
+    sampler = make_sampler(spec.sampling, len(task.units), spec.cohort_size, randomness.subkey("sampling"),
+                           groups=spec.mechanism.sampling_groups(), public_population=spec.population)
     # calibrate on an accounting-only build, then build the mechanism once, with its σ and its stream
     # adaptive clipping normalises each round by C_t: the mechanism then runs at unit sensitivity
-    mechanism_clip = 1.0 if privacy_spec.clipping == "adaptive" else privacy["clip_norm"]
-    accounting = build_mechanism(cfg["mechanism"], 1.0, mechanism_clip, rounds=int(cfg["rounds"]), sampler=sampler)
+    mechanism_clip = 1.0 if privacy.clipping == "adaptive" else privacy.clip_norm
+    accounting = spec.mechanism.build(1.0, mechanism_clip, rounds=spec.rounds, sampler=sampler)
     _adopt_strategy(accounting, checkpoint, run)
-    mechanism = build_mechanism(cfg["mechanism"], _noise_multiplier(cfg, accounting, sampler), mechanism_clip,
-                                noise=randomness.noise("mechanism"), rounds=int(cfg["rounds"]), sampler=sampler)
+    mechanism = spec.mechanism.build(_noise_multiplier(spec, accounting, sampler), mechanism_clip,
+                                     noise=randomness.noise("mechanism"), rounds=spec.rounds, sampler=sampler)
     _adopt_strategy(mechanism, checkpoint, run)
-    opt_cfg = dict(cfg["optimizer"])
-    optimizer = build_server_optimizer(opt_cfg.pop("name"), rounds=int(cfg["rounds"]), **opt_cfg)
-    optimizer.query_plan.check(cfg["optimizer"]["name"], mechanism, task.algorithm.per_unit_deltas)
-    clip = build_adaptive_clip(privacy_spec, mechanism.noise_multiplier, sampler.expected_cohort,
-                               squares=optimizer.query_plan.squares, optimizer=cfg["optimizer"]["name"])
+    optimizer = spec.optimizer.build(spec.rounds)
+    optimizer.query_plan.check(spec.optimizer.name, mechanism, task.algorithm.per_unit_deltas)
+    clip = build_adaptive_clip(privacy, mechanism.noise_multiplier, sampler.expected_cohort,
+                               squares=optimizer.query_plan.squares, optimizer=spec.optimizer.name)
     reasons = [r for r in (getattr(optimizer, "non_private_reason", None), task.data.info.get("non_private_reason"))
                if r]
     reason = "; ".join(reasons) or None
     if reason:
         log.warning("NOT PRIVATE: %s; the run reports epsilon = inf", reason)
-    target = privacy["target_epsilon"] if privacy.get("noise_multiplier") is None else None
-    ledger = PrivacyLedger(mechanism, sampler, privacy["delta"], privacy["accountant"], target_epsilon=target,
-                           planned_rounds=int(cfg["rounds"]), non_private_reason=reason,
+    target = privacy.target_epsilon if privacy.noise_multiplier is None else None
+    ledger = PrivacyLedger(mechanism, sampler, privacy.delta, privacy.accountant, target_epsilon=target,
+                           planned_rounds=spec.rounds, non_private_reason=reason,
                            randomness=randomness.describe(), query=None if clip is None else clip.describe(),
                            audit=audit_label(cfg))
-    ledger.check_can_run(int(cfg["rounds"]))
+    ledger.check_can_run(spec.rounds)
     check_observability(cfg)
-    stages = build_stages(cfg["public"], task, int(cfg["seed"]), int(cfg["rounds"]))
+    stages = build_stages(cfg["public"], task, spec.seed, spec.rounds)
     initial = task.initial_params
     for stage in stages:
         initial = stage.initial_params(initial)
     canaries = build_canaries(cfg, initial.numel(), sampler, randomness)
-    server = DPFedAvg(initial, sampler, mechanism, privacy["clip_norm"], optimizer, ema_decay=float(cfg["ema_decay"]),
+    server = DPFedAvg(initial, sampler, mechanism, privacy.clip_norm, optimizer, ema_decay=spec.ema_decay,
                       canaries=canaries, clip=clip)
-    session = RunSession(cfg=cfg, run=run, task=task, server=server, ledger=ledger, stages=stages,
+    session = RunSession(cfg=cfg, spec=spec, run=run, task=task, server=server, ledger=ledger, stages=stages,
                          randomness=randomness)
     if checkpoint is not None:
         _restore(session, checkpoint)
@@ -254,28 +246,6 @@ def _restore(session: RunSession, checkpoint: dict) -> None:
                                f"(round {session.start_round}, ledger {session.ledger.rounds_done} rounds)")
 
 
-def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int, rng: ClientRandomness,
-                  diagnostics: bool = False) -> ClientUpdate:
-    """What client ``user`` computes in round ``round_idx`` from the global ``params`` (its
-    draws from ``rng``; statistics of its data beside the delta only with ``diagnostics``)."""
-    delta, metrics = local_update(task.client_model, params, task.units[user], task.local,
-                                  rng.draws(round_idx, user), task.data.vocab.pad_id, bk=task.bk,
-                                  diagnostics=diagnostics)
-    return ClientUpdate(user=user, delta=delta.cpu(), metrics=metrics)  # the server aggregates in host memory
-
-
-def client_updates(task: Task, params: torch.Tensor, users: list[int], round_idx: int, rng: ClientRandomness,
-                   diagnostics: bool = False) -> list[ClientUpdate]:
-    """What the clients ``users`` compute in round ``round_idx``: one after another, or in
-    cohort-parallel chunks (``client.parallel > 1``: :mod:`fedpriv.cohort_parallel`), which give
-    each user the same delta up to float rounding (the same draws per user)."""
-    if task.trainer is None:
-        return [client_update(task, params, user, round_idx, rng, diagnostics) for user in users]
-    results = task.trainer.updates(params, [task.units[u] for u in users],
-                                   [rng.draws(round_idx, u) for u in users], diagnostics)
-    return [ClientUpdate(user=u, delta=delta.cpu(), metrics=metrics) for u, (delta, metrics) in zip(users, results)]
-
-
 def evaluate_params(task: Task, params: torch.Tensor) -> dict[str, float]:
     set_flat_params(task.eval_model, params)
     return evaluate(task.eval_model, task.data.test, task.data.vocab, word_of=task.data.test_word_of)
@@ -288,30 +258,6 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
         return _train(session, round_fn)
     finally:
         session.run.unlock()
-
-
-def interrupted_message(run: RunDirectory, overrides: list[str]) -> str:
-    """The one line the CLI prints when a run is interrupted (Ctrl-C): the round the run
-    directory's checkpoint holds — what ``resume=true`` continues from; the work of an unfinished
-    round is lost — and the command that resumes it (``overrides``: the run's command-line
-    overrides, whose ``resume`` and ``run_dir`` it replaces)."""
-    import shlex
-
-    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("resume", "run_dir")]
-    command = " ".join(["python -m fedpriv.simulate", *map(shlex.quote, kept)])
-    where = f"run_dir={shlex.quote(str(run.path))}"
-    try:
-        checkpoint = run.load_checkpoint()
-        started = checkpoint is not None or run.read_config() is not None
-    except DamagedFileError as err:
-        return f"error: interrupted; {err}"
-    if checkpoint is not None:
-        total = (checkpoint.get("config") or {}).get("rounds", "?")
-        return (f"error: interrupted; the last checkpoint is after round {checkpoint['round']} of {total}: "
-                f"resume from it with: {command} resume=true {where}")
-    if started:  # training had started (config.yaml is written): resume=true starts it again
-        return f"error: interrupted before the first checkpoint: start again with: {command} resume=true {where}"
-    return f"error: interrupted before training started: start again with: {command} {where}"
 
 
 def _train(session: RunSession, round_fn: RoundFn) -> dict:
@@ -334,7 +280,8 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
         if session.task.local.dp is not None:  # charged before the clients are asked: a crash cannot hide it
             session.client_releases += 1
             run.save_client_releases(session.client_releases)
-        released, diag = server.apply_round(r, cohort, round_fn(r, cohort), diagnostics=diagnostics)
+        replies = round_fn(server.round_inputs(r, cohort))
+        released, diag = server.apply_round(r, cohort, replies, diagnostics=diagnostics)
         ledger.record_round(r)
         epsilon = ledger.reported_epsilon()
         row = {"round": r + 1, **_epsilon_fields(epsilon), "mode": session.randomness.label, **audited, **released}
@@ -441,50 +388,3 @@ def _example_privacy(session: RunSession) -> dict:
         "denominator": dp.denominator, "rounds_charged": releases,
         **({"rounds_asked_again_after_an_interruption": again} if again else {}),
         "assumes": "every client takes part in every round (no amplification by user sampling)"}}
-
-
-def mode_text(privacy: dict) -> str:
-    """What every printed epsilon line says about the randomness behind it."""
-    randomness = privacy.get("randomness") or {}
-    return f"{mode_label(randomness)} mode: {randomness.get('note', RESEARCH_NOTE)}"
-
-
-def format_result(summary: dict) -> str:
-    """The lines the CLI prints at the end of a run; every epsilon line names the mode."""
-    eps = summary["privacy"]["epsilon"]
-    reason = summary["privacy"].get("non_private_reason")
-    eps_text = (f"inf (non-private{': ' + reason if reason else ''})"
-                if eps is None or (isinstance(eps, float) and math.isinf(eps)) else f"{eps:.4g}")
-    mode = mode_text(summary["privacy"])
-    ceiling = summary.get("ceiling_accuracy")
-    ceiling_text = f" (Bayes ceiling {ceiling:.4f})" if ceiling else ""
-    final = summary["final"]
-    accuracy = (f"final next-word accuracy {final['word_accuracy']:.4f}{ceiling_text}, "
-                f"next-token accuracy {final['accuracy']:.4f}" if "word_accuracy" in final
-                else f"final accuracy {final['accuracy']:.4f}{ceiling_text}")
-    return (f"{accuracy}, loss {final['loss']:.4f}\n"
-            f"{summary.get('privacy_unit', 'user')}-level epsilon {eps_text} at delta {summary['privacy']['delta']:g} "
-            f"({summary['privacy']['accountant']}, {summary['privacy']['neighboring_relation']}), "
-            f"noise multiplier {summary['privacy']['noise_multiplier']:.4g}, {_rounds_text(summary['rounds'])} "
-            f"[{mode}]{_example_line(summary, mode)}"
-            + (f"\n{audit_headline(summary['audit'])}" if "audit" in summary else ""))
-
-
-def _rounds_text(rounds: int) -> str:
-    """``1 round``, ``3 rounds``."""
-    return f"{rounds} round{'' if rounds == 1 else 's'}"
-
-
-def _example_line(summary: dict, mode: str) -> str:
-    ex = summary.get("example_privacy")
-    if not ex:
-        return ""
-    eps = "inf" if ex["epsilon"] is None else f"{ex['epsilon']:.4g}"
-    return (f"\nexample-level epsilon on clients {eps} at delta {ex['delta']:g} "
-            f"({ex['accountant']}, add_or_remove_one example), noise multiplier {ex['noise_multiplier']:.4g}, "
-            f"every client assumed in every round"
-            f"{_again_text(ex.get('rounds_asked_again_after_an_interruption', 0))} [{mode}]")
-
-
-def _again_text(again: int) -> str:
-    return f", {again} round(s) charged twice (asked again after an interruption)" if again else ""

@@ -48,7 +48,8 @@ def _run(cfg) -> None:
 
     from fedpriv.errors import ConfigError, OutputError, PrivacyBudgetExceeded
     from fedpriv.rundir import RunDirectory
-    from fedpriv.runner import format_result, prepare
+    from fedpriv.console import format_result
+    from fedpriv.runner import prepare
     from fedpriv.backends import backend
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -85,7 +86,7 @@ def _run(cfg) -> None:
     except KeyboardInterrupt:  # Ctrl-C: the last checkpoint is left as it is, for resume=true
         summary = None
     if summary is None:  # outside the handler, so the progress bar is closed before the line below
-        from fedpriv.runner import interrupted_message
+        from fedpriv.console import interrupted_message
 
         run.unlock()  # train() released it already, unless Ctrl-C reached Flower's engine outside train()
         print(interrupted_message(run, list(HydraConfig.get().overrides.task)), file=sys.stderr)

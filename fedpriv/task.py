@@ -21,6 +21,7 @@ from fedpriv.algorithms import Algorithm, build_algorithm
 from fedpriv.clipping import BookKeeping
 from fedpriv.cohort_parallel import CohortTrainer
 from fedpriv.data.federated import FederatedDataset
+from fedpriv.data.text_pipeline import apply_text_pipeline
 from fedpriv.devices import resolve_device
 from fedpriv.models import build_model, get_flat_params
 from fedpriv.training import LocalConfig
@@ -46,8 +47,6 @@ class Task:
 def load_dataset(data_cfg: Mapping[str, Any]) -> FederatedDataset:
     """Build the dataset the ``data`` option selects (its typed config's ``load_words``), then its
     public corpus and tokenizer (:func:`~fedpriv.data.text_pipeline.apply_text_pipeline`)."""
-    from fedpriv.data.text_pipeline import apply_text_pipeline
-
     spec = schema.load("data", dict(data_cfg))
     return apply_text_pipeline(_load_words(spec), spec)
 
@@ -57,9 +56,9 @@ def _load_words(spec: schema.TextPipeline) -> FederatedDataset:
     return spec.load_words()
 
 
-def _model(model_cfg: Mapping[str, Any], data: FederatedDataset, seed: int) -> nn.Module:
+def _model(spec: schema.ModelOption, data: FederatedDataset, seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    return schema.load("model", dict(model_cfg)).build_model(data.vocab.size, data.vocab.pad_id, data.seq_len)
+    return spec.build_model(data.vocab.size, data.vocab.pad_id, data.seq_len)
 
 
 def task_key(cfg: Mapping[str, Any]) -> str:
@@ -76,17 +75,16 @@ def task_key(cfg: Mapping[str, Any]) -> str:
 
 @functools.lru_cache(maxsize=2)
 def _load_task(key: str) -> Task:
-    cfg = json.loads(key)
-    data = load_dataset(cfg["data"])
-    seed = int(cfg["seed"])
-    device = resolve_device(cfg.get("device") or "auto")
-    client_model = _model(cfg["model"], data, seed)
+    spec = schema.parse(json.loads(key))  # the task's part of the config, typed once
+    data = apply_text_pipeline(_load_words(spec.data), spec.data)
+    device = resolve_device(spec.device)
+    client_model = _model(spec.model, data, spec.seed)
     initial_params = get_flat_params(client_model)  # the server's copy, in host memory
     client_model.to(device)
-    eval_model = _model(cfg["model"], data, seed).to(device)
-    algorithm = build_algorithm(cfg)
-    client = schema.load(schema.Client, cfg["client"], "client")
-    local = algorithm.local_config(client, int(cfg["rounds"]), cfg["privacy"]["accountant"])
+    eval_model = _model(spec.model, data, spec.seed).to(device)
+    algorithm = build_algorithm(spec)
+    client = spec.client
+    local = algorithm.local_config(client, spec.rounds, spec.privacy.accountant)
     # the trainer's replica is copied before the engine hooks client_model
     trainer = (CohortTrainer(client_model, local, data.vocab.pad_id, client.parallel)
                if client.parallel > 1 and algorithm.per_unit_deltas else None)

@@ -27,7 +27,7 @@ from fedpriv.cohort import CohortClipper  # noqa: E402
 from fedpriv.compose import compose_config  # noqa: E402
 from fedpriv.randomness import ClientRandomness, key_from_seed  # noqa: E402
 from fedpriv.rundir import write_json  # noqa: E402
-from fedpriv.runner import client_update  # noqa: E402
+from fedpriv.clients import client_update  # noqa: E402
 from fedpriv.sampling import make_sampler  # noqa: E402
 from fedpriv.task import load_task  # noqa: E402
 

@@ -50,7 +50,8 @@ def main() -> None:
     from client.app import make_client_app
     from fedpriv.randomness import ClientRandomness
     from fedpriv.rundir import json_text, write_json
-    from fedpriv.runner import client_update, prepare
+    from fedpriv.clients import client_update
+    from fedpriv.runner import prepare
     from server.app import grid_round_fn, run_flower_simulation
     from server.grid import LocalGrid
 
@@ -58,7 +59,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_round_"))
     session = prepare(compose(tmp / "local", args))
     task, server = session.task, session.server
-    round_fn = grid_round_fn(session, LocalGrid(make_client_app(session.cfg)), 1, None)
+    round_fn = grid_round_fn(LocalGrid(make_client_app(session.cfg)), 1, None)
     rng = ClientRandomness.for_config(session.cfg)
     times: dict[str, list[float]] = {"compute": [], "local": []}
     for r in range(args.rounds + 1):  # round 0 warms up both paths
@@ -72,7 +73,7 @@ def main() -> None:
                     total += time.perf_counter() - t0
             else:
                 t0 = time.perf_counter()
-                server.apply_round(r, cohort, round_fn(r, cohort))
+                server.apply_round(r, cohort, round_fn(server.round_inputs(r, cohort)))
                 total = time.perf_counter() - t0
             if r:
                 times[kind].append(total)

@@ -36,7 +36,9 @@ sys.path.insert(0, str(ROOT))
 from fedpriv.compose import compose_config  # noqa: E402
 from fedpriv.data.stackoverflow_writer import write_examples  # noqa: E402
 from fedpriv.randomness import ClientRandomness  # noqa: E402
-from fedpriv.runner import client_updates, prepare  # noqa: E402
+from fedpriv.clients import client_updates  # noqa: E402
+from fedpriv.replies import ClientReplies  # noqa: E402
+from fedpriv.runner import prepare  # noqa: E402
 from fedpriv.task import _load_task, task_key  # noqa: E402
 
 WORDS = 10_000
@@ -125,7 +127,7 @@ def bench_device(args: argparse.Namespace, folder: Path, device: str) -> dict:
         if worst > 1e-4:
             raise SystemExit(f"round {r}: a cohort-parallel delta differs from the loop's by {worst:.2e}")
         start = time.perf_counter()
-        session.server.apply_round(r, cohort, timed["parallel"][1])
+        session.server.apply_round(r, cohort, ClientReplies(timed["parallel"][1]))
         session.ledger.record_round(r)
         elapsed = time.perf_counter() - start
         if r >= args.warmup:

@@ -11,15 +11,14 @@ import os
 import time
 import warnings
 
-import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedpriv.backends import client_app_factory
-from fedpriv.dpfedavg import ClientUpdate
-from fedpriv.runner import RoundFn, RunSession, train
+from fedpriv.replies import ClientReplies, RoundFn, RoundInputs
+from fedpriv.runner import RunSession, train
 from server.grid import LocalGrid
-from server.strategy import DPFedAvgStrategy
+from server.strategy import CohortStrategy
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +34,10 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float = 120.0) -> list[int]:
         time.sleep(0.2)
 
 
-def grid_round_fn(session: RunSession, grid: Grid, num_nodes: int, timeout: float | None,
-                  node_wait: float = 120.0, skip_rounds: int = 10) -> RoundFn:
-    """A round over a Flower grid: configure → send_and_receive (bounded by ``timeout``) → aggregate.
+def grid_round_fn(grid: Grid, num_nodes: int, timeout: float | None, node_wait: float = 120.0,
+                  skip_rounds: int = 10) -> RoundFn:
+    """A round over a Flower grid: configure (the round's inputs: its cohort and the parameters
+    clients start from) → send_and_receive (bounded by ``timeout``) → the clients' replies.
 
     Waits for ``num_nodes`` nodes before the first round; every round then uses the nodes
     connected at that moment. Users whose node does not reply within ``timeout`` count as
@@ -45,7 +45,7 @@ def grid_round_fn(session: RunSession, grid: Grid, num_nodes: int, timeout: floa
     the next ``skip_rounds`` rounds unless no other node is left (the SuperLink itself notices a
     dead node only after its heartbeat expires). No node at all is an error, never an endless wait.
     """
-    strategy = DPFedAvgStrategy()
+    strategy = CohortStrategy()
     nodes = wait_for_nodes(grid, num_nodes, node_wait)
     if not nodes:
         raise RuntimeError(f"no Flower node connected within {node_wait:g} s")
@@ -54,19 +54,20 @@ def grid_round_fn(session: RunSession, grid: Grid, num_nodes: int, timeout: floa
 
     missed: dict[int, int] = {}  # node -> the last round it did not reply in time
 
-    def round_fn(round_idx: int, cohort: np.ndarray) -> list[ClientUpdate]:
+    def round_fn(inputs: RoundInputs) -> ClientReplies:
+        round_idx = inputs.round_idx
         current = wait_for_nodes(grid, 1, node_wait)  # returns at once while any node is connected
         if not current:
             raise RuntimeError(f"round {round_idx + 1}: no Flower node connected")
         healthy = [n for n in current if round_idx - missed.get(int(n), -10**9) > skip_rounds] or current
-        messages = strategy.configure_train(round_idx, cohort, session.server.params, healthy)
+        messages = strategy.configure_train(round_idx, inputs.cohort, inputs.params, healthy)
         updates = strategy.aggregate_train(grid.send_and_receive(messages, timeout=timeout))
         for node in strategy.sent:  # sent this round, no reply by the deadline
             missed[node] = round_idx
             # no user count in the log: it would publish a share of the (secret) cohort size
             log.warning("round %d: node %d did not reply within %s s: its users count as dropped; no users "
                         "for it in the next %d rounds", round_idx + 1, node, timeout, skip_rounds)
-        return updates
+        return ClientReplies(updates)
 
     return round_fn
 
@@ -79,7 +80,7 @@ def make_server_app(session: RunSession, num_nodes: int, result: dict) -> Server
     def main(grid: Grid, context: Context) -> None:
         del context
         timeout = session.cfg["backend"].get("round_timeout")
-        result["summary"] = train(session, grid_round_fn(session, grid, num_nodes, timeout))
+        result["summary"] = train(session, grid_round_fn(grid, num_nodes, timeout))
 
     return app
 
@@ -87,11 +88,12 @@ def make_server_app(session: RunSession, num_nodes: int, result: dict) -> Server
 def run_local(session: RunSession) -> dict:
     """``backend=local``: ServerApp loop over an in-process grid of one node, or the one-pass
     batched round (DP-FedSGD, DP-SGD) where the algorithm allows it."""
-    batched = session.task.algorithm.batched_round(session)
+    task = session.task
+    batched = task.algorithm.batched_round(task.client_model, task.local, task.data.vocab.pad_id, task.units)
     if batched is not None:
         return train(session, batched)
     grid = LocalGrid(client_app_factory()(session.cfg), num_nodes=1)
-    return train(session, grid_round_fn(session, grid, 1, None))
+    return train(session, grid_round_fn(grid, 1, None))
 
 
 def _not_run_simulation_deprecation(record: logging.LogRecord) -> bool:

@@ -16,7 +16,8 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedpriv.compose import deployment_config
-from fedpriv.runner import format_result, prepare, train
+from fedpriv.console import format_result
+from fedpriv.runner import prepare, train
 from server.app import grid_round_fn
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg["verbose"] = True
     session = prepare(cfg)
     backend = cfg["backend"]
-    summary = train(session, grid_round_fn(session, grid, int(backend["num_supernodes"]), backend["round_timeout"],
+    summary = train(session, grid_round_fn(grid, int(backend["num_supernodes"]), backend["round_timeout"],
                                            node_wait=float(backend["node_wait_timeout"]),
                                            skip_rounds=int(backend["skip_rounds"])))
     print(format_result(summary), flush=True)

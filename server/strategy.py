@@ -1,6 +1,6 @@
-"""DP-FedAvg as a Flower strategy: *configure* builds the round's messages, *aggregate* turns
-the replies into ``ClientUpdate``s. All clipping, noise and accounting happen in
-``fedpriv.dpfedavg.DPFedAvg``.
+"""The round's transport as a Flower strategy (no DP here): *configure* builds the round's
+messages, *aggregate* turns the replies into ``ClientUpdate``s. All clipping, noise and
+accounting happen in ``fedpriv.dpfedavg.DPFedAvg``.
 
 Wire protocol (one message per node and round, not per user — a deployed node starts one
 ClientApp process per message):
@@ -25,7 +25,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from fedpriv.codec import decode, encode
-from fedpriv.dpfedavg import ClientUpdate
+from fedpriv.replies import ClientUpdate
 
 log = logging.getLogger(__name__)
 TRAIN = "train"
@@ -52,8 +52,8 @@ def error_kind(reason: str | None) -> str:
     return kind if kind.replace(".", "").replace("_", "").isalnum() else "an error"
 
 
-class DPFedAvgStrategy:
-    """Maps the sampled users of a round onto the available nodes and back."""
+class CohortStrategy:
+    """Maps the sampled users of a round onto the available nodes and back (transport only)."""
 
     def __init__(self) -> None:
         self.sent: dict[int, list[int]] = {}  # node -> users of the current round

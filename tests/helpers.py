@@ -80,12 +80,12 @@ def interrupt_and_resume(cfg: dict, crash_round: int, before_resume=None):
     from server.grid import LocalGrid
 
     first = prepare(cfg)
-    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
+    inner = grid_round_fn(LocalGrid(make_client_app(cfg)), 1, None)
 
-    def crashing(round_idx, cohort):
-        if round_idx == crash_round:
+    def crashing(inputs):
+        if inputs.round_idx == crash_round:
             raise Killed
-        return inner(round_idx, cohort)
+        return inner(inputs)
 
     with pytest.raises(Killed):
         train(first, crashing)

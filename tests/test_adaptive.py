@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
+from fedpriv.dpfedavg import DPFedAvg
+from fedpriv.replies import ClientReplies, ClientUpdate
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.optim import DPAdaptive, build_server_optimizer
@@ -43,7 +44,7 @@ def run(srv: DPFedAvg, rounds: int, users: int) -> list[dict]:
     out = []
     for r in range(rounds):
         cohort = srv.cohort(r)
-        out.append(srv.apply_round(r, cohort, [ClientUpdate(int(u), d) for u, d in zip(cohort, deltas(r, users))])[0])
+        out.append(srv.apply_round(r, cohort, ClientReplies([ClientUpdate(int(u), d) for u, d in zip(cohort, deltas(r, users))]))[0])
     return out
 
 
@@ -85,7 +86,7 @@ def test_ime_noise_split_known_answer():
     dim = 200_000
     srv.params = torch.zeros(dim)
     cohort = srv.cohort(0)
-    srv.apply_round(0, cohort, [ClientUpdate(int(u), torch.zeros(dim)) for u in cohort])
+    srv.apply_round(0, cohort, ClientReplies([ClientUpdate(int(u), torch.zeros(dim)) for u in cohort]))
     assert float(seen["update"].std()) == pytest.approx(sigma * clip / math.sqrt(0.8) / users, rel=0.01)
     assert float(seen["squares"].std()) == pytest.approx(sigma * clip ** 2 / math.sqrt(0.2) / users, rel=0.01)
     # the split is as private as one Gaussian query with multiplier σ: 1/σ1² + 1/σ2² = 1/σ²
@@ -99,7 +100,7 @@ def test_bias_correction_known_answer():
     dim = 200_000
     srv.params = torch.zeros(dim)
     cohort = srv.cohort(0)
-    stats, _ = srv.apply_round(0, cohort, [ClientUpdate(int(u), torch.zeros(dim)) for u in cohort])
+    stats, _ = srv.apply_round(0, cohort, ClientReplies([ClientUpdate(int(u), torch.zeros(dim)) for u in cohort]))
     assert stats["v_negative_fraction"] == pytest.approx(0.6827, abs=0.005)
 
 
@@ -171,7 +172,7 @@ def test_stp_eps_sets_the_scale_and_a_large_one_is_post():
 def run_round_two(srv: DPFedAvg, users: int) -> dict:
     """Round 2's released statistics and diagnostics in one dict."""
     cohort = srv.cohort(1)
-    released, diagnostics = srv.apply_round(1, cohort, [ClientUpdate(int(u), d) for u, d in zip(cohort, deltas(1, users))],
+    released, diagnostics = srv.apply_round(1, cohort, ClientReplies([ClientUpdate(int(u), d) for u, d in zip(cohort, deltas(1, users))]),
                                             diagnostics=True)
     return {**released, **diagnostics}
 

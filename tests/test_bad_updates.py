@@ -12,7 +12,8 @@ from flwr.clientapp import ClientApp
 from client.app import make_client_app
 from fedpriv.aggregation import clip_factor
 from fedpriv.randomness import ClientRandomness
-from fedpriv.runner import client_update, prepare
+from fedpriv.clients import client_update
+from fedpriv.runner import prepare
 from server.app import grid_round_fn
 from server.grid import LocalGrid
 from tests.conftest import compose_cfg
@@ -49,11 +50,11 @@ def test_bad_updates_are_rejected_or_dropped_and_counted(tmp_path):
                       "privacy.noise_multiplier=0", "cohort_size=12", run_dir=tmp_path / "r")
     session = prepare(cfg)
     grid = LocalGrid(corrupting_app(cfg), num_nodes=3)
-    round_fn = grid_round_fn(session, grid, 3, None)
+    round_fn = grid_round_fn(grid, 3, None)
     server = session.server
     before = server.params.clone()
     cohort = server.cohort(0)
-    _, stats = server.apply_round(0, cohort, round_fn(0, cohort), diagnostics=True)
+    _, stats = server.apply_round(0, cohort, round_fn(server.round_inputs(0, cohort)), diagnostics=True)
     nodes = sorted(grid.get_node_ids())
     by_node = {n: [int(u) for i, u in enumerate(cohort) if nodes[i % 3] == n] for n in nodes}
     assert len(by_node[1]) >= 2 and by_node[2]

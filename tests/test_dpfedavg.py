@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from fedpriv.aggregation import RoundAggregate
-from fedpriv.dpfedavg import ClientUpdate, DPFedAvg
+from fedpriv.dpfedavg import DPFedAvg
+from fedpriv.replies import ClientReplies, ClientUpdate
 from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.mechanisms.base import ADD_REMOVE, REPLACE_ONE
 from fedpriv.optim import ServerSGD
@@ -50,7 +51,7 @@ def test_round_divides_by_expected_cohort_not_realised_count():
     server = _server(sampler)
     cohort = np.array([3, 5])
     updates = [ClientUpdate(3, torch.ones(4) * 0.1), ClientUpdate(5, torch.ones(4) * 0.1)]
-    _, stats = server.apply_round(0, cohort, updates, diagnostics=True)
+    _, stats = server.apply_round(0, cohort, ClientReplies(updates), diagnostics=True)
     torch.testing.assert_close(server.params, torch.full((4,), 0.2 / 10))
     assert stats["accepted"] == 2 and stats["dropped"] == 0
 
@@ -60,8 +61,8 @@ def test_round_rejects_outsiders_duplicates_and_counts_dropped():
     cohort = np.array([1, 2, 3])
     updates = [ClientUpdate(1, torch.ones(4)), ClientUpdate(1, torch.ones(4)), ClientUpdate(9, torch.ones(4)),
                ClientUpdate(2, None)]
-    released, stats = server.apply_round(0, cohort, updates, diagnostics=True)
-    assert released == {} and server.apply_round(1, cohort, updates) == ({}, {})  # nothing unless asked
+    released, stats = server.apply_round(0, cohort, ClientReplies(updates), diagnostics=True)
+    assert released == {} and server.apply_round(1, cohort, ClientReplies(updates)) == ({}, {})  # nothing unless asked
     assert stats["accepted"] == 1 and stats["rejected"] == 3 and stats["dropped"] == 1  # user 3 never replied
     torch.testing.assert_close(server.params, torch.full((4,), 2 * 0.5 / 3))  # one clipped delta (norm 1) / 3, twice
 
@@ -155,7 +156,7 @@ def test_ema_of_iterates_is_released_when_enabled_and_checkpointed():
     server = DPFedAvg(torch.zeros(2), sampler, GaussianMechanism(0.0, 10.0), 10.0, ServerSGD(lr=1.0), ema_decay=0.5)
     for r in range(2):
         cohort = server.cohort(r)
-        server.apply_round(r, cohort, [ClientUpdate(int(cohort[0]), torch.ones(2))])
+        server.apply_round(r, cohort, ClientReplies([ClientUpdate(int(cohort[0]), torch.ones(2))]))
     torch.testing.assert_close(server.params, torch.full((2,), 2.0))
     torch.testing.assert_close(server.model_params, torch.full((2,), 0.5 * (0.5 * 1.0) + 0.5 * 2.0))
     clone = DPFedAvg(torch.zeros(2), sampler, GaussianMechanism(0.0, 10.0), 10.0, ServerSGD(lr=1.0), ema_decay=0.5)

@@ -70,3 +70,21 @@ def test_the_checker_sees_imports(tmp_path):
     assert sorted(_offenders([planted], ("server", "client", "fedpriv.models"), package="fedpriv.clipping")) == [
         "probe.py imports client.app", "probe.py imports fedpriv.models", "probe.py imports fedpriv.models.lstm",
         "probe.py imports server.app", "probe.py imports server.app.run_local"]
+
+
+# the round's pieces take explicit inputs (fedpriv.replies.RoundInputs): none of them reaches back
+# into the run loop, and the wire format knows no server state
+ROUND_PIECES = ("algorithms.py", "dpfedavg.py", "task.py", "codec.py", "replies.py", "clients.py", "training.py",
+                "cohort.py", "aggregation.py", "queries.py")
+
+
+@pytest.mark.parametrize("name", ROUND_PIECES)
+def test_round_pieces_never_import_the_run_loop(name):
+    forbidden = ("fedpriv.runner",) + (("fedpriv.dpfedavg",) if name == "codec.py" else ())
+    assert _offenders([ROOT / "fedpriv" / name], forbidden) == []
+
+
+def test_no_import_hides_behind_type_checking():
+    """An ``if TYPE_CHECKING:`` import is how a cycle hides; the library has none."""
+    hidden = [p.relative_to(ROOT).as_posix() for p in _modules("fedpriv") if "TYPE_CHECKING" in p.read_text()]
+    assert hidden == []

@@ -127,7 +127,7 @@ def _summary(rounds: int) -> dict:
 
 @pytest.mark.parametrize("rounds, text", [(1, ", 1 round ["), (3, ", 3 rounds ["), (0, ", 0 rounds [")])
 def test_result_line_plural(rounds, text):
-    from fedpriv.runner import format_result
+    from fedpriv.console import format_result
 
     assert text in format_result(_summary(rounds))
 

@@ -254,13 +254,13 @@ def test_one_atomic_write_helper_serves_every_output():
 def test_a_refused_second_run_touches_nothing_of_the_live_one(tmp_path, run_cli):
     cfg = compose_cfg(*SMOKE, run_dir=tmp_path / "r")
     first = prepare(cfg)
-    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
+    inner = grid_round_fn(LocalGrid(make_client_app(cfg)), 1, None)
     started, release = threading.Event(), threading.Event()
 
-    def slow(round_idx, cohort):
+    def slow(inputs):
         started.set()
         release.wait(60)
-        return inner(round_idx, cohort)
+        return inner(inputs)
 
     worker = threading.Thread(target=train, args=(first, slow))
     worker.start()

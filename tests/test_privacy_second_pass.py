@@ -306,7 +306,7 @@ def test_a_node_with_no_user_gets_a_message_and_replies(tmp_path):
         return push(messages)
 
     grid.push_messages = recording
-    updates = grid_round_fn(session, grid, 3, None)(0, np.array([4]))
+    updates = grid_round_fn(grid, 3, None)(session.server.round_inputs(0, np.array([4]))).updates
     assert sorted(node for node, _ in sent) == [1, 2, 3] and sorted(map(tuple, (u for _, u in sent))) == [(), (), (4,)]
     assert [u.user for u in updates] == [4] and updates[0].delta is not None
     session.run.unlock()
@@ -406,11 +406,11 @@ def test_a_round_whose_clients_replied_before_a_crash_is_charged_again(tmp_path,
     assert full["example_privacy"]["rounds_charged"] == 3
     cfg = compose_cfg(*args, run_dir=tmp_path / "cut")
     first = prepare(cfg)
-    inner = grid_round_fn(first, LocalGrid(make_client_app(cfg)), 1, None)
+    inner = grid_round_fn(LocalGrid(make_client_app(cfg)), 1, None)
 
-    def replies_then_crash(round_idx, cohort):
-        updates = inner(round_idx, cohort)  # the server holds round 2's replies ...
-        if round_idx == 1:
+    def replies_then_crash(inputs):
+        updates = inner(inputs)  # the server holds round 2's replies ...
+        if inputs.round_idx == 1:
             raise KeyboardInterrupt  # ... and dies before the round's checkpoint
         return updates
 
