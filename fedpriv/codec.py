@@ -20,7 +20,8 @@ STYPE = "fedpriv.raw"
 
 
 def encode(vector: torch.Tensor) -> Array:
-    data = vector.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+    host = vector.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+    data = host.astype("<f4", copy=False).tobytes()
     return Array(dtype="float32", shape=(int(vector.numel()),), stype=STYPE, data=data)
 
 

@@ -17,7 +17,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -272,7 +271,8 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
     last_eval: dict[str, float] = {}
     audited = {"audit_canaries": ledger.audit["canaries"]} if ledger.audit else {}  # labelled from round 1
     bar = tqdm(range(session.start_round, rounds), total=rounds, initial=session.start_round,
-               desc=f"rounds ({session.randomness.label} mode)", disable=not cfg.get("progress", True), dynamic_ncols=True,
+               desc=f"rounds ({session.randomness.label} mode)", disable=not cfg.get("progress", True),
+               dynamic_ncols=True,
                bar_format=None if diagnostics else "{desc}: {n_fmt}/{total_fmt} |{bar}|{postfix}")
     for r in bar:
         ledger.check_can_run(ledger.rounds_done + 1)

@@ -23,7 +23,7 @@ from fedpriv.cohort_parallel import CohortTrainer
 from fedpriv.data.federated import FederatedDataset
 from fedpriv.data.text_pipeline import apply_text_pipeline
 from fedpriv.devices import resolve_device
-from fedpriv.models import build_model, get_flat_params
+from fedpriv.models import get_flat_params
 from fedpriv.training import LocalConfig
 
 

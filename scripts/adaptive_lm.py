@@ -7,14 +7,16 @@ LM with the synthetic default, at equal ε, with independent Gaussian noise and 
 
 Runs ``python -m fedpriv.simulate model=transformer optimizer=dpadam_<variant> mechanism=<m>
 privacy.target_epsilon=E optimizer.lr=LR [KEY=VALUE ...]`` into ``OUT/<mechanism>-<variant>/``
-(skipping finished runs; give tuning runs their own ``--out``), then prints a Markdown table (final accuracy, test loss, mean share of negative second-moment
+(skipping finished runs; give tuning runs their own ``--out``), then prints a Markdown table (final
+accuracy, test loss, mean share of negative second-moment
 coordinates where the variant has one) and, with ``--plot``, test accuracy against the round;
 ``--curves`` writes those curves ({run: [[round, accuracy], ...]}) to a small JSON file;
 ``--precond`` prints, from each finished run's last checkpoint, quantiles of the final ``√v̂`` and
 of the scale ``s = 1/(√v̂ + ε)`` divided by its RMS (how far from isotropic the preconditioner is) —
 for ``post`` and ``stp``, whose step divides by exactly that ``√v̂`` (``bc``/``ime`` subtract and floor).
 ``bc`` and ``ime`` are derived for independent Gaussian noise only, so BandMF runs ``post`` and
-``stp``. ``stp`` uses the default ``optimizer.stp_normalize=rms``; ``stp_raw`` the raw ``s_t``. Every number comes from the runs' own files.
+``stp``. ``stp`` uses the default ``optimizer.stp_normalize=rms``; ``stp_raw`` the raw ``s_t``.
+Every number comes from the runs' own files.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def overrides(name: str, epsilon: float, lr: float) -> list[str]:
     mechanism, variant = name.split("-")
     raw = variant == "stp_raw"
     return ["model=transformer", f"optimizer=dpadam_{'stp' if raw else variant}", f"mechanism={mechanism}",
-            f"privacy.target_epsilon={epsilon}", f"optimizer.lr={lr}", *(["optimizer.stp_normalize=none"] if raw else [])]
+            f"privacy.target_epsilon={epsilon}", f"optimizer.lr={lr}",
+            *(["optimizer.stp_normalize=none"] if raw else [])]
 
 
 def label(variant: str) -> str:

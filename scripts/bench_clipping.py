@@ -10,7 +10,8 @@ copy of the same initial model and sees the same batch. Timing is round-robin: e
 order rotated by one mode each iteration (so no mode always follows the same one: what a mode
 leaves in the allocator and caches otherwise biases the next), so this machine's speed drift
 hits all modes alike; we report the median step time and its ratio to the non-private step.
-``--modes`` restricts the run to some modes (e.g. ``"non-private,BK mixopt"``: interleaved pairs). Peak memory is the peak RSS of a fresh child process running only that
+``--modes`` restricts the run to some modes (e.g. ``"non-private,BK mixopt"``: interleaved pairs).
+Peak memory is the peak RSS of a fresh child process running only that
 mode (``--only MODE``), since one process's peak cannot be split between modes.
 
 Configs (ANCHORS.md): transformer vocab 10000, d 256, 4 layers, 4 heads, ff 1024, T 64, batch 32,

@@ -115,7 +115,8 @@ def plot(out: Path, png: Path) -> None:
     ax_c.set(xlabel="round", ylabel="clip bound C_t",
              title="adaptive clip bound (η = 0.2; solid ε 8, dashed ε 2, dotted γ 0.1)")
     ax_f.axhline(0.5, color="grey", lw=0.5)
-    ax_f.set(xlabel="round", ylabel="privatized clipped fraction 1 − b̃_t", title="clipped fraction (released; 10-round mean)")
+    ax_f.set(xlabel="round", ylabel="privatized clipped fraction 1 − b̃_t",
+             title="clipped fraction (released; 10-round mean)")
     ax_c.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(png, dpi=120)

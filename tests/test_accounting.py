@@ -345,8 +345,10 @@ BASE = ["--sampling-rate", "0.01", "--rounds", "10", "--delta", "1e-5"]
     (["noise", "--target-epsilon", "0", *BASE], "epsilon"),
     (["noise", "--target-epsilon", "-1", *BASE], "epsilon"),
     (["epsilon", "--noise-multiplier", "-1", *BASE], "noise multiplier"),
-    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0", "--rounds", "10", "--delta", "1e-5"], "sampling rate"),
-    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "1.5", "--rounds", "10", "--delta", "1e-5"], "sampling rate"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0", "--rounds", "10", "--delta", "1e-5"],
+     "sampling rate"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "1.5", "--rounds", "10", "--delta", "1e-5"],
+     "sampling rate"),
     (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.01", "--rounds", "0", "--delta", "1e-5"], "rounds"),
     (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.01", "--rounds", "10", "--delta", "0"], "delta"),
     (["epsilon", "--noise-multiplier", "1", *BASE, "--sampling", "fixed"], "population"),
@@ -355,7 +357,8 @@ BASE = ["--sampling-rate", "0.01", "--rounds", "10", "--delta", "1e-5"]
     (["epsilon", "--noise-multiplier", "1", *BASE, "--accountant", "moments"], "accountant"),
     (["epsilon", "--noise-multiplier", "1", *BASE, "--mechanism", "nope"], "mechanism"),
     (["epsilon", "--noise-multiplier", "x", *BASE], "noise-multiplier"),
-    (["noise", "--target-epsilon", "1e-4", "--sampling-rate", "1", "--rounds", "100", "--delta", "1e-6"], "unreachable"),
+    (["noise", "--target-epsilon", "1e-4", "--sampling-rate", "1", "--rounds", "100", "--delta", "1e-6"],
+     "unreachable"),
     ([], "command"),
 ])
 def test_cli_bad_input_one_line_exit_2(argv, needle, capsys):
@@ -459,7 +462,7 @@ def test_budget_check_agrees_with_calibration_to_the_last_bit():
     sampler = _poisson(0.05, 2000)
     for accountant in (RDP, PLD):
         mech = GaussianMechanism(1.0, clip_norm=1.0)
-        make = lambda s: mech.dp_event(sampler, 300, noise_multiplier=s)  # noqa: E731
+        make = lambda s, mech=mech: mech.dp_event(sampler, 300, noise_multiplier=s)  # noqa: E731
         mech.noise_multiplier = calibrate_noise_multiplier(make, 0.5 if accountant == PLD else 2.0, 1e-5, accountant)
         ledger = PrivacyLedger(mech, sampler, 1e-5, accountant=accountant, target_epsilon=0.5 if accountant == PLD
                                else 2.0, planned_rounds=300)

@@ -44,7 +44,8 @@ def run(srv: DPFedAvg, rounds: int, users: int) -> list[dict]:
     out = []
     for r in range(rounds):
         cohort = srv.cohort(r)
-        out.append(srv.apply_round(r, cohort, ClientReplies([ClientUpdate(int(u), d) for u, d in zip(cohort, deltas(r, users))]))[0])
+        replies = ClientReplies([ClientUpdate(int(u), d) for u, d in zip(cohort, deltas(r, users))])
+        out.append(srv.apply_round(r, cohort, replies)[0])
     return out
 
 
@@ -172,8 +173,8 @@ def test_stp_eps_sets_the_scale_and_a_large_one_is_post():
 def run_round_two(srv: DPFedAvg, users: int) -> dict:
     """Round 2's released statistics and diagnostics in one dict."""
     cohort = srv.cohort(1)
-    released, diagnostics = srv.apply_round(1, cohort, ClientReplies([ClientUpdate(int(u), d) for u, d in zip(cohort, deltas(1, users))]),
-                                            diagnostics=True)
+    replies = ClientReplies([ClientUpdate(int(u), d) for u, d in zip(cohort, deltas(1, users))])
+    released, diagnostics = srv.apply_round(1, cohort, replies, diagnostics=True)
     return {**released, **diagnostics}
 
 
@@ -205,7 +206,8 @@ def test_every_variant_runs_names_itself_and_keeps_the_ledger(tmp_path, name, ad
         noised = {k: v for k, v in ledger.items()
                   if k not in ("epsilon", "non_private", "planned_epsilon", "non_private_reason",
                                "accounted_epsilon_of_the_noised_update_only")}
-        assert noised == {k: v for k, v in adam_ledger.items() if k not in ("epsilon", "non_private", "planned_epsilon")}
+        assert noised == {k: v for k, v in adam_ledger.items()
+                          if k not in ("epsilon", "non_private", "planned_epsilon")}
     else:
         assert ledger == adam_ledger  # the IME split included
         assert summary["privacy"]["epsilon"] == ledger["epsilon"] < math.inf

@@ -144,7 +144,7 @@ def test_every_mechanism_runs_with_adaptive_clipping_at_the_fixed_clips_epsilon(
     rows = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     bounds = [r["clip_norm"] for r in rows]
     assert bounds[0] == 0.5 and len(set(bounds)) == len(bounds)  # C_0, then one step per round
-    for prev, row, nxt in zip(rows, rows[1:], rows[2:]):  # C_{t+1} = C_t exp(-η (1 - clipped_t - γ))
+    for row, nxt in zip(rows[1:], rows[2:]):  # C_{t+1} = C_t exp(-η (1 - clipped_t - γ))
         assert nxt["clip_norm"] == pytest.approx(
             row["clip_norm"] * math.exp(-0.2 * (1 - row["privatized_clipped_fraction"] - 0.5)), rel=1e-12)
     assert adaptive["final_clip_norm"] == pytest.approx(

@@ -10,7 +10,13 @@ from fedpriv.accounting.__main__ import main as accounting_main
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import BandMFMechanism, build_mechanism
 from fedpriv.mechanisms.__main__ import main as mechanisms_main
-from fedpriv.mechanisms.bandmf import band_mask, cached_strategy, mean_squared_error, optimize_strategy, strategy_problem
+from fedpriv.mechanisms.bandmf import (
+    band_mask,
+    cached_strategy,
+    mean_squared_error,
+    optimize_strategy,
+    strategy_problem,
+)
 from fedpriv.sampling import CyclicPoissonSampler, CyclicSampler, PoissonSampler, make_sampler
 from fedpriv.randomness import NoiseStream, key_from_seed
 from tests.helpers import sensitivity_sq_brute_force

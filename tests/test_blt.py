@@ -67,7 +67,8 @@ def test_rmse_cli_for_blt_and_its_errors(capsys):
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["buffers"] == 2 and math.isfinite(out["rmse"])
-    params = BLTParams(torch.tensor(out["weights"], dtype=torch.float64), torch.tensor(out["decays"], dtype=torch.float64))
+    params = BLTParams(torch.tensor(out["weights"], dtype=torch.float64),
+                       torch.tensor(out["decays"], dtype=torch.float64))
     assert rmse(params, 64) == pytest.approx(out["rmse"], rel=1e-9)
     from fedpriv.mechanisms.__main__ import main
 
@@ -132,7 +133,8 @@ def test_smoke_run_with_blt(tmp_path):
                                             "progress=false", run_dir=tmp_path / "r")))
     privacy = json.loads((tmp_path / "r" / "privacy.json").read_text())
     assert privacy["mechanism"] == "blt" and privacy["sampling"]["kind"] == "cyclic"
-    assert privacy["neighboring_relation"] == "zero_out" and privacy["blt_buffers"] == 2 and privacy["blt_sensitivity_sq"] > 1
+    assert (privacy["neighboring_relation"] == "zero_out" and privacy["blt_buffers"] == 2
+            and privacy["blt_sensitivity_sq"] > 1)
     assert summary["privacy"]["epsilon"] <= 50.0 + 1e-9
     from fedpriv.errors import ConfigError
 

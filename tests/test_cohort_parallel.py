@@ -141,6 +141,7 @@ def test_flower_client_gpus_become_ray_resources():
     assert client_resources({"client_cpus": 2, "client_gpus": 0.25}) == {"num_cpus": 2.0, "num_gpus": 0.25}
 
 
+@pytest.mark.xdist_group("ray")  # one Ray engine at a time (make test: same xdist worker)
 def test_flower_workers_run_parallel_chunks_like_the_local_loop(tmp_path):
     """Flower's engine with two nodes, each running its users in cohort-parallel chunks, gives
     the in-process loop's model (float tolerance) and the identical ledger."""
@@ -173,7 +174,8 @@ def test_public_stages_refuse_a_gpu_device():
 def test_parallel_example_dp_run_matches_the_loop(tmp_path):
     """End to end with client.dp=example: the trainer's replica carries none of the clipping
     engine's hooks (it is copied before the engine attaches), and the run equals the loop's."""
-    base = ("+experiment=smoke", "progress=false", "rounds=2", "client.dp=example", "client.example.noise_multiplier=1.0")
+    base = ("+experiment=smoke", "progress=false", "rounds=2", "client.dp=example",
+            "client.example.noise_multiplier=1.0")
     loop, par = (prepare(compose_cfg(*base, *extra, run_dir=tmp_path / name))
                  for name, extra in (("loop", ()), ("par", ("client.parallel=3",))))
     assert par.task.trainer is not None and par.task.bk is not None

@@ -43,7 +43,8 @@ def test_nonfinite_and_misshaped_deltas_are_rejected_not_summed():
 
 
 def _server(sampler, sigma=0.0, clip=1.0, dim=4):
-    return DPFedAvg(torch.zeros(dim), sampler, GaussianMechanism(sigma, clip, noise=NoiseStream.from_seed(0)), clip, ServerSGD(lr=1.0))
+    return DPFedAvg(torch.zeros(dim), sampler, GaussianMechanism(sigma, clip, noise=NoiseStream.from_seed(0)), clip,
+                    ServerSGD(lr=1.0))
 
 
 def test_round_divides_by_expected_cohort_not_realised_count():

@@ -2,7 +2,8 @@
 tests/golden/ — privacy.json, metrics.jsonl (wall times dropped) and SHA-256 hashes of the final
 server parameters and released model — and the same combinations must still be refused.
 
-Runs on one torch thread: results depend on the thread count. This is the oracle of refactoring: code may move, outputs may not. A golden file changes only in
+Runs on one torch thread: results depend on the thread count.
+This is the oracle of refactoring: code may move, outputs may not. A golden file changes only in
 a commit that says why. To re-freeze after an intended change of outputs::
 
     FEDPRIV_FREEZE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py
@@ -27,7 +28,8 @@ ALGORITHMS = ("dp_fedavg", "dp_fedsgd", "dpsgd")
 OPTIMIZERS = ("sgd", "dpadam_post", "dpadam_ime", "dpadam_stp")
 # name -> overrides beyond BASE
 CASES: dict[str, tuple[str, ...]] = {
-    f"{m}-{a}-{o}": (f"mechanism={m}", f"algorithm={a}", f"optimizer={o}", *(("mechanism.bands=2",) if m == "bandmf" else ()))
+    f"{m}-{a}-{o}": (f"mechanism={m}", f"algorithm={a}", f"optimizer={o}",
+                     *(("mechanism.bands=2",) if m == "bandmf" else ()))
     for m, a, o in itertools.product(MECHANISMS, ALGORITHMS, OPTIMIZERS)
 }
 CASES.update({

@@ -39,7 +39,9 @@ def _smoke(tmp_path, *overrides):
 
 
 def _grow(monkeypatch) -> None:
-    monkeypatch.setattr(schema, "Client", _GrownClient)
+    from fedpriv.schema import run_config
+
+    monkeypatch.setattr(run_config, "Client", _GrownClient)  # the name RunConfig's `client` annotation reads
     monkeypatch.setitem(schema.options("mechanism"), "gaussian", _GrownGaussian())
 
 
@@ -106,7 +108,7 @@ def test_the_same_data_at_two_paths_is_one_research_run(tmp_path):
     for d in (here, linked, copied):
         d.mkdir()
     (here / "stackoverflow.word_count").write_text(WORD_COUNTS)
-    db = make_db(here / "stackoverflow.sqlite")
+    make_db(here / "stackoverflow.sqlite")
     for name in ("stackoverflow.sqlite", "stackoverflow.word_count"):
         os.link(here / name, linked / name)  # a hard link: one file, two paths
         shutil.copy(here / name, copied / name)

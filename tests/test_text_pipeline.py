@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedpriv.data import text_pipeline
-from fedpriv.data.federated import FederatedDataset, PublicCorpus
+from fedpriv.data.federated import FederatedDataset
 from fedpriv.data.synthetic import SyntheticConfig, generate
 from fedpriv.data.text_pipeline import apply_text_pipeline
 from fedpriv.errors import ConfigError

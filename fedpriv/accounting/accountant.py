@@ -155,7 +155,8 @@ def pld_bytes(event: dp_accounting.DpEvent, discretization: float = PLD_VALUE_DI
         if sigma <= 0:
             continue
         spread = min(1.0 / sigma, q * math.sqrt(math.expm1(min(1.0 / sigma ** 2, 700.0))))
-        points += (2 * _TAIL_SIGMAS * math.sqrt(n) * spread + 2 * _TAIL_SIGMAS / sigma + 0.5 / sigma ** 2) / discretization
+        points += (2 * _TAIL_SIGMAS * math.sqrt(n) * spread + 2 * _TAIL_SIGMAS / sigma
+                   + 0.5 / sigma ** 2) / discretization
     return points * _PLD_BYTES_PER_POINT
 
 

@@ -7,7 +7,8 @@ more unit of the run's sampler (:meth:`Sampler.sample_extra`: the same participa
 user of the population has) and, in each round it joins, contributes ``OVERSHOOT · C · u_j`` — a
 delta with no data, whose norm is past the clip bound, so the server's clipping makes it exactly
 ``C · u_j`` (under a plan that scales deltas before clipping, the raw delta is divided by the
-scale first, so the clipped contribution is again ``C · u_j`` in the clipped space). It enters the round's clipped sum where every unit's reply does
+scale first, so the clipped contribution is again ``C · u_j`` in the clipped space).
+It enters the round's clipped sum where every unit's reply does
 (:meth:`~fedpriv.aggregation.RoundAggregate.add`), before the mechanism's noise; for central
 DP-SGD a canary unit is a gradient canary (an example whose clipped gradient contribution is
 ``C · u_j``), added beside Book-Keeping's clipped sum.

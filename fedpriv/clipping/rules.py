@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 

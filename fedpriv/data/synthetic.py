@@ -44,7 +44,7 @@ from fedpriv.data.federated import FederatedDataset, PublicCorpus, Vocabulary
 from fedpriv.data.synthetic_oracle import (TopicChains, bigram_bayes_accuracy, ceiling_accuracy,
                                            oracle_topic_accuracy, scored_positions, unigram_accuracy)
 from fedpriv.errors import ConfigError
-from fedpriv.schema import Section, TextPipeline, in_unit_interval, nonnegative, positive, register_option
+from fedpriv.schema import Section, TextPipeline, register_option
 
 
 @dataclass(frozen=True)

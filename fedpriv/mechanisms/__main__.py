@@ -9,7 +9,8 @@ RMSE (../shared/reference/KNOWN_ANSWERS.md): prefix sums over n rounds, one part
 noise multiplier, ``sqrt(sens² · mean_t Var(prefix noise_t))`` with the mechanism's single-
 participation sensitivity² (1 for independent noise and column-normalized BandMF, the
 ⌊log2 n⌋+1 nodes a round reaches in a tree). BandMF optimizes (or loads from the disk cache) its
-strategy for n rounds and b bands. Computed from the mechanism's explicit noise matrix, so it checks the online generator.
+strategy for n rounds and b bands. Computed from the mechanism's explicit noise matrix, so it checks
+the online generator.
 BLT (``fedpriv/mechanisms/blt.py``) optimises its buffers for the participation pattern (k
 participations, at least S rounds strictly between two) and reports the seconds it took; BandMF
 takes a pattern only where its bands cannot overlap (S ≥ b − 1: sensitivity² k).

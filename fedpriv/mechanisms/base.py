@@ -101,7 +101,7 @@ class NoiseMechanism(abc.ABC):
         stream = require_noise(self._noise, self.name)
         return self._residual(lambda: stream.normal(shape) * self.std)
 
-    def _check_round(self, round_idx: int) -> None:
+    def _check_round(self, round_idx: int) -> None:  # noqa: B027 — a hook: most mechanisms plan no round count
         """A mechanism planned for a number of rounds refuses the ones beyond it."""
 
     @abc.abstractmethod

@@ -110,7 +110,8 @@ class LSTM(nn.Module):
         for t in range(x.shape[1]):
             gates = x_gates[:, t] if h is None else x_gates[:, t] + self.hh(h)
             i, f, g, o = gates.chunk(4, dim=-1)
-            c = torch.sigmoid(i) * torch.tanh(g) if c is None else torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            c = (torch.sigmoid(i) * torch.tanh(g) if c is None
+                 else torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g))
             h = torch.sigmoid(o) * torch.tanh(c)
             outputs.append(h)
         return torch.stack(outputs, dim=1), (h.unsqueeze(0), c.unsqueeze(0))
@@ -247,7 +248,8 @@ class LSTMLanguageModel(nn.Module):
         self.output = nn.Linear(projection_dim, vocab_size)
         if tie_embeddings:  # output weight = input embedding (needs projection_dim == embed_dim)
             if projection_dim != embed_dim:
-                raise ValueError(f"tie_embeddings needs projection_dim == embed_dim, got {projection_dim} != {embed_dim}")
+                raise ValueError(f"tie_embeddings needs projection_dim == embed_dim, "
+                                 f"got {projection_dim} != {embed_dim}")
             self.output.weight = self.embedding.weight
 
     def features(self, tokens: torch.Tensor) -> torch.Tensor:

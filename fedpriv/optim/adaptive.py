@@ -74,7 +74,8 @@ class DPAdaptive(ServerOptimizerBase):
         if variant not in VARIANTS:
             raise ConfigError(f"unknown adaptive variant {variant!r} (choose one of: {', '.join(VARIANTS)})")
         if stp_normalize not in STP_NORMALIZE:
-            raise ConfigError(f"unknown optimizer.stp_normalize {stp_normalize!r} (choose one of: {', '.join(STP_NORMALIZE)})")
+            raise ConfigError(f"unknown optimizer.stp_normalize {stp_normalize!r} "
+                              f"(choose one of: {', '.join(STP_NORMALIZE)})")
         if not 0.0 < ime_fraction < 1.0:
             raise ConfigError(f"optimizer.ime_fraction must be in (0, 1), got {ime_fraction}")
         stp_eps = eps if stp_eps is None else float(stp_eps)

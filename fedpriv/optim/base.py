@@ -39,6 +39,6 @@ class ServerOptimizerBase(abc.ABC):
         """``s_t`` when the plan declares ``pre_clip_scale`` (computed from earlier releases only)."""
         return None
 
-    def reset(self, params: torch.Tensor) -> None:
+    def reset(self, params: torch.Tensor) -> None:  # noqa: B027 — a hook: most optimizers keep their state
         """A new iterate from outside (a public stage). Optimizers that read θ from the caller at
         every step keep their state; those whose iterate is a function of their state re-anchor."""

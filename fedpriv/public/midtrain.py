@@ -10,9 +10,9 @@ teacher, log p(x) summed over x's tokens:
   selection on the synthetic default: it rewards short, generic public sentences);
 * ``private``: ``log p_priv(x)`` only (ablation; no teacher needed).
 
-Keep the top ``fraction`` of the public pool; run :func:`~fedpriv.public.pretrain.pretrain` on them (with distillation when a
-teacher's top-k corpus exists). Inputs are a DP release and public data only, so this is
-post-processing: the ledger is exactly that of the private rounds (tested).
+Keep the top ``fraction`` of the public pool; run :func:`~fedpriv.public.pretrain.pretrain` on them
+(with distillation when a teacher's top-k corpus exists). Inputs are a DP release and public data
+only, so this is post-processing: the ledger is exactly that of the private rounds (tested).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def check_mid_training(public_cfg: Mapping[str, Any], rounds: int) -> int | None
     if at == "half":
         at = rounds // 2
     if not 1 <= at < rounds:
-        raise ConfigError(f"public.mid_training_round must be 'half' or an integer in [1, rounds-1={rounds - 1}], got {at!r}")
+        raise ConfigError(f"public.mid_training_round must be 'half' or an integer in [1, rounds-1={rounds - 1}], "
+                          f"got {at!r}")
     if public.mid_training_score != "private" and public.teacher == "none":
         raise ConfigError(f"public.mid_training_score={public.mid_training_score} needs a public teacher "
                           "(public.teacher=embedded); use mid_training_score=private for the p_priv-only ablation")

@@ -1,0 +1,187 @@
+"""From a composed config (a plain dict) to the typed :class:`~fedpriv.schema.run_config.RunConfig`
+and back, strictly (no coercion; the first problem is one ``ConfigError`` line), and the Hydra
+ConfigStore registration of every option."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from typing import Any, Literal, Union
+
+from fedpriv.errors import ConfigError
+from fedpriv.schema.checks import _fail, _key
+from fedpriv.schema.registry import (DEFAULT_OPTIONS, GROUPS, SECTIONS, _import_section_plugins, option_class,
+                                     option_preset, options)
+from fedpriv.schema.run_config import RunConfig
+from fedpriv.schema.sections import Option, Section
+
+
+# --- parsing ---------------------------------------------------------------------------------------
+
+# scalar annotation -> (what a value must be, the test it must pass); no coercion anywhere
+_SCALARS: dict[Any, tuple[str, Any]] = {
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+            and not (isinstance(v, float) and math.isnan(v))),
+    str: ("a string", lambda v: isinstance(v, str)),
+}
+
+
+def _type_name(tp: Any) -> str:
+    if tp in _SCALARS:
+        return _SCALARS[tp][0]
+    if typing.get_origin(tp) is Literal:
+        return "one of: " + ", ".join(str(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _value(value: Any, tp: Any, path: str) -> Any:
+    """``value`` checked against the annotation ``tp`` (no coercion; dataclasses parsed)."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _value(value, arg, path)
+            except ConfigError as err:
+                errors.append(err)
+        names = [_type_name(a) for a in args if a is not type(None)] + (["null"] if type(None) in args else [])
+        raise ConfigError(f"{path} must be {' or '.join(names)}, got {value!r}")
+    if origin is Literal:
+        if value not in typing.get_args(tp) or isinstance(value, bool):
+            raise ConfigError(f"unknown {path} {value!r} (choose one of: "
+                              f"{', '.join(str(a) for a in typing.get_args(tp))})")
+        return value
+    if tp in _SCALARS:
+        what, ok = _SCALARS[tp]
+        if not ok(value):
+            _fail(path, what, value)
+        return value
+    if tp is Any:
+        return value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _section(value, tp, path)
+    raise TypeError(f"schema: unsupported annotation {tp!r} at {path}")
+
+
+def unknown_key(path: str, key: str, known: list[str]) -> ConfigError:
+    """The error for an unknown ``key`` under ``path``, naming the closest of the ``known`` keys."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f" (did you mean '{_key(path, close[0])}'?)" if close else ""
+    return ConfigError(f"unknown config key '{_key(path, key)}'{hint}")
+
+
+def _fields(cls: type) -> tuple[list[str], dict[str, Any]]:
+    """A section's keys and their annotations: its dataclass fields, then the sections other
+    modules registered under it (:func:`register_section`)."""
+    _import_section_plugins()
+    hints = dict(typing.get_type_hints(cls))
+    names = [f.name for f in dataclasses.fields(cls)]
+    for name, sub in SECTIONS.get(cls, {}).items():
+        names.append(name)
+        hints[name] = sub
+    return names, hints
+
+
+def _section(data: Any, cls: type, path: str, base: Any = None) -> Any:
+    """``data`` parsed as section ``cls``; missing keys take ``base``'s values (a group option's
+    registered preset) or the class defaults."""
+    if not isinstance(data, dict):
+        _fail(path or "the config", "a mapping", data)
+    names, hints = _fields(cls)
+    for key in data:
+        if key not in names:
+            raise unknown_key(path, str(key), names)
+    kwargs, extra = {}, {}
+    own = {f.name for f in dataclasses.fields(cls)}
+    for name in names:
+        sub = _key(path, name)
+        if name not in data:
+            if name not in own:
+                extra[name] = hints[name]()  # a registered section's defaults
+            continue  # its default
+        tp = hints[name]
+        if name in GROUPS and cls is RunConfig:  # a group: the option its `name` selects
+            kwargs[name] = _option(name, data[name], sub)
+            continue
+        (kwargs if name in own else extra)[name] = _value(data[name], tp, sub)
+    section = dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
+    for name, value in extra.items():
+        setattr(section, name, value)
+    section.check(path)
+    return section
+
+
+def _option(group: str, data: Any, path: str) -> Option:
+    """The option of ``group`` that ``data["name"]`` selects, its missing keys from its preset."""
+    if not isinstance(data, dict):
+        _fail(path, "a mapping", data)
+    name = data.get("name", DEFAULT_OPTIONS.get(group))  # a partial mapping: the group's default option
+    return _section(dict(data), option_class(group, name, path), path, option_preset(group, name))
+
+
+def parse(plain: dict) -> RunConfig:
+    """The typed, validated view of a composed config (``ConfigError`` on the first problem)."""
+    return _section(plain, RunConfig, "")
+
+
+def as_dict(section: Any) -> Any:
+    """The plain-dict form of a section (what Hydra composes and the run computes with),
+    registered sections included (with their defaults where the instance has none)."""
+    if not (dataclasses.is_dataclass(section) and not isinstance(section, type)):
+        return section
+    out = {f.name: as_dict(getattr(section, f.name)) for f in dataclasses.fields(section)}
+    for name, sub in SECTIONS.get(type(section), {}).items():
+        out[name] = as_dict(getattr(section, name, None) or sub())
+    return out
+
+
+def register() -> None:
+    """Register every group option, and the top-level defaults as ``fedpriv_defaults``, with
+    Hydra's ConfigStore (plain-dict nodes: types are checked by :func:`parse`, with fedpriv's
+    messages). Idempotent."""
+    from hydra.core.config_store import ConfigStore
+
+    _import_section_plugins()
+    store = ConfigStore.instance()
+    top = {k: v for k, v in as_dict(RunConfig()).items() if k not in GROUPS}
+    store.store(name="fedpriv_defaults", node=top)
+    for group in GROUPS:
+        for name, option in options(group).items():
+            store.store(group=group, name=name, node=as_dict(option))
+
+
+def known_keys(path: str) -> list[str] | None:
+    """The valid keys under the node at dotted ``path`` ("" for the top level; for a group, those
+    of any of its options), or None when ``path`` names no section."""
+    cls: Any = RunConfig
+    classes = [cls]
+    for part in [p for p in path.split(".") if p]:
+        nxt = []
+        for c in classes:
+            if c is RunConfig and part in GROUPS:
+                nxt += list({type(o) for o in options(part).values()})
+                continue
+            tp = _fields(c)[1].get(part)
+            if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+                nxt.append(tp)
+        if not nxt:
+            return None
+        classes = nxt
+    return sorted({name for c in classes for name in _fields(c)[0]})
+
+
+def load(kind: type[Section] | str, data: Any, path: str = "") -> Any:
+    """One section from a plain mapping, checked and with its defaults: ``kind`` is a section
+    class (``load(Public, cfg["public"], "public")``) or a group name, whose option the mapping's
+    ``name`` selects (``load("mechanism", {"name": "tree"})``)."""
+    if isinstance(kind, str):
+        return _option(kind, data, path or kind)
+    return _section(dict(data) if data is not None else {}, kind, path)

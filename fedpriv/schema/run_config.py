@@ -1,0 +1,75 @@
+"""The whole run's typed config: the top-level keys, the fixed sections and one option per group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from fedpriv.errors import ConfigError
+from fedpriv.schema.checks import PRESENTATION, _key, in_unit_interval, nonnegative, positive
+from fedpriv.schema.registry import _default
+from fedpriv.schema.sections import (AlgorithmOption, Audit, BackendOption, Client, LocalBackend, MechanismOption,
+                                     ModelOption, OptimizerOption, Privacy, Public, Section, TextPipeline)
+
+
+def secure_mode(secure_rng: bool | None, backend: str | None) -> bool:
+    """``privacy.secure_rng``, where null means: secure for deployments, research otherwise."""
+    return backend == "deployment" if secure_rng is None else secure_rng
+
+
+@dataclass
+class RunConfig(Section):
+    """The whole run. Top-level keys, the fixed sections, and one option per group."""
+
+    seed: int = 0
+    # where tensors live (auto: cuda when available)
+    device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=PRESENTATION)
+    rounds: int = 220
+    cohort_size: int = 150
+    sampling: str = "auto"  # auto: the mechanism's default_sampling; else a registered sampler (fedpriv/sampling.py)
+    # public population size N fixing the Poisson rates q = cohort_size / N (add/remove-one holds);
+    # null: q from the dataset's count, accounted under zero-out (docs/PRIVACY.md, "The population")
+    population: Optional[int] = None
+    ema_decay: float = 0.95  # >0: release/evaluate the EMA of the server iterates (post-processing); 0: off
+    # evaluate on the test set every k rounds (and after the last); null: last only
+    eval_every: Optional[int] = field(default=20, metadata=PRESENTATION)
+    resume: bool = field(default=False, metadata=PRESENTATION)  # true: continue the run in run_dir
+    progress: bool = field(default=True, metadata=PRESENTATION)
+    verbose: bool = field(default=False, metadata=PRESENTATION)  # one structured log line per round
+    # research mode only: statistics of training users (NOT covered by epsilon)
+    diagnostics: bool = field(default=True, metadata=PRESENTATION)
+    tensorboard: bool = field(default=False, metadata=PRESENTATION)
+    run_dir: str = field(default="outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}", metadata=PRESENTATION)
+    client: Client = field(default_factory=Client)
+    public: Public = field(default_factory=Public)
+    privacy: Privacy = field(default_factory=Privacy)
+    audit: Audit = field(default_factory=Audit)
+    data: TextPipeline = field(default_factory=_default("data"))
+    model: ModelOption = field(default_factory=_default("model"))
+    algorithm: AlgorithmOption = field(default_factory=_default("algorithm"))
+    mechanism: MechanismOption = field(default_factory=_default("mechanism"))
+    optimizer: OptimizerOption = field(default_factory=_default("optimizer"))
+    backend: BackendOption = field(default_factory=_default("backend"), metadata=PRESENTATION)
+
+    @property
+    def secure(self) -> bool:
+        return secure_mode(self.privacy.secure_rng, self.backend.name)
+
+    def check(self, path: str = "") -> None:
+        nonnegative(self, "seed", path=path)
+        from fedpriv.sampling import SAMPLERS  # registered samplers (sampling imports this module)
+
+        if self.sampling != "auto" and self.sampling not in SAMPLERS:
+            raise ConfigError(f"unknown {_key(path, 'sampling')} {self.sampling!r} (choose one of: "
+                              f"{', '.join(['auto', *sorted(SAMPLERS)])})")
+        positive(self, "rounds", "cohort_size", "eval_every", "population", path=path)
+        in_unit_interval(self, "ema_decay", path, closed_right=False, open_left=False)
+        if self.algorithm.central and not isinstance(self.backend, LocalBackend):
+            raise ConfigError(f"algorithm={self.algorithm.name} is central (pooled data, no clients): "
+                              "use backend=local")
+        if self.privacy.research_key == "seed" and self.secure:
+            raise ConfigError("privacy.research_key=seed shares randomness between runs: research mode only "
+                              "(privacy.secure_rng=false, and not backend=deployment)")
+        if self.client.dp == "example" and not self.algorithm.local_training:
+            raise ConfigError(f"client.dp=example needs algorithm=dp_fedavg (local DP-SGD steps), "
+                              f"not {self.algorithm.name}")

@@ -1,0 +1,327 @@
+"""The config sections: one dataclass per fixed section (client, public, privacy, audit), the base
+of every section, and the contract of each option group (its base class: what an option must
+implement to be registered). The fields hold the only copy of every default."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, Optional, Union
+
+from fedpriv.errors import ConfigError
+from fedpriv.schema.checks import (LOCATION, PRESENTATION, _fail, _key, divisible, in_unit_interval, nonnegative,
+                                   positive)
+
+
+# --- sections --------------------------------------------------------------------------------------
+
+@dataclass
+class Section(abc.ABC):  # noqa: B024 — abstract so that group bases can declare abstract methods
+    """A config node: dataclass fields are its keys; ``check`` validates their values."""
+
+    def check(self, path: str) -> None:  # noqa: B027 — most sections need no range checks
+        """Range and consistency checks of this section's own fields (types are already checked)."""
+
+    def inert_fields(self) -> tuple[str, ...]:
+        """Fields whose values change nothing in this configuration (an audit that inserts no
+        canaries): left out of the research key, like fields at their defaults."""
+        return ()
+
+    def implied_locations(self) -> dict[str, str]:
+        """``LOCATION`` fields left unset whose input is found anyway (the vocabulary beside a data
+        file): field -> the path that is read, so the research key covers that input's content."""
+        return {}
+
+
+@dataclass
+class ExampleDP(Section):
+    """``client.example``: example-level DP-SGD on each client (fedpriv/local_dp.py states the math)."""
+
+    sampling_rate: float = 0.25  # each local step Poisson-samples each of the client's rows with this rate
+    steps: int = 4  # DP-SGD steps per round
+    clip_norm: float = 1.0  # per-example gradient bound
+    noise_multiplier: Optional[float] = None  # set directly, or null to calibrate to target_epsilon
+    target_epsilon: float = 8.0  # example-level epsilon after `rounds` rounds (client assumed in every round)
+    delta: float = 1.0e-6
+    denominator: float = 6.0  # fixed, public divisor of each step's noisy clipped sum
+    mode: Literal["ghost", "instantiate", "mixopt"] = field(default="mixopt", metadata=PRESENTATION)
+
+    def check(self, path: str) -> None:
+        in_unit_interval(self, "sampling_rate", path)
+        positive(self, "steps", "clip_norm", "target_epsilon", "denominator", path=path)
+        nonnegative(self, "noise_multiplier", path=path)
+        in_unit_interval(self, "delta", path, closed_right=False)
+
+
+@dataclass
+class Client(Section):
+    """``client``: local training of each sampled user."""
+
+    epochs: int = 1
+    batch_size: int = 16
+    lr: float = 1.0
+    max_steps: Optional[int] = 2  # cap on local steps per round (null: full epochs)
+    dp: Literal["none", "example"] = "none"  # example: local steps are example-level DP-SGD through Book-Keeping
+    example: ExampleDP = field(default_factory=ExampleDP)
+    # clients trained in lockstep as one vectorized computation (1: one after another)
+    parallel: int = field(default=1, metadata=PRESENTATION)
+
+    def check(self, path: str) -> None:
+        positive(self, "epochs", "batch_size", "lr", "max_steps", "parallel", path=path)
+
+
+@dataclass
+class TeacherModel(Section):
+    """``public.teacher_model``: the embedded teacher transformer (bigger than the default student)."""
+
+    d_model: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    ff_dim: int = 512
+
+    def check(self, path: str) -> None:
+        positive(self, "d_model", "num_layers", "num_heads", "ff_dim", path=path)
+        divisible(self, "d_model", "num_heads", path)
+
+
+@dataclass
+class Public(Section):
+    """``public``: public data (no privacy cost), see fedpriv/public/."""
+
+    pretrain_steps: int = 0  # >0: SGD steps on the public corpus before round 1
+    pretrain_batch_size: int = 64
+    pretrain_lr: float = 0.5
+    pretrain_fraction: float = 1.0  # share of the public pool pre-training draws from (seeded subset)
+    teacher: Literal["none", "embedded", "hf"] = "none"
+    # teacher=hf: local directory with the model and tokenizer (never downloaded)
+    teacher_path: Optional[str] = field(default=None, metadata=LOCATION)
+    teacher_model: TeacherModel = field(default_factory=TeacherModel)
+    teacher_steps: int = 500
+    teacher_batch_size: int = 64
+    teacher_lr: float = 0.001
+    distill_k: int = 10  # top-k teacher logits kept per position
+    distill_beta: float = 1.0  # loss = CE + beta * CE(teacher top-k at temperature t, student at t)
+    distill_temperature: float = 1.0
+    mid_training_round: Union[int, Literal["half"], None] = None  # T' (half: rounds/2; null: off)
+    mid_training_fraction: float = 0.05  # share of the public pool kept by score
+    mid_training_score: Literal["ratio", "sum", "private"] = "ratio"
+    mid_training_steps: int = 200
+    mid_training_lr: float = 0.1
+
+    def check(self, path: str) -> None:
+        nonnegative(self, "pretrain_steps", "teacher_steps", "mid_training_steps", "distill_beta", path=path)
+        positive(self, "pretrain_batch_size", "pretrain_lr", "teacher_batch_size", "teacher_lr", "distill_k",
+                 "distill_temperature", "mid_training_lr", path=path)
+        in_unit_interval(self, "pretrain_fraction", path)
+        in_unit_interval(self, "mid_training_fraction", path)
+
+
+@dataclass
+class AdaptiveClipping(Section):
+    """``privacy.adaptive``: the clip bound's update under ``privacy.clipping=adaptive``
+    (fedpriv/adaptive_clipping.py states the math; defaults from Andrew et al. 2021)."""
+
+    target_quantile: float = 0.5  # γ: the share of users the bound should leave unclipped
+    learning_rate: float = 0.2  # η_C of C_{t+1} = C_t · exp(−η_C (b̃_t − γ))
+    count_noise: Optional[float] = None  # σ_b, std of the privatized count (null: expected cohort / 20)
+
+    def check(self, path: str) -> None:
+        in_unit_interval(self, "target_quantile", path, closed_right=False)
+        positive(self, "learning_rate", "count_noise", path=path)
+
+
+@dataclass
+class Privacy(Section):
+    """``privacy``: the user-level guarantee and how its randomness is drawn."""
+
+    target_epsilon: Optional[float] = 8.0  # calibrate the noise multiplier to this epsilon after `rounds` rounds
+    delta: float = 1.0e-5
+    noise_multiplier: Optional[float] = None  # a fixed multiplier instead of a target (0: non-private)
+    clip_norm: float = 0.5  # user-level L2 bound on each client delta (adaptive: the initial bound C_0)
+    clipping: Literal["fixed", "adaptive"] = "fixed"  # adaptive: the bound follows a quantile of the norms
+    adaptive: AdaptiveClipping = field(default_factory=AdaptiveClipping)
+    accountant: Literal["rdp", "pld"] = "rdp"
+    secure_rng: Optional[bool] = None  # true: secure mode; false: research mode; null: secure for deployments
+    # research mode only. config: the key covers the run's computing config (no two runs that differ
+    # share randomness); seed: the key is the seed's alone, so runs of one seed share cohorts and
+    # noise whatever else differs (paired comparisons; never for release)
+    research_key: Literal["config", "seed"] = "config"
+
+    def check(self, path: str) -> None:
+        if self.noise_multiplier is None:
+            if self.target_epsilon is None:
+                raise ConfigError(f"{path}.target_epsilon or {path}.noise_multiplier must be set")
+            positive(self, "target_epsilon", path=path)
+        nonnegative(self, "noise_multiplier", path=path)
+        in_unit_interval(self, "delta", path, closed_right=False)
+        positive(self, "clip_norm", path=path)
+        if self.target_epsilon is not None and not math.isfinite(self.target_epsilon):
+            _fail(_key(path, "target_epsilon"), "finite", self.target_epsilon)  # also beside a fixed sigma
+
+    def inert_fields(self) -> tuple[str, ...]:
+        return ("adaptive",) if self.clipping == "fixed" else ()  # a fixed clip reads no adaptive key
+
+
+@dataclass
+class Audit(Section):
+    """``audit``: the empirical privacy audit of a run (fedpriv/audit/; docs/PRIVACY.md)."""
+
+    canaries: int = 0  # M canary units with a secret inclusion coin, plus M never inserted (0: no audit)
+    support: int = 4096  # coordinates of each canary's random direction (0: all of the model's)
+    confidence: float = field(default=0.95, metadata=PRESENTATION)  # of the one-run lower bound
+
+    def check(self, path: str) -> None:
+        nonnegative(self, "canaries", "support", path=path)
+        if self.canaries == 1:
+            _fail(_key(path, "canaries"), "0 (off) or at least 2", self.canaries)
+        in_unit_interval(self, "confidence", path, closed_right=False)
+
+    def inert_fields(self) -> tuple[str, ...]:
+        return () if self.canaries else tuple(f.name for f in dataclasses.fields(self))  # no audit
+
+
+# --- options of the polymorphic groups --------------------------------------------------------------
+
+@dataclass
+class Option(Section):
+    """An option of a config group; ``name`` selects the implementation."""
+
+    name: str = ""
+
+
+@dataclass
+class ModelOption(Option):
+    """Contract of a ``model`` option: ``model_class`` (an ``nn.Module`` language model:
+    ``forward(tokens [B, T]) -> logits [B, T, V]``, every trainable layer one Book-Keeping knows)
+    built with this option's fields by :meth:`build_model`."""
+
+    model_class: ClassVar[type]
+
+    def build_model(self, vocab_size: int, pad_id: int, seq_len: int):
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
+        return self.model_class(vocab_size=vocab_size, pad_id=pad_id, **fields, **self.extra_model_args(seq_len))
+
+    def extra_model_args(self, seq_len: int) -> dict:
+        """Constructor arguments that come from the data, not the config (a transformer's max_len)."""
+        return {}
+
+
+@dataclass
+class MechanismOption(Option):
+    """Contract of a ``mechanism`` option: :meth:`build` makes the mechanism (a
+    :class:`fedpriv.mechanisms.base.NoiseMechanism`); ``default_sampling`` is what ``sampling=auto``
+    picks for it."""
+
+    default_sampling: ClassVar[str]
+    accounting_fields: ClassVar[tuple[str, ...]] = ()  # fields its DpEvent depends on: a calculator must be told
+
+    @abc.abstractmethod
+    def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
+              sampler=None):
+        """The mechanism with multiplier σ and clip C, drawing from ``noise`` (None: accounting
+        only), sized for ``rounds`` and (where it optimises for one) the ``sampler``'s pattern."""
+
+    def sampling_groups(self) -> int | None:
+        """The groups of ``sampling=cyclic_poisson`` (BandMF: its bands)."""
+        return None
+
+
+@dataclass
+class OptimizerOption(Option):
+    """Contract of an ``optimizer`` option: :meth:`build` makes the server optimizer (a
+    :class:`fedpriv.optim.base.ServerOptimizerBase`)."""
+
+    @abc.abstractmethod
+    def build(self, rounds: int | None = None):
+        """The optimizer for a run of ``rounds`` rounds (a schedule may need them)."""
+
+
+@dataclass
+class AlgorithmOption(Option):
+    """Contract of an ``algorithm`` option: ``algorithm_class`` (a :class:`fedpriv.algorithms.Algorithm`)
+    built from the option by :meth:`build`."""
+
+    algorithm_class: ClassVar[type]
+    central: ClassVar[bool] = False  # pooled data, no clients: in-process only
+    local_training: ClassVar[bool] = False  # clients run local steps (client.dp=example applies to them)
+
+    def build(self, client: "Client"):
+        """The algorithm this option selects, given the client section (``client.dp``)."""
+        return self.algorithm_class(self)
+
+
+@dataclass
+class BackendOption(Option):
+    """A ``backend`` option: how rounds reach clients (server/ implements each; no DP here)."""
+
+
+@dataclass
+class TextPipeline(Option):
+    """Contract of a ``data`` option: :meth:`load_words` reads the users' sentences; the keys every
+    dataset shares (the public corpus and the tokenizer, fedpriv/data/text_pipeline.py) are here."""
+
+    seq_len: int = 20
+    seed: int = 0
+    public_source: Literal["embedded", "c4", "text", "none"] = "none"
+    # c4: local c4-*.json.gz shard(s), a directory or glob; text: .txt/.jsonl/.json(.gz)
+    public_path: Optional[str] = field(default=None, metadata=LOCATION)
+    public_max_sentences: int = 20000
+    public_text_field: str = "text"  # JSON field holding the text (text source)
+    tokenizer: Literal["word", "sentencepiece", "hf"] = "word"  # sentencepiece: trained on the public corpus only
+    # tokenizer=hf: its directory (default: the teacher's)
+    tokenizer_path: Optional[str] = field(default="${public.teacher_path}", metadata=LOCATION)
+    sp_vocab_size: int = 2000
+    sp_model_type: Literal["bpe", "unigram"] = "bpe"
+    sp_seq_len: Optional[int] = None  # subword tokens per row (null: 2 x seq_len)
+
+    def check(self, path: str) -> None:
+        positive(self, "seq_len", "public_max_sentences", "sp_vocab_size", "sp_seq_len", path=path)
+        nonnegative(self, "seed", path=path)
+
+    def example_overrides(self, directory) -> list[str]:
+        """Config overrides of a tiny runnable instance of this dataset, writing any input file it
+        needs under ``directory`` (the contract tests, tests/test_plugins.py, run a round of it)."""
+        return []
+
+    @abc.abstractmethod
+    def load_words(self):
+        """The dataset as a :class:`fedpriv.data.federated.FederatedDataset` of word ids (users'
+        training sentences, a test split, the public corpus where the option has one)."""
+
+
+@dataclass
+class LocalBackend(BackendOption):
+    name: str = "local"
+
+
+@dataclass
+class FlowerBackend(BackendOption):
+    """Flower's simulation engine (Ray)."""
+
+    name: str = "flower"
+    num_supernodes: int = 2
+    client_cpus: float = 1
+    client_gpus: float = 0  # GPUs per worker (Ray's num_gpus; a fraction shares one): each runs on device=auto
+    num_cpus: int = 2
+    round_timeout: Optional[float] = None
+
+    def check(self, path: str) -> None:
+        positive(self, "num_supernodes", "client_cpus", "num_cpus", "round_timeout", path=path)
+        nonnegative(self, "client_gpus", path=path)
+
+
+@dataclass
+class DeploymentBackend(BackendOption):
+    """A real Flower deployment (``flwr run`` against a SuperLink)."""
+
+    name: str = "deployment"
+    num_supernodes: int = 2  # wait for this many nodes before round 1
+    node_wait_timeout: float = 120  # seconds to wait for them (then start with those connected, at least one)
+    round_timeout: float = 60  # seconds a round waits for replies; late or lost replies count as dropped
+    skip_rounds: int = 10  # a node that missed a round's deadline gets no users for this many rounds
+
+    def check(self, path: str) -> None:
+        positive(self, "num_supernodes", "node_wait_timeout", "round_timeout", path=path)
+        nonnegative(self, "skip_rounds", path=path)
