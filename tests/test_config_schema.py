@@ -153,3 +153,40 @@ def test_a_new_mechanism_is_its_module_only(tmp_path):
     assert build_mechanism(cfg["mechanism"], 0.5, 1.0).noise_multiplier == 1.5
     with pytest.raises(ConfigError, match="mechanism.factor must be > 0"):
         check_overrides(["mechanism=scaled_gaussian", "mechanism.factor=-1"])
+
+
+# --- one copy of each default and each validator (issue 27: four disagreements resolved) ----------
+
+def test_the_synthetic_generator_and_its_config_section_share_defaults_and_checks():
+    import dataclasses
+
+    from fedpriv.data.synthetic import SyntheticConfig, SyntheticParams
+
+    generator = SyntheticConfig()
+    for f in dataclasses.fields(SyntheticParams):
+        assert getattr(SyntheticParams(), f.name) == getattr(generator, f.name), f.name
+    assert generator.num_users == 10000  # the run's default, and the generator's
+    # num_public_topics = 0 is fine without public-only samples, refused with them: one rule, one message
+    SyntheticParams(num_public_topics=0, public_private_fraction=1.0).check("data.synthetic")
+    with pytest.raises(ConfigError, match="data.synthetic.num_public_topics must be >= 1 for public-only samples"):
+        SyntheticParams(num_public_topics=0).check("data.synthetic")
+    with pytest.raises(ConfigError, match="data.synthetic.num_public_topics must be >= 1 for public-only"):
+        check_overrides(["data.synthetic.num_public_topics=0"])
+
+
+def test_max_test_sentences_has_one_rule_for_the_option_and_the_loader(tmp_path):
+    from fedpriv.data.stackoverflow import load_stackoverflow
+
+    message = "data.max_test_sentences must be >= 1, got 0"
+    with pytest.raises(ConfigError, match=message):
+        check_overrides(["data=stackoverflow", "data.max_test_sentences=0"])
+    with pytest.raises(ConfigError, match=message):
+        load_stackoverflow(tmp_path / "absent.sqlite", max_test_sentences=0)
+
+
+def test_the_text_pipeline_reads_each_datasets_own_public_source_default():
+    from fedpriv.schema import load
+
+    assert load("data", {"name": "stackoverflow"}).public_source == "none"  # no public corpus of its own
+    assert load("data", {"name": "synthetic"}).public_source == "embedded"
+    assert load("data", {}).public_source == "embedded"  # a partial mapping: the default dataset's
