@@ -6,10 +6,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedpriv-installed
+# The tests run on TEST_WORKERS pytest-xdist workers of one torch thread each (tests/conftest.py);
+# tests marked xdist_group (the two Ray engines) share one worker. TEST_WORKERS=0: in this process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: venv demo test test-slow bench clean
+.PHONY: venv demo test test-slow lint bench clean
 
 venv: $(STAMP)
 
@@ -23,10 +27,13 @@ demo: venv
 	$(PY) -m fedpriv.simulate
 
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
+
+lint: venv
+	$(PY) -m ruff check .
 
 test-slow: venv
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow $(XDIST)
 
 bench: venv
 	$(PY) -m pip install -q -e ".[dev,bench]"

@@ -71,3 +71,47 @@ def test_bad_updates_are_rejected_or_dropped_and_counted(tmp_path):
     expected = before + total / server.sampler.expected_cohort
     torch.testing.assert_close(server.params, expected, rtol=1e-5, atol=1e-7)
     assert all(math.isfinite(v) for v in server.params.tolist())
+
+
+class DyingGrid(LocalGrid):
+    """Two nodes; node 2 "is killed" after round 1: from round 2 on its messages get no reply by
+    the deadline, while the grid still lists it (a SuperLink notices a dead node only after its
+    heartbeat expires). Records what each round asked of which node, and the deadline."""
+
+    def __init__(self, client_app: ClientApp) -> None:
+        super().__init__(client_app, num_nodes=2)
+        self.asked: list[dict[int, int]] = []  # per round: node -> number of users sent to it
+        self.timeouts: list[float | None] = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        self.asked.append({m.metadata.dst_node_id: len(m.content["config"]["users"]) for m in messages})
+        self.timeouts.append(timeout)
+        live = [m for m in messages if m.metadata.dst_node_id != 2 or len(self.asked) == 1]
+        return self.pull_messages(self.push_messages(live))
+
+
+def test_a_node_that_stops_replying_times_out_once_and_is_skipped(tmp_path, caplog):
+    """What tests/test_deploy.py's killed-SuperNode run pins, in process: the round the node dies
+    in ends with its users counted as dropped and one warning naming the round and the deadline
+    (no count of users: it depends on the cohort); later rounds skip the node, so there is no
+    second timeout; the run completes, and no metrics row publishes a drop count."""
+    from fedpriv.rundir import read_jsonl
+    from fedpriv.runner import train
+
+    cfg = compose_cfg("+experiment=smoke", "progress=false", "rounds=4", run_dir=tmp_path / "r")
+    session = prepare(cfg)
+    grid = DyingGrid(make_client_app(cfg))
+    with caplog.at_level("WARNING", logger="server.app"):
+        summary = train(session, grid_round_fn(grid, 2, 45))
+    assert summary["rounds"] == 4
+    assert grid.timeouts == [45] * 4
+    assert [set(asked) for asked in grid.asked] == [{1, 2}, {1, 2}, {1}, {1}]  # rounds 3 and 4 skip node 2
+    timeouts = [r.getMessage() for r in caplog.records if "did not reply within" in r.getMessage()]
+    assert len(timeouts) == 1 and timeouts[0].startswith("round 2: node 2 did not reply within 45 s")
+    assert "its users count as dropped" in timeouts[0]
+    rows = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2, 3, 4] and not any("dropped" in r for r in rows)
+    # research mode's diagnostics (never published): round 2 dropped exactly node 2's users
+    dropped = [d["dropped"] for d in read_jsonl(tmp_path / "r" / "diagnostics.jsonl")]
+    assert dropped == [0, grid.asked[1][2], 0, 0] and grid.asked[1][2] > 0

@@ -119,8 +119,8 @@ def test_dpsgd_is_example_level(tmp_path):
 def test_dpsgd_cli_reports_example_unit(run_cli, tmp_path):
     import json
 
-    proc = run_cli("+experiment=smoke", "algorithm=dpsgd", "cohort_size=16", "progress=false",
-                   f"run_dir={tmp_path / 'run'}")
+    proc = run_cli("+experiment=smoke", "algorithm=dpsgd", "cohort_size=16", "progress=false", "rounds=1",
+                   f"run_dir={tmp_path / 'run'}")  # one round: the unit and the budget do not need more
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["privacy_unit"] == "example" and summary["algorithm"] == "dpsgd"

@@ -55,6 +55,10 @@ def test_resume_after_mid_training_equals_uninterrupted(tmp_path):
 def test_bad_mid_training_exit_2(run_cli, tmp_path, override, message):
     proc = run_cli(*SMOKE, override, f"run_dir={tmp_path / 'r'}")
     assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_mid_training_without_a_teacher_exit_2(run_cli, tmp_path):
+    """Mid-training needs a public teacher (one command: it was run again in each case above)."""
     both = run_cli(*SMOKE, "public.mid_training_round=2", f"run_dir={tmp_path / 'b'}")
     assert both.returncode == 2 and "needs a public teacher" in both.stderr
 

@@ -52,7 +52,7 @@ def test_research_mode_is_reproducible_and_says_so(tmp_path, run_cli):
     a = _run(tmp_path, "a")
     b = _run(tmp_path, "b")
     torch.testing.assert_close(a.server.params, b.server.params, rtol=0, atol=0)
-    proc = run_cli(*SMOKE, f"run_dir={tmp_path / 'cli'}")
+    proc = run_cli(*SMOKE, "rounds=1", f"run_dir={tmp_path / 'cli'}")  # the mode's line and files: one round
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if "epsilon" in x)
     assert "research mode: randomness reproducible from the seed: not for release" in line
@@ -71,7 +71,7 @@ def test_secure_runs_with_one_seed_differ_in_noise_and_cohorts(tmp_path, run_cli
     run_local(a)
     run_local(b)
     assert not torch.equal(a.server.params, b.server.params)
-    proc = run_cli(*SMOKE, "privacy.secure_rng=true", f"run_dir={tmp_path / 'cli'}")
+    proc = run_cli(*SMOKE, "privacy.secure_rng=true", "rounds=1", f"run_dir={tmp_path / 'cli'}")  # its line: one round
     assert proc.returncode == 0, proc.stderr
     assert "[secure mode: randomness from the OS CSPRNG" in proc.stdout
 

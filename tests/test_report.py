@@ -29,6 +29,8 @@ def sweep_dir(tmp_path_factory):
     return out
 
 
+# the users of the module-scoped multirun share one xdist worker, so it runs once (make test)
+@pytest.mark.xdist_group("report-sweep")
 def test_sweep_csv_has_one_row_per_run_with_the_swept_values(sweep_dir):
     proc = _report(sweep_dir)
     assert proc.returncode == 0, proc.stderr
@@ -46,6 +48,7 @@ def test_sweep_csv_has_one_row_per_run_with_the_swept_values(sweep_dir):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+@pytest.mark.xdist_group("report-sweep")
 def test_curves_of_one_run(sweep_dir):
     run = sweep_dir / "0"
     proc = _report(run)
