@@ -6,10 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedpriv-installed
-# The tests run on TEST_WORKERS pytest-xdist workers of one torch thread each (tests/conftest.py);
-# tests marked xdist_group (the two Ray engines) share one worker. TEST_WORKERS=0: in this process.
+# The tests run on TEST_WORKERS pytest-xdist workers of one torch thread each (tests/conftest.py),
+# test by test (xdist's default 'load'; its 'loadgroup' is inert on pytest 9.2, which no longer lets
+# xdist rename the tests it groups). TEST_WORKERS=0: in this process.
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 

@@ -145,7 +145,6 @@ def test_flower_client_gpus_become_ray_resources():
 # test_parallel_run_matches_the_loop_and_keeps_the_research_key, and Flower's engine (two nodes)
 # equals the local grid bit for bit in tests/test_simulate.py::test_local_and_flower_backends_give_the_same_model
 @pytest.mark.slow
-@pytest.mark.xdist_group("ray")  # one Ray engine at a time (make test: same xdist worker)
 def test_flower_workers_run_parallel_chunks_like_the_local_loop(tmp_path):
     """Flower's engine with two nodes, each running its users in cohort-parallel chunks, gives
     the in-process loop's model (float tolerance) and the identical ledger."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import subprocess
 import sys
 
@@ -19,18 +20,27 @@ def _report(*args):
 
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
-    """A real 2 x 2 Hydra multirun of the smoke experiment."""
-    out = tmp_path_factory.mktemp("sweep") / "multirun"
-    proc = subprocess.run([sys.executable, "-m", "fedpriv.simulate", "-m", "+experiment=smoke", "progress=false",
-                           "rounds=2", "eval_every=1", "privacy.target_epsilon=5,50", "optimizer=sgd,momentum",
-                           f"hydra.sweep.dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "FLWR_TELEMETRY_ENABLED": "0"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    """A real 2 x 2 Hydra multirun of the smoke experiment, made once per test session: under
+    pytest-xdist the workers' temporary directories share a parent, where the first worker to
+    need it makes it (under a lock) and the others find it (the tests write distinct files)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    out, done = root / "sweep" / "multirun", root / "sweep" / "done"
+    with FileLock(str(root / "sweep.lock")):
+        if not done.exists():
+            proc = subprocess.run([sys.executable, "-m", "fedpriv.simulate", "-m", "+experiment=smoke",
+                                   "progress=false", "rounds=2", "eval_every=1", "privacy.target_epsilon=5,50",
+                                   "optimizer=sgd,momentum", f"hydra.sweep.dir={out}"], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=600,
+                                  env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"})
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            done.touch()
     return out
 
 
-# the users of the module-scoped multirun share one xdist worker, so it runs once (make test)
-@pytest.mark.xdist_group("report-sweep")
 def test_sweep_csv_has_one_row_per_run_with_the_swept_values(sweep_dir):
     proc = _report(sweep_dir)
     assert proc.returncode == 0, proc.stderr
@@ -48,7 +58,6 @@ def test_sweep_csv_has_one_row_per_run_with_the_swept_values(sweep_dir):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
-@pytest.mark.xdist_group("report-sweep")
 def test_curves_of_one_run(sweep_dir):
     run = sweep_dir / "0"
     proc = _report(run)

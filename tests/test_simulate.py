@@ -113,7 +113,6 @@ def test_existing_run_dir_needs_resume(tmp_path):
         prepare({**cfg, "resume": True, "seed": 5})
 
 
-@pytest.mark.xdist_group("ray")  # one Ray engine at a time (make test: same xdist worker)
 def test_local_and_flower_backends_give_the_same_model(tmp_path):
     """Same seed → same final model on the in-process grid and Flower's simulation engine (Ray)."""
     from server.app import run_flower_simulation
