@@ -1,6 +1,9 @@
-"""Golden outputs: a matrix of smoke runs must reproduce, bit for bit, what was frozen in
-tests/golden/ — privacy.json, metrics.jsonl (wall times dropped) and SHA-256 hashes of the final
-server parameters and released model — and the same combinations must still be refused.
+"""Golden outputs: a matrix of smoke runs must reproduce what was frozen in tests/golden/ —
+privacy.json exactly, metrics.jsonl (wall times dropped) up to float drift (METRICS_RTOL), and a
+fingerprint of the final server parameters and released model (PARAMS_RTOL) — and the same
+combinations must still be refused. Bit-for-bit equality holds on one machine (the resume and
+backend tests pin it); between CPUs the last bits of float kernels differ, so the oracle allows
+that drift and nothing more.
 
 Runs on one torch thread: results depend on the thread count.
 This is the oracle of refactoring: code may move, outputs may not. A golden file changes only in
@@ -11,13 +14,14 @@ a commit that says why. To re-freeze after an intended change of outputs::
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
+import math
 import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import compose_cfg
 
@@ -62,8 +66,29 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def _sha(tensor) -> str:
-    return hashlib.sha256(tensor.detach().contiguous().numpy().tobytes()).hexdigest()
+# Float results differ in their last bits between CPUs (vectorised kernels, BLAS blocking): the
+# frozen parameters are compared as a fingerprint within PARAMS_RTOL, not bit for bit. Any change of
+# the cohorts, the noise or the update moves them by orders of magnitude more.
+PARAMS_RTOL = 1e-4
+METRICS_RTOL = 1e-6
+SAMPLES = 64
+
+
+def _fingerprint(tensor) -> dict:
+    """Size, L2 norm and ``SAMPLES`` evenly spaced coordinates of a flat parameter vector."""
+    flat = tensor.detach().reshape(-1).to(torch.float64)
+    idx = torch.linspace(0, flat.numel() - 1, SAMPLES).round().long().unique()
+    return {"numel": flat.numel(), "norm": float(flat.norm()), "sample": [float(v) for v in flat[idx]]}
+
+
+def _close(got: dict, want: dict) -> bool:
+    """Fingerprints equal up to float drift: the same size, norms within PARAMS_RTOL, and every
+    sampled coordinate within PARAMS_RTOL of the norm's RMS scale."""
+    if got["numel"] != want["numel"] or len(got["sample"]) != len(want["sample"]):
+        return False
+    scale = want["norm"] / math.sqrt(want["numel"])
+    return (math.isclose(got["norm"], want["norm"], rel_tol=PARAMS_RTOL)
+            and all(abs(a - b) <= PARAMS_RTOL * scale for a, b in zip(got["sample"], want["sample"])))
 
 
 def run_case(overrides: tuple[str, ...], run_dir: Path) -> dict:
@@ -84,8 +109,8 @@ def run_case(overrides: tuple[str, ...], run_dir: Path) -> dict:
         "refused": False,
         "privacy": json.loads((run_dir / "privacy.json").read_text()),
         "metrics": [{k: v for k, v in row.items() if "wall" not in k} for row in rows],
-        "params_sha256": _sha(session.server.params),
-        "released_sha256": _sha(session.server.model_params),
+        "params": _fingerprint(session.server.params),
+        "released": _fingerprint(session.server.model_params),
     }
 
 
@@ -97,6 +122,13 @@ def test_golden(name: str, tmp_path: Path) -> None:
         GOLDEN.mkdir(exist_ok=True)
         path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     want = json.loads(path.read_text())
+    for row_got, row_want in zip(got.get("metrics", []), want.get("metrics", [])):
+        for key, value in row_want.items():
+            if isinstance(value, float) and key != "epsilon" and isinstance(row_got.get(key), float):
+                assert math.isclose(row_got[key], value, rel_tol=METRICS_RTOL), f"{name}: {key} differs"
+                row_got[key] = value
+    for part in ("params", "released") if not want["refused"] else ():
+        assert _close(got.pop(part), want.pop(part)), f"{name}: {part} differ from {path.name}"
     assert got == want, f"{name}: outputs differ from {path.name}"
 
 
