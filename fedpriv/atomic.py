@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from fedpriv.errors import OutputError
@@ -62,6 +63,25 @@ def write_atomic(path: str | os.PathLike, data: bytes, private: bool = False) ->
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def create_atomic(path: str | os.PathLike, fill: Callable[[Path], None], mode: int = 0o644) -> None:
+    """Create ``path``, which must not exist, from the file ``fill(tmp)`` writes at a temporary
+    path beside it — for outputs too large to hold in memory (a database copy). The file is
+    ``fsync``ed, then published with a hard link, which never replaces a file that appeared
+    meanwhile (``FileExistsError``), and the directory ``fsync``ed. Any failure removes the
+    temporary file (``fill`` removes what else it creates)."""
+    path = Path(path)
+    fd, tmp = _create_temporary(path, mode)
+    os.close(fd)
+    try:
+        fill(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.link(tmp, path)
+        fsync_directory(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _output_error(path: Path, err: OSError) -> OutputError:

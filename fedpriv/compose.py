@@ -19,21 +19,74 @@ from fedpriv.errors import ConfigError
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-def hydra_error(err: Exception) -> ConfigError:
-    """Hydra's multi-line composition error as one line; an unknown key names the closest valid one."""
-    from fedpriv.schema import known_keys, unknown_key
+# Hydra's own command-line flags (anything else that starts with '-' is a mistyped override)
+HYDRA_FLAGS = frozenset({"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-p",
+                         "--package", "-i", "--info", "--resolve", "-cp", "--config-path", "-cn", "--config-name",
+                         "-cd", "--config-dir", "-sc", "--shell-completion", "--run", "-r", "--experimental-rerun"})
+
+
+def options_with_key(group: str, key: str) -> list[str]:
+    """The options of config ``group`` that have the top-level key ``key``."""
+    import dataclasses
+
+    from fedpriv.schema import options
+
+    return sorted(name for name, option in options(group).items()
+                  if key in {f.name for f in dataclasses.fields(type(option))})
+
+
+def hydra_error(err: Exception, overrides: Sequence[str] = (), multirun: bool = False) -> ConfigError:
+    """Hydra's multi-line composition error as one line that says what to do: an unknown key names
+    the closest valid one; a key of another option of a group names the options that have it;
+    ``experiment`` needs ``+``; two experiments are one list."""
+    from fedpriv.schema import GROUPS, known_keys, unknown_key
 
     text = str(err)
+    first = (text.splitlines() or [type(err).__name__])[0]
+    if first.startswith("Multiple values for experiment"):
+        return ConfigError("two experiments are given as one list: +experiment=[smoke,distill] "
+                           "(the later one wins where they overlap)")
     match = re.match(r"Could not override '([^']+)'", text)
-    if match:
-        path, _, key = match.group(1).rpartition(".")
-        known = known_keys(path)
-        if known is not None and key not in known:
-            return unknown_key(path, key, known)
-    return ConfigError((text.splitlines() or [type(err).__name__])[0])
+    if not match:
+        return ConfigError(first)
+    path, _, key = match.group(1).rpartition(".")
+    if not path and key == "experiment":
+        return ConfigError("experiment is not chosen by default: add it with a plus, +experiment=NAME "
+                           f"(one of: {', '.join(group_options('experiment'))})")
+    group, _, rest = path.partition(".")
+    if group in GROUPS:
+        top = (rest.split(".") or [key])[0] or key
+        having = options_with_key(group, top)
+        if having:
+            chosen = _chosen_option(group, overrides, match.group(1))
+            where = f"{group}={chosen}" if chosen else f"the chosen {group} option"
+            hint = (f"; in a sweep over several {group} options every override applies to each member: run one "
+                    f"sweep per {group} option (README, 'Sweeps')") if multirun else ""
+            return ConfigError(f"'{match.group(1)}' is not a key of {where}; it is a key of "
+                               f"{group}={', '.join(having)}: choose that option first, e.g. "
+                               f"{group}={having[0]} {match.group(1)}=...{hint}")
+    known = known_keys(path)
+    if known is not None and key not in known:
+        return unknown_key(path, key, known)
+    return ConfigError(first)
 
 
-def compose_config(overrides: Sequence[str], run_dir: str | os.PathLike | None = None) -> dict:
+def _chosen_option(group: str, overrides: Sequence[str], failing: str) -> str | None:
+    """The ``group`` option the ``overrides`` (less the failing key's) select, as Hydra names it
+    (a preset such as ``model=transformer_tiny``), or None."""
+    from hydra import compose, initialize_config_dir
+
+    rest = [o for o in overrides if o.partition("=")[0].lstrip("+~") != failing]
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=rest, return_hydra_config=True)
+        return str(cfg.hydra.runtime.choices[group])
+    except Exception:  # noqa: BLE001 — only a hint; the error is reported anyway
+        return None
+
+
+def compose_config(overrides: Sequence[str], run_dir: str | os.PathLike | None = None,
+                   multirun: bool = False) -> dict:
     """Compose ``configs/config.yaml`` with Hydra ``overrides`` (the schema's defaults registered
     first); bad overrides → ``ConfigError``. ``run_dir`` replaces the composed one when given."""
     from hydra import compose, initialize_config_dir
@@ -49,7 +102,7 @@ def compose_config(overrides: Sequence[str], run_dir: str | os.PathLike | None =
             cfg = compose("config", overrides=list(overrides))
         plain = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
-        raise hydra_error(err) from None
+        raise hydra_error(err, overrides, multirun) from None
     if run_dir is not None:
         plain["run_dir"] = str(run_dir)
     return plain
@@ -91,11 +144,18 @@ def check_overrides(args: Sequence[str], multirun: bool = False) -> None:
 
     from fedpriv.schema import GROUPS, parse
 
-    plain_args = [a for a in args if not a.startswith("-")]
+    for i, arg in enumerate(args):
+        if arg.startswith("-") and arg.split("=")[0] not in HYDRA_FLAGS:
+            key = arg.lstrip("-").partition("=")[0]
+            value = arg.partition("=")[2] or (args[i + 1] if i + 1 < len(args) else "VALUE")
+            raise ConfigError(f"{arg!r} is not an option: settings are key=value overrides, e.g. {key}={value} "
+                              "(python -m fedpriv.simulate --help lists them)")
+    plain_args = [a for a in args if not a.startswith("-") and not _flag_value(args, a)]
     try:
         overrides = OverridesParser.create().parse_overrides(plain_args)
     except HydraException as err:
-        raise ConfigError(str(err).splitlines()[0]) from None
+        raise ConfigError(f"cannot read the overrides: {str(err).splitlines()[0]} (each is key=value, "
+                          "a sweep key=a,b with -m)") from None
     choices: list[list[str]] = []
     for override in overrides:
         if override.is_hydra_override():
@@ -119,5 +179,37 @@ def check_overrides(args: Sequence[str], multirun: bool = False) -> None:
     if len(combos) > MAX_CHECKED_SWEEP:  # too many: vary one override at a time
         firsts = [c[0] for c in choices]
         combos = [tuple(firsts[:i] + [v] + firsts[i + 1:]) for i, c in enumerate(choices) for v in c]
+    members = []
     for combo in combos:
-        parse(compose_config(list(combo)))
+        _check_noise_choice(combo)
+        plain = compose_config(list(combo), multirun=multirun)
+        parse(plain)
+        members.append((combo, plain))
+    if multirun and len(members) > 1:
+        from fedpriv.runner import preflight
+
+        swept = [i for i, c in enumerate(choices) if len(c) > 1]
+        for combo, plain in members:  # what needs the data: population, sampler and mechanism, budget
+            try:
+                preflight(plain)
+            except ConfigError as err:
+                member = " ".join(combo[i] for i in swept) or " ".join(combo)
+                raise ConfigError(f"sweep member {member}: {err} (no member was run)") from None
+
+
+def _flag_value(args: Sequence[str], arg: str) -> bool:
+    """Whether ``arg`` is the value of a Hydra flag that takes one (``--config-name NAME``)."""
+    i = args.index(arg)
+    return i > 0 and args[i - 1] in {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
+                                     "-p", "--package", "-sc", "--shell-completion", "-i", "--info"}
+
+
+def _check_noise_choice(combo: Sequence[str]) -> None:
+    """A fixed noise multiplier and a target ε given together are refused (one must go): the
+    multiplier would silently win and the target would be dropped."""
+    given = {o.partition("=")[0].lstrip("+~"): o.partition("=")[2] for o in combo}
+    sigma, target = given.get("privacy.noise_multiplier"), given.get("privacy.target_epsilon")
+    if sigma not in (None, "", "null") and target not in (None, "", "null"):
+        raise ConfigError(f"privacy.noise_multiplier={sigma} and privacy.target_epsilon={target} are both given: "
+                          "a fixed multiplier is not calibrated to a target; drop one (ε then follows from σ, "
+                          "or σ is calibrated to ε)")

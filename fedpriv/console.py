@@ -33,6 +33,21 @@ class ConsoleFormatter(logging.Formatter):
         return text
 
 
+class BelowLevelFilter(logging.Filter):
+    """Passes only records whose level is below ``level`` (a number or a name such as ``WARNING``):
+    the stdout handler of ``configs/hydra/job_logging/fedpriv.yaml`` keeps INFO lines and leaves
+    warnings and errors to the stderr handler."""
+
+    def __init__(self, level: int | str = logging.WARNING) -> None:
+        super().__init__()
+        self.level = level if isinstance(level, int) else logging.getLevelName(str(level).upper())
+        if not isinstance(self.level, int):
+            raise ValueError(f"unknown logging level {level!r}")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < self.level
+
+
 def console_handler(stream=None, level: int = logging.NOTSET) -> logging.Handler:
     """A stream handler (stderr by default) with :class:`ConsoleFormatter`."""
     handler = logging.StreamHandler(stream)
@@ -62,9 +77,11 @@ def interrupted_message(run: RunDirectory, overrides: list[str]) -> str:
     round is lost — and the command that resumes it (``overrides``: the run's command-line
     overrides, whose ``resume`` and ``run_dir`` it replaces)."""
     import shlex
+    import sys
 
     kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("resume", "run_dir")]
-    command = " ".join(["python -m fedpriv.simulate", *map(shlex.quote, kept)])
+    # the interpreter that ran (a venv's python outside an activated venv), so the line works when pasted
+    command = " ".join([shlex.quote(sys.executable), "-m fedpriv.simulate", *map(shlex.quote, kept)])
     where = f"run_dir={shlex.quote(str(run.path))}"
     try:
         checkpoint = run.load_checkpoint()

@@ -209,18 +209,25 @@ def sweep_figure(swept: list[str], rows: list[dict]):
 
 
 def curves_figure(run: Path):
-    """Test accuracy, test loss and epsilon spent against the round (from metrics.jsonl: quantities
-    the epsilon covers and test-set metrics only)."""
+    """Test accuracy (with the data's Bayes ceiling, dashed, when summary.json has one), test loss
+    and epsilon spent (from 0) against the round (from metrics.jsonl: quantities the epsilon covers
+    and test-set metrics only)."""
     plt = _pyplot()
     rows = RunDirectory(run).read_metrics()
     if not rows:
         raise ConfigError(f"{run}/metrics.jsonl is missing or has no rounds")
-    privacy = _read_json(run / "summary.json").get("privacy") or {}
+    summary = _read_json(run / "summary.json")
+    privacy = summary.get("privacy") or {}
     evals = [r for r in rows if "test_accuracy" in r]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     ax = axes[0]
-    ax.plot([r["round"] for r in evals], [_as_float(r["test_accuracy"]) for r in evals], marker="o")
+    ax.plot([r["round"] for r in evals], [_as_float(r["test_accuracy"]) for r in evals], marker="o",
+            label="test accuracy")
     ax.set(xlabel="round", ylabel="test accuracy", title="accuracy")
+    ceiling = summary.get("ceiling_accuracy")  # synthetic data: the Bayes-optimal accuracy
+    if ceiling:
+        ax.axhline(_as_float(ceiling), linestyle="--", color="gray", label="Bayes ceiling")
+        ax.legend(fontsize=8)
     ax = axes[1]
     ax.plot([r["round"] for r in evals], [_as_float(r["test_loss"]) for r in evals], marker="o", label="test loss")
     ax.set(xlabel="round", ylabel="cross-entropy", title="test loss")
@@ -233,6 +240,7 @@ def curves_figure(run: Path):
     else:
         ax.plot([r["round"] for r in rows], [_as_float(r.get("epsilon")) for r in rows])
         ax.set(xlabel="round", ylabel="epsilon spent", title="privacy")
+        ax.set_ylim(bottom=0)
     fig.suptitle(_mode_label([mode_label(privacy.get("randomness") or {})]), fontsize=9)
     for ax in axes:
         ax.grid(True, alpha=0.3)

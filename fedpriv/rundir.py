@@ -9,7 +9,8 @@ secure mode it holds the run key, so it is secret).
 * **Lock**: a run holds an exclusive ``flock`` on the directory itself for its whole life; a second
   run, or a second ``resume=true``, on the same directory is refused (:class:`RunDirectoryBusy`)
   and touches nothing. A refused or invalid run removes only what it created: at most the empty
-  directory itself.
+  directory itself and the empty parents that were created for it (Hydra creates the run directory
+  with its missing parents; :func:`note_existing` records, before that, which ancestor existed).
 * **Writes**: every file through :func:`fedpriv.atomic.write_atomic` (tmp + fsync + rename +
   directory fsync). The training loop makes a round's checkpoint durable *before* it publishes any
   output of the round, so a resumed run never redoes (and re-releases) a published round.
@@ -42,6 +43,19 @@ CHECKPOINT_KEYS = ("format", "round", "server", "ledger", "randomness", "history
 DIAGNOSTICS_FILE = "diagnostics.jsonl"
 DIAGNOSTICS_NOTE = ("research-only diagnostics of training users: NOT covered by the epsilon of this run, "
                     "not for release")
+
+
+def short_reason(err: BaseException, limit: int = 160) -> str:
+    """``err``'s message as one line of at most ``limit`` characters, for quoting inside an error
+    message: whitespace (newlines too) collapsed; a longer one is cut at a word boundary and ends
+    with "…", so that what follows the quote stays whole and readable."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    if " " in cut and not text[limit - 1].isspace():
+        cut = cut.rsplit(" ", 1)[0]  # never end inside a word
+    return cut.rstrip(" ,;:-") + "…"
 
 
 def json_safe(value: Any) -> Any:
@@ -106,6 +120,29 @@ def read_mapping(path: Path, parse: Callable[[str], Any] = yaml.safe_load) -> di
     return out
 
 
+# run directory (resolved) -> its nearest ancestor that existed before anything was created for the
+# run (see note_existing); abandon() removes the empty directories below that ancestor, never it.
+_EXISTING_ANCESTOR: dict[Path, Path] = {}
+
+
+def note_existing(path: str | os.PathLike) -> None:
+    """Record, before anything creates ``path`` (Hydra makes a run directory with its missing
+    parents), the nearest of its ancestors that exists, so that :meth:`RunDirectory.abandon`
+    can remove the parents made for this run too, and nothing that was there before."""
+    path = Path(path).resolve()
+    _EXISTING_ANCESTOR[path] = next(p for p in path.parents if _exists(p))
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # cannot tell (no permission): treat it as there, so it is never removed
+    return True
+
+
 class RunDirectory:
     """Reads and writes the outputs of one run; ``lock()`` before writing anything."""
 
@@ -161,13 +198,30 @@ class RunDirectory:
 
     def abandon(self) -> None:
         """A run that stops before writing anything: remove the directory if this process created
-        it and it is still empty (never anything inside it), then release the lock."""
+        it and it is still empty (never anything inside it), and then the parents created for it
+        (those below the ancestor :func:`note_existing` found, while they are empty); then release
+        the lock."""
         if self.created and self.locked:
             try:
                 self.path.rmdir()
             except OSError:
                 pass  # not empty: leave it
+            else:
+                self._remove_created_parents()
         self.unlock()
+
+    def _remove_created_parents(self) -> None:
+        path = self.path.resolve()
+        existing = _EXISTING_ANCESTOR.get(path)
+        if existing is None:
+            return  # nothing recorded: only the directory itself is known to be this run's
+        for parent in path.parents:
+            if parent == existing or existing not in parent.parents:
+                return
+            try:
+                parent.rmdir()
+            except OSError:
+                return  # not empty (another run's directory, a user's file): leave it and those above
 
     def __del__(self) -> None:
         self.unlock()
@@ -255,12 +309,11 @@ class RunDirectory:
             if "Weights only load failed" in str(err):
                 reason = "it holds objects other than plain data; refused, since loading them could run code"
             else:
-                reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+                reason = short_reason(err)
             raise DamagedFileError(f"checkpoint {path} is damaged or was not written by fedpriv ({reason})") from None
         except Exception as err:  # truncated or corrupt
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise DamagedFileError(f"checkpoint {path} is damaged or was not written by fedpriv ({reason[:160]})") \
-                from None
+            raise DamagedFileError(f"checkpoint {path} is damaged or was not written by fedpriv "
+                                   f"({short_reason(err)})") from None
         if not isinstance(state, dict) or any(k not in state for k in CHECKPOINT_KEYS):
             raise DamagedFileError(f"checkpoint {path} is damaged or was not written by fedpriv (missing fields)")
         if state["format"] != CHECKPOINT_FORMAT:

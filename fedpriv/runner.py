@@ -13,6 +13,7 @@ republishes from the checkpoint whatever the crash kept from being written.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -98,40 +99,107 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
         raise
 
 
-def _build(cfg: dict, spec: RunConfig, run: RunDirectory) -> RunSession:
-    """The session of the resolved plain ``cfg`` (what config.yaml and the research key hold) and
-    its typed view ``spec`` (what the builders take)."""
-    checkpoint = _resumable_checkpoint(run, cfg)
-    randomness = _randomness(cfg, checkpoint, run)
-    task = load_task(cfg)
+@dataclass
+class _Plan:
+    """What a run's configuration and its data's population fix before any randomness is drawn:
+    the sampler, the mechanism with its calibrated σ, the optimizer, the clip rule and the ledger."""
+
+    sampler: object
+    mechanism: Mechanism
+    optimizer: object
+    clip: object
+    ledger: PrivacyLedger
+
+
+def _plan(cfg: dict, spec: RunConfig, task: Task, randomness: RunRandomness | None,
+          checkpoint: dict | None = None, run: RunDirectory | None = None) -> _Plan:
+    """The checks and builds that need the data's population (``randomness`` None: a sampler and
+    a mechanism that only state their accounting, for :func:`preflight`)."""
     validate_against_data(cfg, len(task.units), task.algorithm.privacy_unit)
     privacy = spec.privacy
-    sampler = make_sampler(spec.sampling, len(task.units), spec.cohort_size, randomness.subkey("sampling"),
+    sampler = make_sampler(spec.sampling, len(task.units), spec.cohort_size,
+                           randomness.subkey("sampling") if randomness else None,
                            groups=spec.mechanism.sampling_groups(), public_population=spec.population)
     # calibrate on an accounting-only build, then build the mechanism once, with its σ and its stream
     # adaptive clipping normalises each round by C_t: the mechanism then runs at unit sensitivity
     mechanism_clip = 1.0 if privacy.clipping == "adaptive" else privacy.clip_norm
     accounting = spec.mechanism.build(1.0, mechanism_clip, rounds=spec.rounds, sampler=sampler)
-    _adopt_strategy(accounting, checkpoint, run)
-    mechanism = spec.mechanism.build(_noise_multiplier(spec, accounting, sampler), mechanism_clip,
-                                     noise=randomness.noise("mechanism"), rounds=spec.rounds, sampler=sampler)
-    _adopt_strategy(mechanism, checkpoint, run)
+    if run is not None:
+        _adopt_strategy(accounting, checkpoint, run)
+    sigma = _noise_multiplier(spec, accounting, sampler)
+    mechanism = spec.mechanism.build(sigma, mechanism_clip, noise=randomness.noise("mechanism") if randomness else None,
+                                     rounds=spec.rounds, sampler=sampler)
+    if run is not None:
+        _adopt_strategy(mechanism, checkpoint, run)
     optimizer = spec.optimizer.build(spec.rounds)
     optimizer.query_plan.check(spec.optimizer.name, mechanism, task.algorithm.per_unit_deltas)
-    clip = build_adaptive_clip(privacy, mechanism.noise_multiplier, sampler.expected_cohort,
+    clip = build_adaptive_clip(privacy, sigma, sampler.expected_cohort,
                                squares=optimizer.query_plan.squares, optimizer=spec.optimizer.name)
     reasons = [r for r in (getattr(optimizer, "non_private_reason", None), task.data.info.get("non_private_reason"))
                if r]
     reason = "; ".join(reasons) or None
-    if reason:
-        log.warning("NOT PRIVATE: %s; the run reports epsilon = inf", reason)
     target = privacy.target_epsilon if privacy.noise_multiplier is None else None
     ledger = PrivacyLedger(mechanism, sampler, privacy.delta, privacy.accountant, target_epsilon=target,
                            planned_rounds=spec.rounds, non_private_reason=reason,
-                           randomness=randomness.describe(), query=None if clip is None else clip.describe(),
-                           audit=audit_label(cfg))
+                           randomness=randomness.describe() if randomness else {},
+                           query=None if clip is None else clip.describe(), audit=audit_label(cfg))
     ledger.check_can_run(spec.rounds)
     check_observability(cfg)
+    return _Plan(sampler, mechanism, optimizer, clip, ledger)
+
+
+def preflight(cfg: dict) -> None:
+    """Every check of a run that needs its data — the population against the cohort, the
+    sampler/mechanism pair, σ's calibration, the budget — without a run directory or secrets: a
+    sweep runs it for each member before the first one starts (``ConfigError`` on a problem)."""
+    import copy
+
+    cfg = copy.deepcopy(cfg)
+    cfg["resume"] = False
+    spec = validate(cfg)
+    spec = resolved(spec, resolve_config(cfg))
+    quiet = logging.getLogger("fedpriv")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the run itself says what its checks warn about
+    try:
+        task = load_task(cfg)
+        spec = fit_to_population(cfg, spec, len(task.units))
+        _plan(cfg, spec, task, None)
+    finally:
+        quiet.setLevel(level)
+
+
+def fit_to_population(cfg: dict, spec: RunConfig, population: int) -> RunConfig:
+    """``spec`` (and, in place, ``cfg``) with the mechanism's defaults fitted to the population
+    (:meth:`MechanismOption.fitted`, e.g. BandMF's bands); the run says what changed."""
+    fitted = spec.mechanism.fitted(spec.population or population, spec.cohort_size, spec.rounds, spec.sampling)
+    if fitted is spec.mechanism:
+        return spec
+    for name, before in dataclasses.asdict(spec.mechanism).items():
+        after = getattr(fitted, name)
+        if after != before:
+            log.warning("mechanism.%s=%s does not fit %d rounds of cohorts of %d from %d units: using %s, "
+                        "the largest that fits", name, before, spec.rounds, spec.cohort_size, population, after)
+            cfg["mechanism"][name] = after
+    return dataclasses.replace(spec, mechanism=fitted)
+
+
+def _build(cfg: dict, spec: RunConfig, run: RunDirectory) -> RunSession:
+    """The session of the resolved plain ``cfg`` (what config.yaml and the research key hold) and
+    its typed view ``spec`` (what the builders take)."""
+    task = load_task(cfg)
+    spec = fit_to_population(cfg, spec, len(task.units))  # before the key: config.yaml names what runs
+    checkpoint = _resumable_checkpoint(run, cfg)
+    randomness = _randomness(cfg, checkpoint, run)
+    plan = _plan(cfg, spec, task, randomness, checkpoint, run)
+    privacy, sampler, mechanism, optimizer, clip, ledger = (spec.privacy, plan.sampler, plan.mechanism, plan.optimizer,
+                                                            plan.clip, plan.ledger)
+    if ledger.non_private_reason:
+        log.warning("NOT PRIVATE: %s; the run reports epsilon = inf", ledger.non_private_reason)
+    if privacy.noise_multiplier is not None and privacy.target_epsilon is not None:
+        log.warning("privacy.noise_multiplier=%g is used as given: the target epsilon %g (from the experiment or "
+                    "the defaults) is not, and epsilon follows from sigma", privacy.noise_multiplier,
+                    privacy.target_epsilon)
     stages = build_stages(cfg["public"], task, spec.seed, spec.rounds)
     initial = task.initial_params
     for stage in stages:
@@ -173,10 +241,12 @@ def _adopt_strategy(mechanism: Mechanism, checkpoint: dict | None, run: RunDirec
 
 
 def _does_not_fit(run: RunDirectory, err: Exception) -> DamagedFileError:
-    """The one-line error for a checkpoint whose state this run cannot take (the first line of
-    ``err``, shortened)."""
-    reason = (str(err).splitlines() or [type(err).__name__])[0]
-    return DamagedFileError(f"checkpoint {run.checkpoint_path} does not fit this run ({reason[:160]})")
+    """The one-line error for a checkpoint whose state this run cannot take (``err`` on one line,
+    shortened at a word boundary, then the advice)."""
+    from fedpriv.rundir import short_reason
+
+    return DamagedFileError(f"checkpoint {run.checkpoint_path} does not fit this run ({short_reason(err)}); this run "
+                            "cannot resume from it: use another run_dir")
 
 
 def _resumable_checkpoint(run: RunDirectory, cfg: dict) -> dict | None:
@@ -271,7 +341,7 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
     last_eval: dict[str, float] = {}
     audited = {"audit_canaries": ledger.audit["canaries"]} if ledger.audit else {}  # labelled from round 1
     bar = tqdm(range(session.start_round, rounds), total=rounds, initial=session.start_round,
-               desc=f"rounds ({session.randomness.label} mode)", disable=not cfg.get("progress", True),
+               desc=f"rounds ({session.randomness.label} mode)", disable=None if cfg.get("progress", True) else True,
                dynamic_ncols=True,
                bar_format=None if diagnostics else "{desc}: {n_fmt}/{total_fmt} |{bar}|{postfix}")
     for r in bar:

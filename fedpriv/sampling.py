@@ -329,7 +329,8 @@ def _cyclic_poisson(population, cohort_size, key, groups, public_population) -> 
     rate_base = public_population or population
     if not groups or groups < 1 or cohort_size * groups > rate_base:
         raise ConfigError(f"sampling=cyclic_poisson needs groups (mechanism.bands) >= 1 with cohort_size x groups "
-                          f"<= population; got groups={groups}, cohort {cohort_size}, population {rate_base}")
+                          f"<= population; got groups={groups}, cohort {cohort_size}, population {rate_base} "
+                          f"(the largest that fits: {rate_base // cohort_size})")
     return CyclicPoissonSampler(population=population, cohort=cohort_size, groups=groups, key=key,
                                 **_rate_fixed(public_population))
 

@@ -36,10 +36,14 @@ _PREEXISTING: set[Path] = set()
 
 
 def _note_preexisting(args: list[str]) -> None:
+    from fedpriv.rundir import note_existing
+
     for arg in args:
         key, _, value = arg.partition("=")
-        if key.lstrip("+~") in ("run_dir", "hydra.run.dir") and value and Path(value).exists():
-            _PREEXISTING.add(Path(value).resolve())
+        if key.lstrip("+~") in ("run_dir", "hydra.run.dir") and value:
+            note_existing(value)  # a refused run also removes the empty parents Hydra creates for it
+            if Path(value).exists():
+                _PREEXISTING.add(Path(value).resolve())
 
 
 def _run(cfg) -> None:
@@ -97,13 +101,31 @@ def _run(cfg) -> None:
             # would keep the process from exiting; no file is half-written (every write is atomic)
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(130)
-        sys.exit(130)
+            os._exit(_exit_code())
+        sys.exit(_exit_code())
     print(format_result(summary))
     print(f"outputs in {run_dir}")
 
 
+# the signal that stopped the run (SIGTERM from a scheduler, or SIGINT): its exit code is 128 + its number
+_STOPPED_BY: list[int] = []
+
+
+def _stop(signum, frame) -> None:
+    """SIGTERM behaves as Ctrl-C: the run stops at the next point it can, leaves its last
+    checkpoint for resume=true and prints one line (exit code 143)."""
+    _STOPPED_BY.append(signum)
+    raise KeyboardInterrupt
+
+
+def _exit_code() -> int:
+    return 128 + (_STOPPED_BY[0] if _STOPPED_BY else 2)  # 130: SIGINT
+
+
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _stop)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
@@ -119,7 +141,7 @@ def main() -> None:
         hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(_run)()
     except KeyboardInterrupt:  # before training started (Ctrl-C during training is handled in _run)
         print("error: interrupted before training started; no round was run", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(_exit_code())
 
 
 if __name__ == "__main__":

@@ -361,3 +361,74 @@ def test_too_few_inserted_canaries_still_give_a_bound():
     result = analyse(record)
     assert result["epsilon_estimate"] is None and result["epsilon_lower_bound"] == 0.0
     assert "fewer than 2" in headline(result)
+
+
+# --- why a bound is 0 (and what to change) -----------------------------------------------------------
+
+def test_p_value_of_zero_epsilon_falls_with_the_number_right_and_the_vector_form_agrees():
+    from fedpriv.audit.bound import zero_epsilon_p_values
+
+    for m, k, delta in ((1000, 500, 1e-3), (100, 50, 1e-4), (37, 20, 0.0), (2000, 1000, 1e-5)):
+        v = np.arange(k + 1)
+        ours = [p_value(m, k, int(x), 0.0, delta) for x in v]
+        assert all(a >= b for a, b in zip(ours, ours[1:]))
+        assert zero_epsilon_p_values(np.full(v.shape, m), k, v, delta).tolist() == ours
+
+
+def test_zero_bound_reason_names_the_m_delta_term_and_a_delta_that_can_work():
+    from fedpriv.audit.bound import can_certify, certifiable_ceiling, certifiable_counts, likely_inserted
+    from fedpriv.audit.report import zero_bound_reason
+
+    reason = zero_bound_reason(1000, 1e-3, 0.95, 0.0, inserted=492)
+    assert "2·m·delta = 2 term" in reason and "no guess set can certify epsilon > 0" in reason
+    assert "0.0025 each of the 20 (score, guess count) tests" in reason
+    advised = float(reason.split("privacy.delta (the audit's delta is the run's) to at most ")[1].split(" ")[0])
+    assert can_certify(1000, advised, inserted=likely_inserted(1000))
+    assert not can_certify(1000, 1.1 * advised, inserted=likely_inserted(1000))
+    # and it says no canary count helps at 1e-3 — true up to the ceiling past which none can
+    assert "changing audit.canaries alone does not help" in reason
+    assert not certifiable_counts(1e-3, certifiable_ceiling(1e-3)).any()
+
+
+def test_zero_bound_reason_gives_the_largest_smaller_canary_count():
+    from fedpriv.audit.bound import certifiable_counts
+    from fedpriv.audit.report import zero_bound_reason
+
+    reason = zero_bound_reason(1000, 5e-4, 0.95, 0.0, inserted=500)
+    count = int(reason.split("use audit.canaries=")[1].split(" ")[0])
+    ok = certifiable_counts(5e-4, 1000)
+    assert ok[count] and not ok[count + 1:1000].any() and not ok[1000]
+
+
+def test_zero_bound_reason_is_none_for_a_positive_bound_and_names_the_scores_otherwise():
+    from fedpriv.audit.report import zero_bound_reason
+
+    bound = epsilon_lower_bound(1000, 100, 100, 1e-5, 1 - 0.05 / 20)
+    assert bound > 0 and zero_bound_reason(1000, 1e-5, 0.95, bound, inserted=500) is None
+    reason = zero_bound_reason(1000, 1e-5, 0.95, 0.0, inserted=500, top_hits=dict.fromkeys(guess_grid(1000), 1))
+    assert reason.startswith("the scores did not separate") and "the best score had 1 there" in reason
+
+
+def test_zero_bound_is_explained_in_the_headline_the_summary_block_and_the_plot():
+    from fedpriv.audit.report import analyse, audit_figure, headline
+
+    rng = np.random.default_rng(0)
+    m = 1000
+    coins = rng.random(m) < 0.5
+
+    def score():  # well separated: the bound is 0 only because of delta
+        return [float(x) for x in np.concatenate([4 * coins + rng.standard_normal(m), rng.standard_normal(m)])]
+
+    record = {"canaries": m, "coins": [int(c) for c in coins], "delta": 1e-3, "confidence": 0.95,
+              "claimed_epsilon": 2.0, "scores": {"max_round": score(), "final": score()}}
+    result = analyse(record)
+    assert result["epsilon_lower_bound"] == 0 and "2·m·delta" in result["zero_bound_reason"]
+    line = headline(result)
+    assert f"Lower bound 0: {result['zero_bound_reason']}" in line and "0 of 0 guesses" not in line
+    fig = audit_figure(record, result)
+    assert "lower bound 0: no guess set can certify" in " ".join(fig._suptitle.get_text().split())
+    assert all(ax.get_ylabel() for ax in fig.axes)
+    record["delta"] = 1e-5
+    result = analyse(record)
+    assert result["epsilon_lower_bound"] > 0 and result["zero_bound_reason"] is None
+    assert "Lower bound 0" not in headline(result) and all(ax.get_ylabel() for ax in audit_figure(record, result).axes)

@@ -22,16 +22,32 @@ def _env() -> dict:
 
 # --- 1. warnings read `warning: ...`; info lines stay as they are ------------------------------
 
-def test_cli_warnings_have_a_prefix_and_info_lines_do_not(run_cli, tmp_path):
-    # delta 0.05 >= 1/N for the smoke corpus's 40 users: fedpriv.config warns
-    proc = run_cli(*SMOKE, "rounds=1", "privacy.delta=0.05", "verbose=true", f"run_dir={tmp_path / 'run'}")
+def test_cli_warnings_go_to_stderr_with_a_prefix_info_lines_to_stdout_and_no_bar_into_a_pipe(run_cli, tmp_path):
+    # delta 0.05 >= 1/N for the smoke corpus's 40 users: fedpriv.config warns; progress stays on (the default)
+    proc = run_cli("+experiment=smoke", "rounds=1", "privacy.delta=0.05", "verbose=true", "progress=true",
+                   f"run_dir={tmp_path / 'run'}")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    warnings = [line for line in lines if "privacy.delta=0.05 >= 1/N" in line]
-    assert warnings and all(line.startswith("warning: privacy.delta=0.05 >= 1/N") for line in warnings), lines
-    assert any(line.startswith("round=1 epsilon=") for line in lines), lines  # verbose line: no prefix
-    assert any(line.startswith("final accuracy ") for line in lines), lines
-    assert any(" 1 round [" in line for line in lines), lines  # and the plural (4.)
+    out, err = proc.stdout.splitlines(), proc.stderr.splitlines()
+    warnings = [line for line in err if "privacy.delta=0.05 >= 1/N" in line]
+    assert warnings and all(line.startswith("warning: privacy.delta=0.05 >= 1/N") for line in warnings), err
+    assert not any("warning:" in line for line in out), out
+    assert any(line.startswith("round=1 epsilon=") for line in out), out  # verbose line: no prefix, stdout
+    assert any(line.startswith("final accuracy ") for line in out), out
+    assert any(" 1 round [" in line for line in out), out  # and the plural (4.)
+    assert "\r" not in proc.stderr and "rounds (" not in proc.stderr, proc.stderr  # no tqdm bar into a pipe
+
+
+def test_below_level_filter():
+    import logging
+
+    from fedpriv.console import BelowLevelFilter
+
+    def record(level: int) -> logging.LogRecord:
+        return logging.LogRecord("fedpriv.x", level, __file__, 1, "m", (), None)
+
+    keep = BelowLevelFilter("warning")
+    assert keep.filter(record(logging.INFO)) and not keep.filter(record(logging.WARNING))
+    assert not keep.filter(record(logging.ERROR)) and BelowLevelFilter(logging.ERROR).filter(record(logging.WARNING))
 
 
 def test_console_formatter_prefixes_by_level():
@@ -82,7 +98,7 @@ def test_sigint_prints_one_line_exits_130_and_resumes(tmp_path):
     run.unlock()
 
     command = shlex.split(lines[0].split("resume from it with: ", 1)[1])
-    assert command[:3] == ["python", "-m", "fedpriv.simulate"], command
+    assert command[:3] == [sys.executable, "-m", "fedpriv.simulate"], command
     assert "resume=true" in command and f"run_dir={run_dir}" in command, command
     assert set(args) - {f"run_dir={run_dir}"} <= set(command), command
     resumed = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, env=_env(), capture_output=True, text=True,

@@ -115,6 +115,21 @@ def test_mechanism_builds_and_states_its_accounting_or_refuses(name):
 
 
 @pytest.mark.parametrize("name", _names("mechanism"))
+def test_mechanism_fitted_to_a_small_population_is_an_option_of_its_kind_that_builds(name):
+    """``fitted`` (defaults that cannot fit replaced) returns the same kind of option, is stable
+    when applied again, and its build is accounted with the option's default sampler."""
+    from fedpriv.sampling import make_sampler
+
+    option = options("mechanism")[name]
+    fitted = option.fitted(40, 8, 3, option.default_sampling)
+    assert type(fitted) is type(option)
+    assert fitted.fitted(40, 8, 3, option.default_sampling) == fitted
+    sampler = make_sampler(option.default_sampling, 40, 8, None, groups=fitted.sampling_groups())
+    mech = fitted.build(1.0, 1.0, rounds=3, sampler=sampler)
+    assert compute_epsilon(mech.dp_event(sampler, 3), 1e-5, "rdp", mech.neighboring_relation(sampler)) < math.inf
+
+
+@pytest.mark.parametrize("name", _names("mechanism"))
 def test_mechanism_calibrates_to_its_target(name):
     """Calibration searches over ``dp_event(noise_multiplier=s)`` of an accounting build; the
     mechanism then built with the σ found must spend exactly the target (its own event)."""

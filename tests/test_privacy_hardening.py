@@ -244,7 +244,7 @@ def test_one_atomic_write_helper_serves_every_output():
         if path.name == "atomic.py":
             continue
         text = path.read_text()
-        if re.search(r"os\.replace\(|\.write_bytes\(|\.write_text\(|torch\.save\([^)]*,\s*(tmp|path)", text):
+        if re.search(r"os\.replace\(|os\.link\(|\.write_bytes\(|\.write_text\(|torch\.save\([^)]*,\s*(tmp|path)", text):
             writers.append(path.name)
     assert writers == []
 

@@ -128,3 +128,17 @@ def test_plots_never_put_a_non_private_run_at_a_finite_epsilon(tmp_path):
     assert all(math.isfinite(x) for line in ax.lines if line.get_linestyle() != "--" for x in line.get_xdata())
     assert any("NOT PRIVATE" in t.get_text() for t in ax.get_legend().get_texts())
     assert "not for release" in ax.get_title()
+
+
+def test_curves_show_the_bayes_ceiling_and_epsilon_from_zero(sweep_dir):
+    import json
+
+    from fedpriv import report
+
+    run = sweep_dir / "0"
+    ceiling = json.loads((run / "summary.json").read_text())["ceiling_accuracy"]
+    fig = report.curves_figure(run)
+    accuracy, _, privacy = fig.axes[:3]
+    lines = [line for line in accuracy.lines if line.get_label() == "Bayes ceiling"]
+    assert len(lines) == 1 and lines[0].get_linestyle() == "--" and list(lines[0].get_ydata()) == [ceiling] * 2
+    assert privacy.get_ylabel() == "epsilon spent" and privacy.get_ylim()[0] == 0

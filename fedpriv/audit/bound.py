@@ -121,3 +121,124 @@ def one_run_audit(scores: Mapping[str, Sequence[float]], coins: Sequence[bool], 
 def _check_counts(m: int, guesses: int, correct: int) -> None:
     if not 0 <= correct <= guesses <= m:
         raise ValueError(f"need 0 <= correct <= guesses <= canaries, got {correct}, {guesses}, {m}")
+
+
+
+# --- can an audit give a positive bound at all? -----------------------------------------------------
+#
+# A bound is positive only when some (score, guess count) pair rejects ε = 0, i.e. when
+# ``p(0) ≤ (1 − c)/pairs`` — the first test of :func:`epsilon_lower_bound`. Guesses are "included"
+# only, so ``k`` guesses are right at most ``min(k, inserted)`` times, and at ε = 0 the p-value falls
+# as the number right grows (checked in tests/test_audit.py): the best any scores can do is to rank
+# every inserted canary first, giving ``min(k, inserted)`` right. The helpers below ask that best
+# case, with the grid, Bonferroni level and p-value of :func:`one_run_audit`. Where the coins are not
+# known yet (another canary count), ``inserted`` is :func:`likely_inserted`: at least that many are
+# inserted in 95% of draws.
+
+SEARCH_LIMIT = 20_000  # canary counts searched for one that can give a positive bound
+COIN_QUANTILE = 0.05
+
+
+def likely_inserted(m):
+    """The 5% quantile of Binomial(m, ½): the coins insert at least this many of ``m`` canaries in
+    at least 95% of draws (``m`` a number or an array)."""
+    out = np.asarray(binom.ppf(COIN_QUANTILE, m, 0.5)).astype(int)
+    return int(out) if out.ndim == 0 else out
+
+
+def audit_level(m: int, confidence: float, scores: int) -> float:
+    """The level each (score, guess count) pair of :func:`one_run_audit` is tested at, computed as
+    ``1 − corrected`` exactly as :func:`epsilon_lower_bound` does."""
+    corrected = 1.0 - (1.0 - confidence) / (len(guess_grid(m)) * scores)
+    return 1.0 - corrected
+
+
+def best_case_p_value(m: int, delta: float, inserted: int | None = None) -> tuple[float, int]:
+    """(smallest p-value of ε = 0 over the grid's guess counts ``k`` when the top ``k`` hold
+    ``min(k, inserted)`` inserted canaries, that ``k``); ``inserted`` defaults to :func:`likely_inserted`."""
+    inserted = likely_inserted(m) if inserted is None else inserted
+    return min((p_value(m, k, min(k, inserted), 0.0, delta), k) for k in guess_grid(m))
+
+
+def can_certify(m: int, delta: float, confidence: float = 0.95, scores: int = 2, inserted: int | None = None) -> bool:
+    """Whether :func:`one_run_audit` over ``m`` canaries (``inserted`` of them inserted; default
+    :func:`likely_inserted`) and ``scores`` scores can give a positive bound at (δ, confidence) for the best
+    possible scores."""
+    return m >= 1 and best_case_p_value(m, delta, inserted)[0] <= audit_level(m, confidence, scores)
+
+
+def largest_certifiable_delta(m: int, confidence: float = 0.95, scores: int = 2,
+                              inserted: int | None = None) -> float | None:
+    """The largest δ (to 0.2%, from below) at which :func:`can_certify` holds; None when even δ = 0
+    fails (too few canaries). The p-value grows with δ, so bisect on log δ."""
+    if not can_certify(m, 0.0, confidence, scores, inserted):
+        return None
+    if can_certify(m, 1.0, confidence, scores, inserted):
+        return 1.0
+    lo, hi = 1e-30, 1.0
+    if not can_certify(m, lo, confidence, scores, inserted):
+        return 0.0
+    while hi / lo > 1.002:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if can_certify(m, mid, confidence, scores, inserted) else (lo, mid)
+    return lo
+
+
+def zero_epsilon_p_values(m: np.ndarray, guesses: int, correct: np.ndarray, delta: float) -> np.ndarray:
+    """:func:`p_value` at ε = 0 for many ``(m, correct)`` with one guess count, elementwise (the
+    same terms and arithmetic; the binomial tails are computed once)."""
+    m, correct = np.asarray(m), np.asarray(correct)
+    f = binom.sf(np.arange(-1, guesses), guesses, 0.5)  # f[j] = P[Binomial(guesses, 1/2) >= j]
+    alpha = {}
+    for v in np.unique(correct).tolist():
+        if v > 0:
+            j = np.arange(v)
+            alpha[v] = max(float(np.max((f[j] - f[v]) / (v - j))), 0.0)
+    out = np.ones(m.shape)
+    for v, a in alpha.items():
+        at = correct == v
+        out[at] = np.minimum(1.0, f[v] + 2.0 * m[at] * delta * a)
+    return out
+
+
+def certifiable_counts(delta: float, limit: int, confidence: float = 0.95, scores: int = 2) -> np.ndarray:
+    """``ok[m]`` for m = 0..limit: whether ``m`` canaries, :func:`likely_inserted` of them, can give a
+    positive bound at (δ, confidence) (:func:`can_certify` for every ``m`` at once)."""
+    ms = np.arange(limit + 1)
+    grid = np.asarray(guess_grid(max(limit, 1)))
+    pairs = np.searchsorted(grid, ms, side="right") * scores
+    with np.errstate(divide="ignore"):
+        level = 1.0 - (1.0 - (1.0 - confidence) / pairs)
+    ok = np.zeros(limit + 1, dtype=bool)
+    for k in grid.tolist():
+        at = ms[k:]
+        if at.size:
+            ok[k:] |= zero_epsilon_p_values(at, k, np.minimum(k, likely_inserted(at)), delta) <= level[k:]
+    ok[:2] = False  # an audit needs two canaries
+    return ok
+
+
+def certifiable_ceiling(delta: float, confidence: float = 0.95, scores: int = 2) -> int | None:
+    """A canary count from which on no count can give a positive bound at δ: every p-value of ε = 0
+    is at least ``f + 2δ(1 − f) ≥ 2δ`` (``f`` the tail at ``v ≥ 1`` right; the i = v term of α is
+    ``(1 − f)/v`` and m ≥ v), and the level only falls as the count grows. None when 2δ > 1."""
+    if 2 * delta > 1 or delta <= 0:
+        return None
+    base = 1
+    while True:
+        for start in (base, 2 * base, 5 * base):  # the level changes only where the grid grows
+            if audit_level(start, confidence, scores) < 2 * delta:
+                return start
+        base *= 10
+
+
+def correct_needed(m: int, guesses: int, delta: float, level: float) -> int | None:
+    """The fewest right guesses out of ``guesses`` whose p-value of ε = 0 is at most ``level`` (the
+    p-value falls as the number right grows), or None when even every guess right is not enough."""
+    if p_value(m, guesses, guesses, 0.0, delta) > level:
+        return None
+    lo, hi = 0, guesses  # lo is not enough (p = 1 with none right), hi is
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if p_value(m, guesses, mid, 0.0, delta) <= level else (mid, hi)
+    return hi

@@ -15,14 +15,20 @@ sentence becomes ``[BOS] + ids(words[:seq_len]) + [EOS]``, truncated to ``seq_le
 appends EOS to shorter sentences). Words are split on whitespace: TFF splits on single spaces, which
 is the same on this data (its extraneous whitespace was removed when the dataset was built).
 
+Getting the file: download ``stackoverflow.sqlite.lzma`` (TFF_SQLITE_URL below), decompress it
+(``unxz``/``lzma -d``), put TFF's ``stackoverflow.word_count`` beside it, then make the indexed
+copy the loader needs with ``python -m fedpriv.data.prepare_stackoverflow stackoverflow.sqlite``
+(:mod:`fedpriv.data.prepare_stackoverflow`; Python's sqlite3 module only, no ``sqlite3`` CLI) and
+run the command it prints.
+
 Scale: the real file has 342,477 train users and 135.8M sentences, so train users are read on demand
 (:class:`SqliteUsers`). The file is opened read-only and nothing is ever written to it, so no index
 is created: if ``examples`` has no index on ``client_id``, every user read is a full-table scan (far
-too slow for training on the full file). :func:`load_stackoverflow` logs a warning in that case; the
-cure is an indexed copy (``sqlite3 stackoverflow.sqlite ".backup copy.sqlite"``, then
-``CREATE INDEX examples_client ON examples(client_id, split_name)`` in the copy; reads then take
-~10 ms per 256-sentence user). Loading also scans the table once to list the test split's rowids
-(minutes on the full file). None of this could be checked against the real file here.
+too slow for training on the full file). :func:`load_stackoverflow` logs a warning in that case
+naming the cure, :mod:`fedpriv.data.prepare_stackoverflow` (an indexed copy, index
+``examples_client ON examples(client_id, split_name)``; reads then take ~10 ms per 256-sentence
+user). Loading also scans the table once to list the test split's rowids (minutes on the full
+file). None of this could be checked against the real file here.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from fedpriv.schema import LOCATION, TextPipeline, register_option
 logger = logging.getLogger(__name__)
 
 VOCAB_FILE_NAME = "stackoverflow.word_count"
+TFF_SQLITE_URL = "https://storage.googleapis.com/tff-datasets-public/stackoverflow.sqlite.lzma"
 _TRAIN, _TEST = "train", "test"
 _TEST_FETCH_CHUNK = 500  # rowids per ``IN (...)`` query, below SQLite's bound-parameter limit
 
@@ -111,10 +118,20 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """Raise a one-line :class:`ConfigError` unless ``path`` (open as ``conn``) has TFF's table
+    ``examples(split_name, client_id, serialized_example_proto)``."""
     try:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(examples)")}
+        tables = [] if columns else [row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
     except sqlite3.DatabaseError as e:
         raise ConfigError(f"cannot read {path} ({e}): expected TFF's stackoverflow.sqlite") from e
+    if not columns:
+        redo = "; an interrupted download or decompression leaves such a file: redo it"
+        what = (f"is an empty file (0 bytes){redo}" if path.stat().st_size == 0 else
+                f"is an empty sqlite database (no tables){redo}" if not tables else
+                f"holds other tables ({', '.join(tables[:5])}{', …' if len(tables) > 5 else ''})")
+        raise ConfigError(f"{path} is not TFF's stackoverflow.sqlite (no 'examples' table): it {what}")
     missing = {"split_name", "client_id", "serialized_example_proto"} - columns
     if missing:
         raise ConfigError(f"{path} is not TFF's stackoverflow.sqlite: 'examples' lacks {sorted(missing)}")
@@ -236,10 +253,17 @@ class SqliteUsers(Sequence[np.ndarray]):
 
 
 def _missing_data_message(path: Path) -> str:
+    """Why ``path`` cannot be read as the sqlite file (missing, or a directory), and what to do."""
+    if path.is_dir():
+        inside = path / "stackoverflow.sqlite"
+        hint = f" (this one holds it: data.path={inside})" if inside.is_file() else ""
+        return (
+            f"data.path={path} is a directory: data.path must be the sqlite file itself, TFF's "
+            f"stackoverflow.sqlite (decompressed from stackoverflow.sqlite.lzma){hint}"
+        )
     return (
         f"StackOverflow data not found at {path}: download TFF's stackoverflow.sqlite "
-        "(stackoverflow.sqlite.lzma from the TensorFlow Federated datasets storage, "
-        "storage.googleapis.com/tff-datasets-public, decompress it) "
+        f"({TFF_SQLITE_URL}, decompress it) "
         "and set data.path=/path/to/stackoverflow.sqlite"
     )
 
@@ -370,8 +394,9 @@ def load_stackoverflow(
         indexed = _has_client_index(conn)
         if not indexed:
             logger.warning(
-                "%s has no index on examples(client_id): each user read scans the whole table; "
-                "for the full dataset use an indexed copy (see fedpriv.data.stackoverflow)",
+                "%s has no index on examples(client_id): each user read scans the whole table (far too slow "
+                "for the full dataset); make an indexed copy with: python -m fedpriv.data.prepare_stackoverflow %s",
+                db,
                 db,
             )
         client_ids = _train_client_ids(conn, max_users)

@@ -22,6 +22,7 @@ multiplier σ/√k; with cyclic Poisson sampling (b groups, round t Poisson-samp
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 import hashlib
 from collections.abc import Callable
@@ -39,7 +40,7 @@ from fedpriv.mechanisms.analysis import lbfgs_minimize, prefix_mse, toeplitz_mat
 from fedpriv.mechanisms.base import ZERO_OUT, amplified_relation, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
-from fedpriv.sampling import CYCLIC_POISSON, GroupedPoissonPattern, Sampler, SeparatedPattern
+from fedpriv.sampling import CYCLIC, CYCLIC_POISSON, GroupedPoissonPattern, Sampler, SeparatedPattern
 from fedpriv.schema import MechanismOption, positive, register_option
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,8 @@ class BandMFMechanism(CorrelatedMechanism):
                  noise: NoiseStream | None = None, kind: str = "auto", iterations: int = 500,
                  strategy: torch.Tensor | None = None) -> None:
         if not isinstance(bands, int) or not 1 <= bands <= rounds:
-            raise ConfigError(f"mechanism.bands must be an integer in [1, rounds={rounds}], got {bands!r}")
+            raise ConfigError(f"mechanism.bands must be an integer in [1, rounds={rounds}], got {bands!r} "
+                              f"(at most {rounds} bands fit {rounds} rounds)")
         super().__init__(noise_multiplier, clip_norm, BandedInverseOperator(lambda: self.strategy, int(bands)), noise)
         self.rounds, self.bands, self.kind, self.iterations = int(rounds), int(bands), kind, int(iterations)
         self._strategy = strategy
@@ -260,7 +262,7 @@ class BandMFMechanism(CorrelatedMechanism):
                 raise ConfigError(
                     f"BandMF with {self.bands} bands needs participations at least {self.bands} rounds apart; "
                     f"sampling=cyclic gives {sampler.min_separation + 1} (population // cohort_size): "
-                    "lower mechanism.bands or the cohort size")
+                    f"set mechanism.bands={sampler.min_separation + 1} (the largest that fits) or a smaller cohort")
             return
         if isinstance(sampler, GroupedPoissonPattern):
             if sampler.groups != self.bands:
@@ -328,6 +330,15 @@ class BandMFNoise(MechanismOption):
 
     def sampling_groups(self) -> int | None:
         return self.bands
+
+    def fitted(self, population: int, cohort_size: int, rounds: int, sampling: str) -> "BandMFNoise":
+        """The default 16 bands, where they do not fit: at most ``rounds``, and under cyclic or
+        cyclic-Poisson sampling at most population // cohort_size (the groups, or the rounds between
+        two participations, that the population allows)."""
+        largest = min(rounds, population // cohort_size) if sampling in (CYCLIC, CYCLIC_POISSON) else rounds
+        if self.bands != BandMFNoise.bands or self.bands <= largest or largest < 1:
+            return self
+        return dataclasses.replace(self, bands=largest)
 
     def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
               sampler=None):

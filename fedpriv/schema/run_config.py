@@ -34,6 +34,7 @@ class RunConfig(Section):
     # evaluate on the test set every k rounds (and after the last); null: last only
     eval_every: Optional[int] = field(default=20, metadata=PRESENTATION)
     resume: bool = field(default=False, metadata=PRESENTATION)  # true: continue the run in run_dir
+    # the tqdm round bar on stderr; shown only when stderr is a terminal (never in a log file or pipe)
     progress: bool = field(default=True, metadata=PRESENTATION)
     verbose: bool = field(default=False, metadata=PRESENTATION)  # one structured log line per round
     # research mode only: statistics of training users (NOT covered by epsilon)
@@ -57,6 +58,9 @@ class RunConfig(Section):
 
     def check(self, path: str = "") -> None:
         nonnegative(self, "seed", path=path)
+        if not self.run_dir.strip():  # `run_dir=$UNSET`: never the current directory
+            raise ConfigError(f"{_key(path, 'run_dir')} is empty (an unset shell variable?): give a directory, "
+                              "or leave run_dir out for outputs/<date>/<time>")
         from fedpriv.sampling import SAMPLERS  # registered samplers (sampling imports this module)
 
         if self.sampling != "auto" and self.sampling not in SAMPLERS:

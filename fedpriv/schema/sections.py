@@ -227,6 +227,13 @@ class MechanismOption(Option):
         """The groups of ``sampling=cyclic_poisson`` (BandMF: its bands)."""
         return None
 
+    def fitted(self, population: int, cohort_size: int, rounds: int, sampling: str) -> "MechanismOption":
+        """This option with any default that cannot fit the run (``rounds`` rounds of cohorts of
+        ``cohort_size`` from ``population`` units under ``sampling``) replaced by the largest value
+        that fits; ``self`` when nothing changes. A value that differs from the default is left as
+        given (and refused where it is checked, naming the largest that fits)."""
+        return self
+
 
 @dataclass
 class OptimizerOption(Option):
@@ -279,6 +286,13 @@ class TextPipeline(Option):
     def check(self, path: str) -> None:
         positive(self, "seq_len", "public_max_sentences", "sp_vocab_size", "sp_seq_len", path=path)
         nonnegative(self, "seed", path=path)
+        source, where = _key(path, "public_source"), _key(path, "public_path")
+        if self.public_source == "c4" and not self.public_path:  # C4 is read from local shards only
+            raise ConfigError(f"{source}=c4 needs {where}: fedpriv never downloads C4; download shards of "
+                              "allenai/c4 realnewslike from Hugging Face (e.g. "
+                              f"realnewslike/c4-train.00000-of-00512.json.gz) and pass {where}=FILE|DIR|GLOB")
+        if self.public_source == "text" and not self.public_path:
+            raise ConfigError(f"{source}=text needs {where} (a .txt, .jsonl or .json file, directory or glob)")
 
     def example_overrides(self, directory) -> list[str]:
         """Config overrides of a tiny runnable instance of this dataset, writing any input file it

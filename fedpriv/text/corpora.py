@@ -4,8 +4,8 @@ text/JSON files, split into sentences and normalized the way TFF's StackOverflow
 
 * ``c4``: ``datasets.load_dataset("json", data_files=..., streaming=True)`` over local
   ``c4-train.*.json.gz`` shards (the layout of ``allenai/c4`` ``realnewslike``: one JSON object
-  per line with a ``text`` field); with no path, the hub's ``allenai/c4`` ``realnewslike`` split
-  is streamed (needs network; never used by the tests).
+  per line with a ``text`` field). A path is required: nothing is ever downloaded (the config
+  check refuses ``public_source=c4`` without ``public_path`` before anything is written).
 * ``text``: local ``.txt`` files (one document per line) or ``.jsonl``/``.json`` files (one
   object per line, text under ``text_field``), optionally gzipped; a directory means every such
   file in it, sorted.
@@ -81,14 +81,20 @@ def _documents_from_files(path: str | Path, text_field: str) -> Iterator[str]:
                 yield record[text_field]
 
 
+C4_PATH_MESSAGE = ("data.public_source=c4 needs data.public_path: fedpriv never downloads C4; download shards of "
+                   "allenai/c4 realnewslike from Hugging Face (e.g. realnewslike/c4-train.00000-of-00512.json.gz) "
+                   "and pass data.public_path=FILE|DIR|GLOB")
+
+
 def _documents_from_c4(path: str | Path | None) -> Iterator[str]:
+    """The ``text`` of each record of local C4 shards, read with ``datasets``' local JSON builder
+    (never the hub: without a path this is a :class:`ConfigError`)."""
+    if not path:
+        raise ConfigError(C4_PATH_MESSAGE)
+    files = [str(f) for f in _files(path)]
     import datasets
 
-    if path is None:  # the real corpus, streamed from the hub (needs network)
-        stream = datasets.load_dataset("allenai/c4", "realnewslike", split="train", streaming=True)
-    else:
-        files = [str(f) for f in _files(path)]
-        stream = datasets.load_dataset("json", data_files=files, split="train", streaming=True)
+    stream = datasets.load_dataset("json", data_files=files, split="train", streaming=True)
     for record in stream:
         yield record["text"]
 
@@ -101,6 +107,8 @@ def public_texts(source: str, path: str | Path | None, max_sentences: int, text_
         raise ConfigError(f"the public corpus needs max_sentences >= 1, got {max_sentences}")
     if source == "text" and not path:
         raise ConfigError("data.public_source=text needs data.public_path (a file, directory or glob)")
+    if source == "c4" and not path:
+        raise ConfigError(C4_PATH_MESSAGE)
     docs = _documents_from_c4(path) if source == "c4" else _documents_from_files(path, text_field)
     out: list[str] = []
     for doc in docs:
