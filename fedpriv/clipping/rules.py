@@ -137,6 +137,20 @@ def layer_norm_contributions(module: nn.LayerNorm, x: Tensor, g: Tensor) -> Cont
     return out
 
 
+# ----------------------------------------------------------------------------- RMSNorm
+
+
+def rms_norm_contributions(module: nn.RMSNorm, x: Tensor, g: Tensor) -> Contributions:
+    """``y = x̂ ⊙ γ`` with ``x̂ = x / sqrt(mean(x²) + eps)`` over the normalized dims:
+    ``G_γ = Σ_t g_t ⊙ x̂_t`` (Dense); ``x̂`` is recomputed from the kept input by the same
+    ``rms_norm`` without a weight (``eps=None``: the dtype's machine epsilon, as the module)."""
+    if not _trainable(module.weight):
+        return []
+    shape = tuple(module.normalized_shape)
+    x_hat = F.rms_norm(x, shape, None, module.eps)
+    return [(module.weight, Dense((g * x_hat).reshape((x.shape[0], -1) + shape).sum(1)))]
+
+
 # ----------------------------------------------------------------------------- Conv1d / Conv2d
 
 
@@ -191,6 +205,8 @@ register_rule(nn.Embedding, LayerRule(embedding_contributions, ("weight",), lamb
                                       index_input=True, check=_embedding_problem))
 register_rule(nn.LayerNorm, LayerRule(layer_norm_contributions, ("weight", "bias"),
                                       lambda m: len(m.normalized_shape) + 1))
+register_rule(nn.RMSNorm, LayerRule(rms_norm_contributions, ("weight",),
+                                    lambda m: len(m.normalized_shape) + 1))
 register_rule(nn.Conv1d, LayerRule(conv_contributions, ("weight", "bias"), lambda m: 3,
                                    check=_conv_problem))
 register_rule(nn.Conv2d, LayerRule(conv_contributions, ("weight", "bias"), lambda m: 4,
