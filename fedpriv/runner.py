@@ -142,7 +142,8 @@ def _plan(cfg: dict, spec: RunConfig, task: Task, randomness: RunRandomness | No
     ledger = PrivacyLedger(mechanism, sampler, privacy.delta, privacy.accountant, target_epsilon=target,
                            planned_rounds=spec.rounds, non_private_reason=reason,
                            randomness=randomness.describe() if randomness else {},
-                           query=None if clip is None else clip.describe(), audit=audit_label(cfg))
+                           query=None if clip is None else clip.describe(), audit=audit_label(cfg),
+                           dimension=task.initial_params.numel())
     ledger.check_can_run(spec.rounds)
     check_observability(cfg)
     return _Plan(sampler, mechanism, optimizer, clip, ledger)
@@ -196,6 +197,7 @@ def _build(cfg: dict, spec: RunConfig, run: RunDirectory) -> RunSession:
                                                             plan.clip, plan.ledger)
     if ledger.non_private_reason:
         log.warning("NOT PRIVATE: %s; the run reports epsilon = inf", ledger.non_private_reason)
+    _say_noise_scale(ledger)
     if privacy.noise_multiplier is not None and privacy.target_epsilon is not None:
         log.warning("privacy.noise_multiplier=%g is used as given: the target epsilon %g (from the experiment or "
                     "the defaults) is not, and epsilon follows from sigma", privacy.noise_multiplier,
@@ -213,6 +215,28 @@ def _build(cfg: dict, spec: RunConfig, run: RunDirectory) -> RunSession:
         _restore(session, checkpoint)
     _count_client_releases(session, checkpoint)
     return session
+
+
+# σ·√d/m̄ above which the noise on the averaged update is warned about: its expected norm over
+# the clip bound (docs/PRIVACY.md, "Will it learn?", gives the measurements behind the value)
+NOISE_WARNING_RATIO = 10.0
+
+
+def _say_noise_scale(ledger: PrivacyLedger) -> None:
+    """One line before training: σ/m̄, the noise on each coordinate of the averaged update in units
+    of the clip bound, and σ·√d/m̄, its norm over the d trained parameters in the same units
+    (privacy.json ``averaged_noise_to_clip``, ``averaged_noise_norm_to_clip``); a ``warning:``
+    above NOISE_WARNING_RATIO, where the noise dwarfs the averaged update (whose norm is at most
+    the clip bound) and training tends to diverge."""
+    ratio, norm = ledger.averaged_noise_to_clip, ledger.averaged_noise_norm_to_clip
+    text = (f"noise multiplier {ledger.noise_multiplier:.4g} over an expected cohort of "
+            f"{ledger.sampler.expected_cohort:.4g}: the averaged update gets noise of std {ratio:.3g} x the clip "
+            f"bound per coordinate, of norm {norm:.3g} x the clip bound over its {ledger.dimension} coordinates")
+    if norm > NOISE_WARNING_RATIO:
+        log.warning("%s (above %g: likely too noisy to learn; more users per round, more users in all, a larger "
+                    "epsilon or a smaller model lower it)", text, NOISE_WARNING_RATIO)
+    else:
+        log.info("%s", text)
 
 
 def _count_client_releases(session: RunSession, checkpoint: dict | None) -> None:

@@ -80,12 +80,28 @@ def _check_round_count(rounds: int | None, what: str) -> int | None:
 class PrivacyLedger:
     """ε spent so far by ``mechanism`` under ``sampler``, at fixed ``delta``, with a budget check."""
 
+    @property
+    def averaged_noise_to_clip(self) -> float:
+        """σ / m̄: the standard deviation of the noise on each coordinate of the averaged update
+        (the noised sum divided by the expected cohort m̄), in units of the clip bound. Exact for
+        independent noise; a correlated mechanism's per-round noise differs (its prefix sums carry
+        less), so there it is the scale of the noise one round would get alone."""
+        return self.noise_multiplier / float(self.sampler.expected_cohort)
+
+    @property
+    def averaged_noise_norm_to_clip(self) -> float | None:
+        """σ·√d / m̄: the expected norm of that noise over the update's d coordinates, in units of
+        the clip bound — the largest norm the average of clipped updates can have (None: d not
+        given)."""
+        return None if self.dimension is None else self.averaged_noise_to_clip * math.sqrt(self.dimension)
+
     def __init__(self, mechanism: AccountedMechanism, sampler: Sampler, delta: float,
                  accountant: str = RDP, target_epsilon: float | None = None,
                  planned_rounds: int | None = None, non_private_reason: str | None = None,
                  randomness: dict[str, Any] | None = None, query: dict[str, Any] | None = None,
-                 audit: dict[str, Any] | None = None) -> None:
+                 audit: dict[str, Any] | None = None, dimension: int | None = None) -> None:
         self.mechanism = mechanism
+        self.dimension = dimension  # coordinates of the noised update (the trained parameters)
         self.sampler = sampler
         self.delta = check_delta(delta)
         self.accountant = check_accountant(accountant)
@@ -198,6 +214,8 @@ class PrivacyLedger:
             "neighboring_relation": relation_name(self.relation),
             "mechanism": self.mechanism.name,
             "noise_multiplier": self.noise_multiplier,
+            "averaged_noise_to_clip": self.averaged_noise_to_clip,
+            "averaged_noise_norm_to_clip": self.averaged_noise_norm_to_clip,
             "sampling": sampling_dict(self.sampler),
             "rounds": self.rounds_done,
             "last_round": self._round_indices[-1] if self._round_indices else None,
