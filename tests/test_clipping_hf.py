@@ -306,3 +306,23 @@ def test_transformers_is_imported_only_when_a_model_uses_it() -> None:
               "assert 'fedpriv.clipping.hf_rules' in sys.modules and Conv1D in c.RULES\n")
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_gpt2_with_a_batch_of_one_matches_the_loop() -> None:
+    """GPT-2's input_ids.view(-1, T) gives the size-1 batch dim another stride: a size-1 dim's
+    stride means nothing, so the view is still the model's input (positions passed, item 3)."""
+    torch.manual_seed(0)
+    model = tiny_gpt2()
+    data = (tokens(1, 8),)
+    per = loop_per_sample_grads(model, gpt2_lm_loss, data)
+    norms, _ = reference(per, 1.0)
+    clip = norms.item() / 2
+    norms, want = reference(per, clip)
+    for p in model.parameters():
+        p.grad = None
+    with BookKeeping(model, clip_norm=clip, mode="mixopt") as bk:
+        bk.backward(gpt2_lm_loss(model, *data))
+    assert_rel_close(bk.last_norms, norms, what="norms")
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert_rel_close(p.grad, want[name], what=name)

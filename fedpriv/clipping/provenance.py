@@ -180,7 +180,8 @@ class Provenance:
         root = next((r for r in self.roots if r.numel() and r.untyped_storage().data_ptr() == storage), None)
         if root is not None:  # the model's input, or a view of it
             if (x.dim() >= rule.min_batched_ndim(module) and x.shape[0] == root.shape[0] == batch
-                    and x.stride(0) == root.stride(0) and not (rule.index_input and x.dim() < (self.index_ndim or 0))):
+                    and (batch == 1 or x.stride(0) == root.stride(0))  # a size-1 dim's stride means nothing
+                    and not (rule.index_input and x.dim() < (self.index_ndim or 0))):
                 return True
             raise UnsupportedLayerError(
                 f"{where}: its input {shape} is a view of the model's input whose dim 0 is not the batch of {batch} "
