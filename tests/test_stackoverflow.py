@@ -209,15 +209,15 @@ def test_file_is_not_modified(db: Path) -> None:
     assert db.read_bytes() == before
 
 
-def test_index_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_index_note(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "stackoverflow.word_count").write_text(WORD_COUNTS)
     plain = make_db(tmp_path / "stackoverflow.sqlite")
-    with caplog.at_level(logging.WARNING, logger="fedpriv.data.stackoverflow"):
+    with caplog.at_level(logging.INFO, logger="fedpriv.data.stackoverflow"):
         assert load(plain).info["client_index"] is False
     assert "no index" in caplog.text
     caplog.clear()
     indexed = make_db(tmp_path / "indexed.sqlite", index=True)
-    with caplog.at_level(logging.WARNING, logger="fedpriv.data.stackoverflow"):
+    with caplog.at_level(logging.INFO, logger="fedpriv.data.stackoverflow"):
         data = load(indexed, vocab_path=tmp_path / "stackoverflow.word_count")
     assert data.info["client_index"] is True and "no index" not in caplog.text
 

@@ -23,12 +23,15 @@ run the command it prints.
 
 Scale: the real file has 342,477 train users and 135.8M sentences, so train users are read on demand
 (:class:`SqliteUsers`). The file is opened read-only and nothing is ever written to it, so no index
-is created: if ``examples`` has no index on ``client_id``, every user read is a full-table scan (far
-too slow for training on the full file). :func:`load_stackoverflow` logs a warning in that case
-naming the cure, :mod:`fedpriv.data.prepare_stackoverflow` (an indexed copy, index
-``examples_client ON examples(client_id, split_name)``; reads then take ~10 ms per 256-sentence
-user). Loading also scans the table once to list the test split's rowids (minutes on the full
-file). None of this could be checked against the real file here.
+is created. If ``examples`` has an index on ``client_id`` (:mod:`fedpriv.data.prepare_stackoverflow`
+makes an indexed copy, index ``examples_client ON examples(client_id, split_name)``), a user read is
+an index lookup. If it has none, the first load makes one streamed pass over the table in rowid
+order and keeps a compact user -> rowid-range map beside the file's identity in ``$FEDPRIV_CACHE``
+(:mod:`fedpriv.data.stackoverflow_rowmap`); a user read is then a few rowid seeks, and the train
+client list and the test subset come from the map too, so no later load or read scans the table.
+:func:`load_stackoverflow` still logs a warning naming the indexed copy in that case. Cost model and
+measurements on generated files: docs/BENCHMARKS.md. None of this could be checked against the real
+file here.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import warnings
 
 import numpy as np
 
+from fedpriv.data import stackoverflow_rowmap
 from fedpriv.data.federated import FederatedDataset, Vocabulary
 from fedpriv.data.tf_example import decode_example
 from fedpriv.errors import ConfigError
@@ -179,7 +183,12 @@ class SqliteUsers(Sequence[np.ndarray]):
     ``users[i]`` is ``client_ids[i]``'s first ``max_sentences`` train sentences in file (rowid) order,
     as an int64 array ``[n, seq_len + 1]`` (a fresh copy each time). Each process opens its own
     read-only connection on first use (also after fork or unpickling); pickles carry only the path,
-    the ids and the vocabulary. A small LRU cache keeps the last ``cache_size`` users.
+    the ids, the vocabulary and ``runs``. A small LRU cache keeps the last ``cache_size`` users.
+
+    ``runs``: ``(offsets, starts, ends)`` int64 arrays from a row map
+    (:meth:`fedpriv.data.stackoverflow_rowmap.RowMap.user_runs`): user ``i``'s rows lie in the rowid
+    ranges ``starts[offsets[i]:offsets[i + 1]]`` .. ``ends[...]`` (inclusive), read with rowid seeks;
+    without it a user is read with ``WHERE client_id = ?`` (an index lookup, or a scan without one).
     """
 
     def __init__(
@@ -190,13 +199,17 @@ class SqliteUsers(Sequence[np.ndarray]):
         seq_len: int,
         max_sentences: int,
         cache_size: int = 64,
+        runs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> None:
+        if runs is not None and len(runs[0]) != len(client_ids) + 1:
+            raise ValueError(f"runs has offsets for {len(runs[0]) - 1} users, not {len(client_ids)}")
         self.path = Path(path)
         self.client_ids = tuple(client_ids)
         self.vocab = vocab
         self.seq_len = seq_len
         self.max_sentences = max_sentences
         self.cache_size = cache_size
+        self.runs = runs
         self._lookup = _word_lookup(vocab)
         self._reset_process_state()
 
@@ -240,7 +253,13 @@ class SqliteUsers(Sequence[np.ndarray]):
     def _read(self, i: int) -> np.ndarray:
         if self._conn is None:
             self._conn = _connect(self.path)
-        blobs = _client_blobs(self._conn, self.client_ids[i], self.max_sentences)
+        if self.runs is None:
+            blobs = _client_blobs(self._conn, self.client_ids[i], self.max_sentences)
+        else:
+            offsets, starts, ends = self.runs
+            lo, hi = int(offsets[i]), int(offsets[i + 1])
+            blobs = stackoverflow_rowmap.read_user(
+                self._conn, self.client_ids[i], starts[lo:hi], ends[lo:hi], self.max_sentences)
         return _rows(blobs, self._lookup, self.vocab, self.seq_len)
 
     def __repr__(self) -> str:
@@ -338,12 +357,18 @@ def _vocabulary_words(
     return _private_vocab_words(conn, client_ids, max_sentences, vocab_size), "private train split"
 
 
-def _test_blobs(conn: sqlite3.Connection, limit: int, seed: int) -> list[bytes]:
-    """Up to ``limit`` test examples: a seeded uniform subset of the test rowids, in rowid order."""
-    query = "SELECT rowid FROM examples WHERE split_name = ? ORDER BY rowid"
-    rowids = np.fromiter((row[0] for row in conn.execute(query, (_TEST,))), dtype=np.int64)
-    if len(rowids) > limit:
-        rowids = np.sort(np.random.default_rng(seed).choice(rowids, size=limit, replace=False))
+def _test_blobs(
+    conn: sqlite3.Connection, limit: int, seed: int, rowmap: stackoverflow_rowmap.RowMap | None = None
+) -> list[bytes]:
+    """Up to ``limit`` test examples: a seeded uniform subset of the test rowids, in rowid order
+    (listed by a scan of the table, or, the same draw, from ``rowmap``'s test runs)."""
+    if rowmap is not None:
+        rowids = rowmap.test_rowids(conn, limit, seed)
+    else:
+        query = "SELECT rowid FROM examples WHERE split_name = ? ORDER BY rowid"
+        rowids = np.fromiter((row[0] for row in conn.execute(query, (_TEST,))), dtype=np.int64)
+        if len(rowids) > limit:
+            rowids = np.sort(np.random.default_rng(seed).choice(rowids, size=limit, replace=False))
     blobs: list[bytes] = []
     for start in range(0, len(rowids), _TEST_FETCH_CHUNK):
         chunk = rowids[start : start + _TEST_FETCH_CHUNK].tolist()
@@ -369,7 +394,9 @@ def load_stackoverflow(
 
     - Users: the train split's clients in sorted client_id order (the first ``max_users``), each
       with its first ``max_sentences_per_user`` sentences in file order, read lazily
-      (:class:`SqliteUsers`). The heldout split is not used.
+      (:class:`SqliteUsers`). The heldout split is not used. A file without a client index is mapped
+      once (:mod:`fedpriv.data.stackoverflow_rowmap`, cached in ``$FEDPRIV_CACHE``) so that no read
+      scans the table; ``info["row_map"]`` says whether the map is used.
     - Vocabulary: the first ``vocab_size`` words of ``vocab_path``, or of ``stackoverflow.word_count``
       beside the sqlite file. Without either, ``allow_private_vocab=True`` counts words over the
       private train data (with a warning: outside the DP guarantee); otherwise ``ConfigError``.
@@ -393,21 +420,27 @@ def load_stackoverflow(
         _check_schema(conn, db)
         indexed = _has_client_index(conn)
         if not indexed:
-            logger.warning(
-                "%s has no index on examples(client_id): each user read scans the whole table (far too slow "
-                "for the full dataset); make an indexed copy with: python -m fedpriv.data.prepare_stackoverflow %s",
+            logger.info(
+                "%s has no index on examples(client_id): its users are read through a map of row ranges made with "
+                "one pass over the table at the first load (cached in $FEDPRIV_CACHE); an indexed copy needs no "
+                "pass: python -m fedpriv.data.prepare_stackoverflow %s",
                 db,
                 db,
             )
-        client_ids = _train_client_ids(conn, max_users)
+        rowmap = None if indexed else stackoverflow_rowmap.row_map(db, conn)
+        if rowmap is None or _has_table(conn, "client_metadata"):
+            client_ids = _train_client_ids(conn, max_users)
+        else:  # the same list (sorted, non-empty train clients), without a scan
+            client_ids = list(rowmap.train_ids[:max_users])
         if not client_ids:
             raise ConfigError(f"{db} has no clients in its 'train' split")
         words, vocab_source = _vocabulary_words(
             conn, db, vocab_path, vocab_size, client_ids, max_sentences_per_user, allow_private_vocab
         )
         vocab = Vocabulary.of_words(words)
-        test = _rows(_test_blobs(conn, max_test_sentences, seed), _word_lookup(vocab), vocab, seq_len)
-    users = SqliteUsers(db, client_ids, vocab, seq_len, max_sentences_per_user)
+        test = _rows(_test_blobs(conn, max_test_sentences, seed, rowmap), _word_lookup(vocab), vocab, seq_len)
+    runs = None if rowmap is None else rowmap.user_runs(client_ids)
+    users = SqliteUsers(db, client_ids, vocab, seq_len, max_sentences_per_user, runs=runs)
     return FederatedDataset(
         name="stackoverflow",
         vocab=vocab,
@@ -425,6 +458,7 @@ def load_stackoverflow(
                if vocab_source == "private train split" else {}),
             "max_sentences_per_user": max_sentences_per_user,
             "client_index": indexed,
+            "row_map": rowmap is not None,
         },
     )
 
