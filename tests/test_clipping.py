@@ -271,6 +271,7 @@ class Unprovable(nn.Module):
             h = self.lin(h.transpose(0, 1)).transpose(0, 1)
         elif self.kind == "cumulative":  # sample i sees samples 0..i: mixed, every shape intact
             h = self.lin(h.cumsum(0))
+
         return self.out(h)
 
 
@@ -284,6 +285,59 @@ def test_unprovable_batch_dims_fail_closed_naming_the_module(kind: str, module: 
     for _ in range(2):  # a caught error does not switch the check off
         with pytest.raises(UnsupportedLayerError, match=rf"^{module} \("):
             bk.backward(lm_loss(model, tokens(6, 7, 30)))
+    bk.detach()
+
+
+class SharedPositions(nn.Module):
+    """Positions arange(T) (no batch dim, made in the forward) beside dropout; counts forwards."""
+
+    def __init__(self, vocab: int = 30, d: int = 8) -> None:
+        super().__init__()
+        self.emb, self.pos, self.out = nn.Embedding(vocab, d), nn.Embedding(16, d), nn.Linear(d, vocab)
+        self.drop = nn.Dropout(0.5)
+        self.forwards = 0
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.forwards += 1
+        return self.out(self.drop(self.emb(tokens) + self.pos(torch.arange(tokens.shape[1]))))
+
+
+class DetachedBatchMean(SharedPositions):
+    """A [T, d] input computed from every sample without autograd (no batch dim, T != B)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.emb(tokens) + self.pos(torch.arange(tokens.shape[1]))
+        return self.out(h + self.lin(h.detach().mean(0)))
+
+
+def test_a_shared_input_computed_from_the_samples_without_autograd_is_refused() -> None:
+    """Taken for a batch-free constant, it would carry every sample's data into every sample's
+    clipped gradient (the sum's sensitivity unbounded by C); the replay on perturbed tokens sees it
+    change and refuses, naming the layer, on every backward until fixed."""
+    model = DetachedBatchMean()
+    bk = BookKeeping(model, clip_norm=1.0)
+    for _ in range(2):
+        with pytest.raises(UnsupportedLayerError, match=r"^lin \(Linear\): its input \(6, 8\) is shared by all "
+                                                        "samples .* changes with the model's input"):
+            bk.backward(lm_loss(model, tokens(5, 7, 30)))
+    bk.detach()
+
+
+def test_shared_inputs_are_proven_independent_of_the_samples_once_without_touching_the_rng() -> None:
+    """A shared input made in the forward (positions) is accepted after one replay on perturbed
+    tokens showed it unchanged; the replay runs once per layer and leaves torch's RNG as it was."""
+    model = SharedPositions()
+    bk = BookKeeping(model, clip_norm=1.0)
+    loss = lm_loss(model, tokens(6, 7, 30))
+    state = torch.get_rng_state()
+    bk.backward(loss)
+    assert model.forwards == 2 and torch.equal(torch.get_rng_state(), state)  # the forward and one replay
+    bk.backward(lm_loss(model, tokens(6, 7, 30)))
+    assert model.forwards == 3  # proven once: no second replay
     bk.detach()
 
 

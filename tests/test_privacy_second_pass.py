@@ -123,6 +123,8 @@ SEEDED_NOT_SECRET = {
     ("fedpriv/randomness.py", "_order_generator"): "the minibatch order of plain local SGD (no guarantee uses it)",
     ("fedpriv/clipping/provenance.py", "separability_probe"): "fixed probe weights of a structural check",
     ("fedpriv/clipping/provenance.py", "_directions"): "fixed projection directions of the same check",
+    ("fedpriv/clipping/engine.py", "_check_independent"): "perturbed inputs of a structural check (a replay "
+                                                           "whose outputs are compared, never used or released)",
     ("fedpriv/task.py", "_model"): "the public initial weights (the seed is in the public config)",
     ("fedpriv/public/teacher.py", "train_teacher"): "training on public data",
     ("fedpriv/public/pretrain.py", "pretrain"): "the batch order of pre-training on public data",

@@ -49,7 +49,8 @@ from torch.profiler import record_function
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
 from fedpriv.clipping.noise import GaussianKeystream
-from fedpriv.clipping.provenance import (Provenance, UnsupportedLayerError, ambiguous_batch_dim, check_separable,
+from fedpriv.clipping.provenance import (Provenance, UnsupportedLayerError, ambiguous_batch_dim, check_data_independent,
+                                         check_separable, perturbed,
                                          separability_probe)
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule
 
@@ -174,6 +175,8 @@ class BookKeeping:
         self._calls: list[_Call] = []
         self._provenance = Provenance(model)  # what the forwards since the last backward proved
         self._separability_checked = False
+        self._independent: set[str] = set()  # paths whose shared inputs the replay proved sample-free
+        self._replayed: Optional[dict[str, list[Tensor]]] = None  # inputs recorded during a replay
         self._in_backward = False
         managed, to_prepare = self._inspect(model)
         # profiler labels (scripts/profile_bk.py): "bk.<phase>.<layer kind>"
@@ -227,6 +230,27 @@ class BookKeeping:
             managed.append((path, module, rule))
         return managed, to_prepare
 
+    def _check_independent(self, made: list[tuple[str, Tensor]], call_args: tuple[tuple, dict]) -> None:
+        """Replay the model's forward on perturbed arguments (no autograd, the RNG streams
+        restored afterwards) and fail if a shared input made in the forward changed
+        (:func:`~fedpriv.clipping.provenance.check_data_independent`). Once per call path (the
+        model's structure is assumed not to change between backwards, as for separability)."""
+        args, kwargs = call_args
+        generator = torch.Generator().manual_seed(0x1D)
+        args2 = tuple(perturbed(a, generator) for a in args)
+        kwargs2 = {k: perturbed(v, generator) for k, v in kwargs.items()}
+        devices = [d.index for d in {p.device for p in self.model.parameters()} if d.type == "cuda"]
+        self._replayed = {}
+        try:
+            with torch.random.fork_rng(devices=devices), torch.no_grad():
+                self.model(*args2, **kwargs2)
+            replayed = self._replayed
+        finally:
+            self._replayed = None
+        modules = dict(self.model.named_modules())
+        check_data_independent(made, replayed, modules)
+        self._independent.update(path for path, _ in made)
+
     def _make_hook(self, path: str, rule: LayerRule, label: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any):
             with record_function(label):
@@ -275,6 +299,7 @@ class BookKeeping:
         if x is None or x.dim() == 0:
             return None
         proof = self._provenance
+        proof.call_args = (args, dict(kwargs))  # replayed on perturbed values (check_data_independent)
         if self._calls and proof.batch is not None and x.shape[0] != proof.batch:
             self.clear()  # a new batch size: the pending calls belong to an abandoned forward
         proof.set_batch(x)
@@ -285,6 +310,11 @@ class BookKeeping:
 
     def _on_forward(self, path: str, rule: LayerRule, module: nn.Module, args: tuple,
                     kwargs: dict, output: Any) -> Optional[Tensor]:
+        if self._replayed is not None:  # the replay of check_data_independent: record inputs only
+            x = _first_tensor(args, kwargs)
+            if x is not None:
+                self._replayed.setdefault(path, []).append(x.detach().clone())
+            return None
         if self._in_backward or not isinstance(output, Tensor) or not output.requires_grad:
             return None
         x = _first_tensor(args, kwargs)
@@ -314,6 +344,7 @@ class BookKeeping:
         distinct id, in increasing id order.
         """
         calls, batch = self._calls, self._provenance.batch
+        made_shared, call_args = self._provenance.made_shared, self._provenance.call_args
         self.clear()
         if per_sample_loss.dim() != 1:
             raise ValueError("per_sample_loss must have shape [B], got "
@@ -334,6 +365,10 @@ class BookKeeping:
                     f"(do not flatten batch and time before a layer); model batch was {batch}")
         with record_function("bk.audit"):
             self._audit(per_sample_loss, calls)
+        unchecked = [(path, x) for path, x in made_shared if path not in self._independent]
+        if unchecked and call_args is not None:
+            with record_function("bk.independence_check"):
+                self._check_independent(unchecked, call_args)
         self._in_backward = True
         try:
             check = bool(calls) and size > 1 and (not self._separability_checked or ambiguous_batch_dim(calls, size))

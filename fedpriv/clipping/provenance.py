@@ -17,14 +17,23 @@ What it proves, for every hooked module call of one step:
    :func:`computed_from` (a tensor computed without autograd from a per-sample source) and
    :func:`flat_positions` (positions of a per-sample tensor flattened to rows); each is accepted
    only if its source is itself proven per sample.
-2. *Separability of the loss* (:func:`separability_probe`, :func:`check_separable`). No sample's
+2. *Independence of shared inputs from the samples* (:func:`check_data_independent`). A shared
+   input made in the forward (not a buffer or frozen weight: positions ``arange(T)``, or possibly
+   a batch statistic computed without autograd) must not depend on the samples: the engine replays
+   the model's forward once per layer, without autograd and with the RNG streams restored, on
+   :func:`perturbed` arguments, and fails if such an input changed — it would otherwise carry
+   every sample's data into every sample's clipped gradient.
+3. *Separability of the loss* (:func:`separability_probe`, :func:`check_separable`). No sample's
    loss depends on another sample's row of a hooked call's output: a second backward with random
    per-sample weights must scale each row's output gradient by its own sample's weight. It runs on
    an engine's first backward and whenever some hooked input has the batch size in another dim
    too (:func:`ambiguous_batch_dim`), where a permutation of the batch with that dim keeps every
    shape.
 
-Assumptions: dim 0 of the model's input is the batch; the model modifies neither its float inputs
+Assumptions: dim 0 of the model's input is the batch; a shared input that depends on the samples
+changes under the replay's perturbation (integer inputs resampled from their own values, float
+inputs plus unit noise; a dependence that this leaves unchanged goes unnoticed), and the model's
+forward can be run again (no side effects that matter); the model modifies neither its float inputs
 nor a hooked call's input in place; a module that declares :func:`computed_from` owns the claim's
 truth; views are recognised by their storage (a view of the input shares its storage); the model's
 structure does not change between backwards without an ambiguous batch dim (the separability check
@@ -115,6 +124,10 @@ class Provenance:
         self.sources: set[Any] = set()  # autograd nodes whose values are per sample (call outputs, inputs)
         self.root_leaves: set[int] = set()  # ids of the model's float inputs that are autograd leaves
         self.shared_storages: set[int] = set()  # storages of shared calls' (expanded) outputs
+        self.call_args: Optional[tuple[tuple, dict]] = None  # the model's arguments in this forward
+        # shared calls whose input is made in the forward (not a buffer or frozen weight): (path, input),
+        # proven independent of the samples by :func:`check_data_independent`
+        self.made_shared: list[tuple[str, Tensor]] = []
 
     def set_batch(self, x: Tensor) -> None:
         """The model's first tensor argument ``x`` fixes the batch size (batch-first), and the dims
@@ -205,10 +218,14 @@ class Provenance:
                     f"{where}: its input {shape} is one batch-dependent tensor broadcast over dim 0 (stride 0), so its "
                     "rows are not per sample; per-sample clipping needs each sample's own input")
             return True
-        if x.grad_fn is None and (storage in self.constant_storages() or x.dim() < rule.min_batched_ndim(module)
+        constant = storage in self.constant_storages()
+        if x.grad_fn is None and (constant or x.dim() < rule.min_batched_ndim(module)
                                   or (rule.index_input and x.dim() < (self.index_ndim or 0)) or x.shape[0] != batch):
+            if not constant:  # made in the forward (positions arange(T), or a detached batch statistic?)
+                self.made_shared.append((path, x.detach()))
             return False  # a buffer, a frozen weight or a batch-free tensor: the same for every sample
         if x.grad_fn is not None:
+            self.made_shared.append((path, x.detach()))
             return False  # computed with autograd from neither the input nor a hooked call: a constant
         raise UnsupportedLayerError(
             f"{where}: cannot prove that dim 0 of its input {shape} is the batch: it is not the model's input or a "
@@ -238,6 +255,45 @@ class Provenance:
         """Storages of the model's buffers and frozen parameters (the same for every sample)."""
         return {t.untyped_storage().data_ptr() for t in self.model.buffers() if t.numel()} | \
             {p.untyped_storage().data_ptr() for p in self.model.parameters() if not p.requires_grad and p.numel()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Independence of shared inputs from the samples
+
+
+def perturbed(value: Any, generator: torch.Generator) -> Any:
+    """Another valid input of the same shape: an integer tensor's entries resampled from its own
+    values (indices stay in range), a float tensor plus unit noise; other arguments unchanged."""
+    if not isinstance(value, Tensor) or value.dim() == 0 or value.numel() == 0:
+        return value
+    if value.is_floating_point():
+        return value.detach() + torch.randn(value.shape, generator=generator, dtype=value.dtype).to(value.device)
+    flat = value.detach().reshape(-1)
+    picks = torch.randint(0, flat.numel(), tuple(value.shape), generator=generator).to(value.device)
+    resampled = flat[picks]
+    if torch.equal(resampled, value) and flat.numel() > 1:
+        resampled = value.detach().roll(1, dims=-1)
+    return resampled
+
+
+def check_data_independent(made: Sequence[tuple[str, Tensor]], replayed: dict[str, list[Tensor]],
+                           modules: dict[str, nn.Module]) -> None:
+    """Fail if a shared call's input (no batch dim, made in the forward) changes when the model's
+    input does: it is then computed from the samples without autograd (a detached batch statistic,
+    say), so one sample's data would reach every sample's clipped gradient and the sum's
+    sensitivity would not be the clip bound. ``replayed``: the inputs of the same calls, in order,
+    in a forward on :func:`perturbed` arguments."""
+    seen: dict[str, int] = {}
+    for path, original in made:
+        k = seen.get(path, 0)
+        seen[path] = k + 1
+        again = replayed.get(path, [])
+        if k >= len(again) or again[k].shape != original.shape or not torch.equal(again[k], original):
+            raise UnsupportedLayerError(
+                f"{path} ({type(modules[path]).__name__}): its input {tuple(original.shape)} is shared by all samples "
+                "(no batch dim) but changes with the model's input, so it is computed from the samples without "
+                "autograd (e.g. a detached batch statistic): one sample's data would reach every sample's gradient; "
+                "compute it with autograd, per sample, or from constants only")
 
 
 # ---------------------------------------------------------------------------------------------
