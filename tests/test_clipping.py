@@ -259,9 +259,7 @@ class Unprovable(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         b, t = tokens.shape
         h = self.emb(tokens)
-        if self.kind == "expanded_positions":  # one [T] tensor broadcast to [B, T]: not per sample
-            h = h + self.pos(torch.arange(t).expand(b, t))
-        elif self.kind == "batch_mean_broadcast":  # every row is the batch mean: samples mixed
+        if self.kind == "batch_mean_broadcast":  # every row is the batch mean: samples mixed
             h = self.lin(h.mean(0, keepdim=True).expand(b, t, -1))
         elif self.kind == "transposed_index":  # a view of the input with time in dim 0
             h = self.emb(tokens.t()).transpose(0, 1)
@@ -275,7 +273,7 @@ class Unprovable(nn.Module):
         return self.out(h)
 
 
-@pytest.mark.parametrize("kind, module", [("expanded_positions", "pos"), ("batch_mean_broadcast", "lin"),
+@pytest.mark.parametrize("kind, module", [("batch_mean_broadcast", "lin"),
                                           ("transposed_index", "emb"), ("untraced_mask", "lin"), ("transposed", "lin"),
                                           ("cumulative", "emb")])  # emb: its output rows are mixed
 def test_unprovable_batch_dims_fail_closed_naming_the_module(kind: str, module: str) -> None:
@@ -284,7 +282,7 @@ def test_unprovable_batch_dims_fail_closed_naming_the_module(kind: str, module: 
     bk = BookKeeping(model, clip_norm=1.0)
     for _ in range(2):  # a caught error does not switch the check off
         with pytest.raises(UnsupportedLayerError, match=rf"^{module} \("):
-            bk.backward(lm_loss(model, tokens(6, 7, 30)))
+            bk.backward(lm_loss(model, tokens(6, 7, 30, pad_tail=True)))  # pads: the untraced mask varies
     bk.detach()
 
 
@@ -300,6 +298,45 @@ class SharedPositions(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         self.forwards += 1
         return self.out(self.drop(self.emb(tokens) + self.pos(torch.arange(tokens.shape[1]))))
+
+
+class MadeInside(nn.Module):
+    """Positions made inside the model with a batch dim: expanded (stride 0), materialised, or a
+    size-1 dim 0 that broadcasts over the batch; ``flip`` hands row b of the position layer's output
+    to sample B-1-b (a mix of samples the separability probe must catch)."""
+
+    def __init__(self, kind: str, vocab: int = 30, d: int = 8) -> None:
+        super().__init__()
+        self.kind = kind
+        self.emb, self.pos, self.out = nn.Embedding(vocab, d), nn.Embedding(16, d), nn.Linear(d, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        b, t = tokens.shape
+        positions = {"expand": lambda: torch.arange(t).expand(b, t),
+                     "contiguous": lambda: torch.arange(t).expand(b, t).contiguous(),
+                     "broadcast": lambda: torch.arange(t)[None],
+                     "flip": lambda: torch.arange(t).expand(b, t).contiguous()}[self.kind]()
+        p = self.pos(positions)
+        return self.out(self.emb(tokens) + (p.flip(0) + torch.arange(b)[:, None, None] if self.kind == "flip" else p))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["expand", "contiguous", "broadcast"])
+def test_positions_made_inside_the_model_with_a_batch_dim_are_per_sample_and_exact(kind: str, mode: str) -> None:
+    """Accepted once the replay shows them independent of the samples and the separability probe
+    that row b reaches only sample b's loss; then exact against per-sample gradients (B == T)."""
+    torch.manual_seed(0)
+    check_against_reference(MadeInside(kind), lm_loss, (tokens(6, 7, 30, pad_tail=True),), mode)
+
+
+def test_positions_made_inside_the_model_but_mixed_across_samples_are_refused_with_the_reason() -> None:
+    model = MadeInside("flip")
+    bk = BookKeeping(model, clip_norm=1.0)
+    for _ in range(2):  # refused on every backward until fixed
+        with pytest.raises(UnsupportedLayerError, match=r"^pos \(Embedding\): its input \(6, 6\) is made inside the "
+                                                        r"model .* the separability probe found"):
+            bk.backward(lm_loss(model, tokens(6, 7, 30)))
+    bk.detach()
 
 
 class DetachedBatchMean(SharedPositions):
@@ -321,8 +358,8 @@ def test_a_shared_input_computed_from_the_samples_without_autograd_is_refused() 
     model = DetachedBatchMean()
     bk = BookKeeping(model, clip_norm=1.0)
     for _ in range(2):
-        with pytest.raises(UnsupportedLayerError, match=r"^lin \(Linear\): its input \(6, 8\) is shared by all "
-                                                        "samples .* changes with the model's input"):
+        with pytest.raises(UnsupportedLayerError, match=r"^lin \(Linear\): its input \(6, 8\) is made in the forward "
+                                                        "with no autograd link .* changes when that input does"):
             bk.backward(lm_loss(model, tokens(5, 7, 30)))
     bk.detach()
 

@@ -176,12 +176,11 @@ def test_gpt2_tied_embedding_is_one_parameter_with_both_contributions() -> None:
         assert not torch.allclose(bk.last_norms, separate, rtol=1e-3)  # the cross term counts
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="issue item 3: GPT-2 makes position_ids = arange(T).unsqueeze(0) ([1, T]) inside "
-                          "the model; the wpe call is proven shared, and the engine gives its output a NEW "
-                          "leading batch dim ([B, 1, T, d]), which broadcasts with [B, T, d] to [B, B, T, d]")
-def test_gpt2_with_positions_made_inside_the_model() -> None:
-    check_against_loop(tiny_gpt2(), hf_lm_loss, (tokens(5, 9, seed=4),), "mixopt")
+@pytest.mark.parametrize("mode", MODES)
+def test_gpt2_with_positions_made_inside_the_model(mode: str) -> None:
+    """GPT-2 makes position_ids = arange(T)[None] ([1, T]) itself: its size-1 dim 0 broadcasts
+    over the batch, is expanded to it, and passes the independence replay and the probe (item 3)."""
+    check_against_loop(tiny_gpt2(), hf_lm_loss, (tokens(5, 9, seed=4),), mode)
 
 
 # ----------------------------------------------------------------------------- Llama

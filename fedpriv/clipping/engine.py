@@ -176,6 +176,7 @@ class BookKeeping:
         self._provenance = Provenance(model)  # what the forwards since the last backward proved
         self._separability_checked = False
         self._independent: set[str] = set()  # paths whose shared inputs the replay proved sample-free
+        self._proven_made_inside: set[str] = set()  # paths of made-inside calls the probe proved per sample
         self._replayed: Optional[dict[str, list[Tensor]]] = None  # inputs recorded during a replay
         self._in_backward = False
         managed, to_prepare = self._inspect(model)
@@ -327,11 +328,15 @@ class BookKeeping:
             self._calls.append(_Call(path, module, rule, x.detach(), get_gradient_edge(output), node, leaf, rows))
             return None
         batched = proof.batched(path, rule, module, x)
+        replaced = not batched
         if not batched:
             x, output = proof.expand_shared(x, output)
+        elif path in proof.made_inside and x.shape[0] == 1 and proof.batch > 1:
+            x, output = proof.expand_broadcast(x, output)  # on probation (provenance.py, 2 and 3)
+            replaced = True
         proof.add_output(output)
         self._calls.append(_Call(path, module, rule, x.detach(), get_gradient_edge(output), node, leaf))
-        return None if batched else output
+        return output if replaced else None
 
     # ------------------------------------------------------------------ backward side
 
@@ -345,6 +350,7 @@ class BookKeeping:
         """
         calls, batch = self._calls, self._provenance.batch
         made_shared, call_args = self._provenance.made_shared, self._provenance.call_args
+        made_inside = dict(self._provenance.made_inside)  # per-sample calls on probation
         self.clear()
         if per_sample_loss.dim() != 1:
             raise ValueError("per_sample_loss must have shape [B], got "
@@ -371,7 +377,10 @@ class BookKeeping:
                 self._check_independent(unchecked, call_args)
         self._in_backward = True
         try:
-            check = bool(calls) and size > 1 and (not self._separability_checked or ambiguous_batch_dim(calls, size))
+            # the probe runs on the first backward, where a shape is ambiguous, and until every call on a
+            # batch-shaped tensor made inside the model has been proven per sample
+            check = bool(calls) and size > 1 and (not self._separability_checked or ambiguous_batch_dim(calls, size)
+                                                   or not made_inside.keys() <= self._proven_made_inside)
             if check:
                 with record_function("bk.separability_check"):
                     probe = separability_probe(per_sample_loss, calls)
@@ -380,8 +389,9 @@ class BookKeeping:
                                             allow_unused=True) if calls else ()
             if check:
                 with record_function("bk.separability_check"):
-                    check_separable(calls, grads, *probe)
+                    check_separable(calls, grads, *probe, notes=made_inside)
                 self._separability_checked = True
+                self._proven_made_inside |= made_inside.keys()
         finally:
             self._in_backward = False
         with torch.no_grad():

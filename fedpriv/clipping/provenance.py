@@ -10,8 +10,8 @@ What it proves, for every hooked module call of one step:
    it is computed from neither — a buffer, a frozen weight, position ids ``arange(T)`` — whatever
    its dim 0 (a shared ``[T, d]`` tensor with T == B is not a batch). Anything else fails closed,
    naming the module: a view of the input whose dim 0 is not the batch (flattened, transposed), a
-   batch-dependent tensor broadcast over dim 0 (stride 0), or a tensor that has the batch size in
-   dim 0 but no traceable link to the input. A shared call's output is returned with a new leading
+   batch-dependent tensor broadcast over dim 0 (stride 0), or a batch-shaped tensor made inside the
+   model that fails the checks of 2 and 3. A shared call's output is returned with a new leading
    batch dim (an ``expand`` view, which broadcasts exactly as the original did), so each sample
    gets its own part of the gradient. Two declarations extend the proof where autograd cannot see:
    :func:`computed_from` (a tensor computed without autograd from a per-sample source) and
@@ -22,7 +22,10 @@ What it proves, for every hooked module call of one step:
    a batch statistic computed without autograd) must not depend on the samples: the engine replays
    the model's forward once per layer, without autograd and with the RNG streams restored, on
    :func:`perturbed` arguments, and fails if such an input changed — it would otherwise carry
-   every sample's data into every sample's clipped gradient.
+   every sample's data into every sample's clipped gradient. A *batch-shaped* input made in the
+   forward (positions ``arange(T).expand(B, T)``, or ``arange(T)[None]`` whose size-1 dim 0
+   broadcasts over the batch and is expanded to it) is taken as per sample on probation: it must
+   pass this replay and the separability probe below on its layer's first backward.
 3. *Separability of the loss* (:func:`separability_probe`, :func:`check_separable`). No sample's
    loss depends on another sample's row of a hooked call's output: a second backward with random
    per-sample weights must scale each row's output gradient by its own sample's weight. It runs on
@@ -128,6 +131,9 @@ class Provenance:
         # shared calls whose input is made in the forward (not a buffer or frozen weight): (path, input),
         # proven independent of the samples by :func:`check_data_independent`
         self.made_shared: list[tuple[str, Tensor]] = []
+        # calls on batch-shaped tensors made in the forward, taken as per sample on probation (path ->
+        # what was assumed, for a refusal) until the separability probe proves it
+        self.made_inside: dict[str, str] = {}
 
     def set_batch(self, x: Tensor) -> None:
         """The model's first tensor argument ``x`` fixes the batch size (batch-first), and the dims
@@ -155,6 +161,12 @@ class Provenance:
     def add_output(self, output: Tensor) -> None:
         """A hooked call's (per-sample) output: what autograd derives from it is per sample."""
         self.sources.add(output.grad_fn)
+
+    def expand_broadcast(self, x: Tensor, output: Tensor) -> tuple[Tensor, Tensor]:
+        """A made-inside call whose size-1 dim 0 broadcasts over the batch: input and output
+        expanded along that dim to the batch (``expand`` views; the forward is unchanged wherever
+        that dim broadcasts against the batch, and elsewhere the shapes break or the probe refuses)."""
+        return x.expand((self.batch,) + tuple(x.shape[1:])), output.expand((self.batch,) + tuple(output.shape[1:]))
 
     def expand_shared(self, x: Tensor, output: Tensor) -> tuple[Tensor, Tensor]:
         """A shared call's input and output with a new leading batch dim (``expand`` views); the
@@ -219,19 +231,29 @@ class Provenance:
                     "rows are not per sample; per-sample clipping needs each sample's own input")
             return True
         constant = storage in self.constant_storages()
-        if x.grad_fn is None and (constant or x.dim() < rule.min_batched_ndim(module)
-                                  or (rule.index_input and x.dim() < (self.index_ndim or 0)) or x.shape[0] != batch):
+        batch_shaped = x.dim() >= rule.min_batched_ndim(module) and not (
+            rule.index_input and x.dim() < (self.index_ndim or 0))
+        if x.grad_fn is None and not constant and batch_shaped and batch > 1 and x.shape[0] == 1:
+            # made in the forward with a size-1 dim 0 that broadcasts over the batch (GPT-2's positions
+            # arange(T)[None]): expanded to the batch, on probation (independence replay, separability probe)
+            self.made_shared.append((path, x.detach()))
+            self.made_inside[path] = (f"{where}: its input {shape}, made inside the model, broadcasts a size-1 dim 0 "
+                                      f"over the batch of {batch}")
+            return True
+        if x.grad_fn is None and (constant or not batch_shaped or x.shape[0] != batch):
             if not constant:  # made in the forward (positions arange(T), or a detached batch statistic?)
                 self.made_shared.append((path, x.detach()))
             return False  # a buffer, a frozen weight or a batch-free tensor: the same for every sample
         if x.grad_fn is not None:
             self.made_shared.append((path, x.detach()))
             return False  # computed with autograd from neither the input nor a hooked call: a constant
-        raise UnsupportedLayerError(
-            f"{where}: cannot prove that dim 0 of its input {shape} is the batch: it is not the model's input or a "
-            f"view of it, autograd does not derive it from the input, and its dim 0 has the batch size {batch}; pass "
-            "per-sample data to the model itself, and give a tensor shared by all samples no batch dim (e.g. "
-            "positions as arange(T), not expanded to [B, T])")
+        # made in the forward with the batch size in dim 0 (positions arange(T).expand(B, T)): per sample on
+        # probation, until the replay shows it independent of the samples and the separability probe that
+        # row b reaches only sample b's loss
+        self.made_shared.append((path, x.detach()))
+        self.made_inside[path] = (f"{where}: its input {shape} is made inside the model (not derived from the "
+                                  f"model's input) with the batch size {batch} in dim 0")
+        return True
 
     def derived_from_batch(self, x: Tensor) -> bool:
         """Whether autograd derives ``x`` from the model's input or an earlier hooked call's output."""
@@ -290,10 +312,11 @@ def check_data_independent(made: Sequence[tuple[str, Tensor]], replayed: dict[st
         again = replayed.get(path, [])
         if k >= len(again) or again[k].shape != original.shape or not torch.equal(again[k], original):
             raise UnsupportedLayerError(
-                f"{path} ({type(modules[path]).__name__}): its input {tuple(original.shape)} is shared by all samples "
-                "(no batch dim) but changes with the model's input, so it is computed from the samples without "
-                "autograd (e.g. a detached batch statistic): one sample's data would reach every sample's gradient; "
-                "compute it with autograd, per sample, or from constants only")
+                f"{path} ({type(modules[path]).__name__}): its input {tuple(original.shape)} is made in the forward "
+                "with no autograd link to the model's input, but changes when that input does: it is computed from "
+                "the samples without autograd (a detached batch statistic, a mask), so which samples each of its "
+                "rows holds cannot be proven; compute it with autograd from the model's input, or from constants "
+                "only")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,7 +350,7 @@ def separability_probe(loss: Tensor, calls: Sequence[RecordedCall]
 
 
 def check_separable(calls: Sequence[RecordedCall], grads: Sequence[Optional[Tensor]], weights: Tensor,
-                    probe: list[Optional[tuple[Tensor, Tensor]]]) -> None:
+                    probe: list[Optional[tuple[Tensor, Tensor]]], notes: Optional[dict[str, str]] = None) -> None:
     """Fail if any sample's loss depends on another sample's row of a hooked call's output.
 
     Per-sample clipping attributes row i of every call to sample i, which holds iff
@@ -352,6 +375,11 @@ def check_separable(calls: Sequence[RecordedCall], grads: Sequence[Optional[Tens
             expected[:, 1:] *= w.unsqueeze(1)
             scale = expected.norm(dim=0) + weighted.norm(dim=0)  # per statistic, over the rows
             mismatch = bool(((weighted - expected).norm(dim=0) > 1e-3 * scale + 1e-12).any())
+        if mismatch and notes and call.path in notes:  # a call on a tensor made inside the model
+            raise UnsupportedLayerError(
+                f"{notes[call.path]}, and the separability probe found that a sample's loss depends on other "
+                "samples' rows of this layer's output, so its rows are not per sample; give the model such a "
+                "tensor as an input (batch-first), or make it without a batch dim")
         if mismatch:
             raise UnsupportedLayerError(
                 f"{call.path} ({type(call.module).__name__}): a sample's loss depends on other samples' rows of "
