@@ -2,6 +2,7 @@
 
     python scripts/bench_clipping.py --model transformer [--steps 12] [--json PATH] [--no-memory]
     python scripts/bench_clipping.py --model lstm
+    python scripts/bench_clipping.py --model gpt2
 
 One step = forward, per-sample losses (mean token cross-entropy of each sequence), clipped
 per-sample gradient sum + Gaussian noise (σ = 1, C = 1), SGD update. Every mode owns its own
@@ -17,7 +18,12 @@ mode (``--only MODE``), since one process's peak cannot be split between modes.
 Configs (ANCHORS.md): transformer vocab 10000, d 256, 4 layers, 4 heads, ff 1024, T 64, batch 32,
 untied head; LSTM vocab 10000, embed 96, LSTM 670, projection 96, T 20, batch 32. The LSTM
 baseline is ``nn.LSTM`` (cuDNN-style fused kernel); "non-private unrolled" is fedpriv's LSTM
-stepped through its Linear gates, the form every per-sample method needs.
+stepped through its Linear gates, the form every per-sample method needs. gpt2: a random-init
+Hugging Face ``GPT2LMHeadModel`` (``GPT2_CONFIG``: vocab 10000, n_embd 304, 5 layers, 4 heads,
+inner 1216, 64 positions, dropout 0, tied embeddings as GPT-2 has: 8,624,784 parameters), T 64,
+batch 32, forward ``model(input_ids).logits`` with GPT-2 making its own positions (Opacus gets
+``position_ids`` expanded to [B, T], as the transformer's Opacus copy). A mode that cannot be built
+(e.g. Opacus refusing a layer) is reported with its error instead of a number.
 """
 
 from __future__ import annotations
@@ -47,7 +53,12 @@ VOCAB = 10000
 CONFIGS = {
     "transformer": dict(seq=64, batch=32),
     "lstm": dict(seq=20, batch=32),
+    "gpt2": dict(seq=64, batch=32),
 }
+# ≈ 8.6M parameters with tied embeddings (n_embd 256 / 4 layers would be 5.7M): 8,624,784
+GPT2_CONFIG = dict(vocab_size=VOCAB, n_positions=64, n_embd=304, n_layer=5, n_head=4, n_inner=None,
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
+                   bos_token_id=0, eos_token_id=0)
 SIGMA, CLIP, LR = 1.0, 1.0, 0.1
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
@@ -62,6 +73,30 @@ class BatchedPositions(TransformerLanguageModel):
         for block in self.blocks:
             x = block(x)
         return self.ln_f(x)
+
+
+class HFLogits(nn.Module):
+    """``model(input_ids).logits`` of a Hugging Face causal LM; ``batched_positions`` passes
+    ``position_ids`` expanded to [B, T] (Opacus needs batch-first inputs for every layer; fedpriv's
+    BK takes the [1, T] positions GPT-2 makes itself)."""
+
+    def __init__(self, model: nn.Module, batched_positions: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.batched_positions = batched_positions
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.batched_positions:
+            positions = torch.arange(tokens.shape[1]).repeat(tokens.shape[0], 1)
+            return self.model(tokens, position_ids=positions).logits
+        return self.model(tokens).logits
+
+
+def gpt2_model(batched_positions: bool = False) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return HFLogits(GPT2LMHeadModel(GPT2Config(**GPT2_CONFIG)), batched_positions)
 
 
 class RecurrentLM(nn.Module):
@@ -80,6 +115,8 @@ class RecurrentLM(nn.Module):
 
 
 def fedpriv_model(name: str) -> nn.Module:
+    if name == "gpt2":
+        return gpt2_model()
     torch.manual_seed(0)
     if name == "transformer":
         return TransformerLanguageModel(VOCAB, d_model=256, num_layers=4, num_heads=4, ff_dim=1024, max_len=64)
@@ -176,8 +213,15 @@ def make_steps(name: str, only: str | None = None) -> dict:
     for ghost in (False, True):
         mode = "Opacus ghost" if ghost else "Opacus hooks"
         if want(mode):
-            steps[mode] = opacus_step(name, reference, x, y, batch, ghost)
+            try:
+                steps[mode] = opacus_step(name, reference, x, y, batch, ghost)
+            except Exception as exc:  # report the refusal, never a number
+                REFUSED[mode] = f"{type(exc).__name__}: {exc}"
     return steps
+
+
+#: mode -> why it could not run (its error), filled by make_steps and the first timed step
+REFUSED: dict[str, str] = {}
 
 
 def vmap_step(model: nn.Module, x, y, batch: int):
@@ -211,6 +255,8 @@ def opacus_step(name: str, reference: nn.Module, x, y, batch: int, ghost: bool):
 
     if name == "lstm":
         model = copy_weights(reference, RecurrentLM(DPLSTM(96, 670, batch_first=True)))
+    elif name == "gpt2":
+        model = gpt2_model(batched_positions=True)
     else:
         torch.manual_seed(0)
         model = BatchedPositions(VOCAB, d_model=256, num_layers=4, num_heads=4, ff_dim=1024, max_len=64)
@@ -244,12 +290,20 @@ def time_round_robin(steps: dict, iters: int, warmup: int) -> dict[str, list[flo
     for i in range(warmup + iters):
         shift = i % len(order)
         for mode, step in order[shift:] + order[:shift]:
+            if mode in REFUSED:
+                continue
             start = time.perf_counter()
-            step()
+            try:
+                step()
+            except Exception as exc:  # e.g. Opacus refusing a layer at its first backward
+                if mode == "non-private" or times[mode]:
+                    raise
+                REFUSED[mode] = f"{type(exc).__name__}: {exc}"
+                continue
             elapsed = time.perf_counter() - start
             if i >= warmup:
                 times[mode].append(elapsed)
-    return times
+    return {mode: ts for mode, ts in times.items() if mode not in REFUSED}
 
 
 def peak_rss_self_mb() -> float:
@@ -284,7 +338,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     if args.only:
-        step = make_steps(args.model, only=args.only)[args.only]
+        built = make_steps(args.model, only=args.only)
+        if args.only not in built:
+            sys.exit(f"{args.only}: {REFUSED.get(args.only, 'unknown mode')}")
+        step = built[args.only]
         for _ in range(3):
             step()
         print(peak_rss_self_mb())
@@ -293,17 +350,20 @@ def main() -> None:
     steps = make_steps(args.model)
     if args.modes:
         wanted = ["non-private"] + [m.strip() for m in args.modes.split(",") if m.strip() != "non-private"]
-        unknown = [m for m in wanted if m not in steps]
+        unknown = [m for m in wanted if m not in steps and m not in REFUSED]
         if unknown:
             parser.error(f"unknown mode(s) {unknown}; known: {sorted(steps)}")
-        steps = {m: steps[m] for m in wanted}
+        steps = {m: steps[m] for m in wanted if m in steps}
+        for mode in [m for m in REFUSED if m not in wanted]:
+            del REFUSED[mode]
     times = time_round_robin(steps, args.steps, args.warmup)
     base = statistics.median(times["non-private"])
-    memory = {} if args.no_memory else {mode: peak_rss_mb(args.model, mode, args.threads) for mode in steps}
+    memory = {} if args.no_memory else {mode: peak_rss_mb(args.model, mode, args.threads) for mode in times}
     base_mem = memory.get("non-private")
     rows = []
-    print(f"{args.model}: {args.steps} round-robin steps after {args.warmup} warm-up, {args.threads} threads, "
-          f"torch {torch.__version__}")
+    n_params = sum(p.numel() for p in fedpriv_model(args.model).parameters())  # tied weights once
+    print(f"{args.model}: {n_params:,} parameters, {args.steps} round-robin steps after {args.warmup} warm-up, "
+          f"{args.threads} threads, torch {torch.__version__}")
     print(f"{'mode':24s} {'median s':>9s} {'ratio':>6s} {'peak RSS MB':>12s} {'mem ratio':>9s}")
     for mode, ts in times.items():
         med = statistics.median(ts)
@@ -313,11 +373,14 @@ def main() -> None:
         rows.append(row)
         mem_text = f"{mem:12.0f} {row['memory_ratio']:9.2f}" if mem and base_mem else f"{'-':>12s} {'-':>9s}"
         print(f"{mode:24s} {med:9.4f} {med / base:6.2f} {mem_text}")
+    for mode, why in REFUSED.items():
+        print(f"{mode:24s} refused: {why}")
     if args.json:
         write_json(args.json, {"model": args.model, "steps": args.steps, "threads": args.threads,
                                "date": time.strftime("%Y-%m-%d"),
                                "torch": torch.__version__, "machine": platform.machine(),
-                               "config": CONFIGS[args.model], "results": rows})
+                               "config": CONFIGS[args.model], "parameters": n_params, "results": rows,
+                               "refused": dict(REFUSED)})
 
 
 if __name__ == "__main__":
