@@ -21,37 +21,14 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
 
 from fedpriv.clipping import RULES, BookKeeping, UnsupportedLayerError  # noqa: E402
 
-MODES = ("ghost", "instantiate", "mixopt")
-PAD = 0
+from tests.test_clipping import MODES, PAD, class_loss, lm_loss, one_thread  # noqa: E402, F401 (the fixture)
+
 VOCAB = 97
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is faster and immune to a busy second core."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ----------------------------------------------------------------------------- helpers
-
-
-def lm_loss(forward: Callable, tokens: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy per sequence, averaged over non-pad targets: [B] (the convention
-    of tests/test_clipping.py)."""
-    logits = forward(tokens[:, :-1])
-    targets = tokens[:, 1:]
-    ce = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-    mask = (targets != PAD).to(ce.dtype)
-    return (ce * mask).sum(1) / mask.sum(1).clamp_min(1.0)
-
-
-def class_loss(forward: Callable, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(forward(x), y, reduction="none")
 
 
 def hf_lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from fedpriv.clipping import BookKeeping, UnsupportedLayerError  # noqa: E402
 from fedpriv.lora import add_lora, lora_state_dict, trainable_parameter_count  # noqa: E402
 from tests.test_clipping_hf import (MODES, check_against_loop, gpt2_lm_loss, hf_lm_loss,  # noqa: E402
                                     loop_per_sample_grads, reference, tiny_gpt2, tiny_llama, tokens)
+from tests.test_clipping_hf import one_thread  # noqa: E402, F401 (a module fixture: one torch thread)
 
 ROOT = Path(__file__).resolve().parents[1]
 RANK = 4
@@ -36,14 +37,6 @@ LAYERS = {
               "self_attn.o_proj": (32, 32), "mlp.gate_proj": (32, 64), "mlp.up_proj": (32, 64),
               "mlp.down_proj": (64, 32)},
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def lora_model(family: str, **kwargs) -> nn.Module:
