@@ -87,8 +87,7 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
     error, removes it only if it created it and it is still empty. ``sampling=auto`` and
     ``privacy.secure_rng=null`` are resolved here, so config.yaml names what the run does.
     """
-    spec = validate(cfg)  # before resolving: `secure_rng=abc` is an error, not a truthy value
-    spec = resolved(spec, resolve_config(cfg))
+    spec = _typed(cfg)
     own = run is None
     run = run if run is not None else RunDirectory(cfg["run_dir"]).lock()
     try:
@@ -97,6 +96,13 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
         if own:
             run.abandon()
         raise
+
+
+def _typed(cfg: dict) -> RunConfig:
+    """The validated, resolved typed view of ``cfg`` (resolved in place: ``sampling=auto``,
+    ``privacy.secure_rng=null``)."""
+    spec = validate(cfg)  # before resolving: `secure_rng=abc` is an error, not a truthy value
+    return resolved(spec, resolve_config(cfg))
 
 
 @dataclass
@@ -124,13 +130,11 @@ def _plan(cfg: dict, spec: RunConfig, task: Task, randomness: RunRandomness | No
     # adaptive clipping normalises each round by C_t: the mechanism then runs at unit sensitivity
     mechanism_clip = 1.0 if privacy.clipping == "adaptive" else privacy.clip_norm
     accounting = spec.mechanism.build(1.0, mechanism_clip, rounds=spec.rounds, sampler=sampler)
-    if run is not None:
-        _adopt_strategy(accounting, checkpoint, run)
+    _adopt_strategy(accounting, checkpoint, run)
     sigma = _noise_multiplier(spec, accounting, sampler)
     mechanism = spec.mechanism.build(sigma, mechanism_clip, noise=randomness.noise("mechanism") if randomness else None,
                                      rounds=spec.rounds, sampler=sampler)
-    if run is not None:
-        _adopt_strategy(mechanism, checkpoint, run)
+    _adopt_strategy(mechanism, checkpoint, run)
     optimizer = spec.optimizer.build(spec.rounds)
     optimizer.query_plan.check(spec.optimizer.name, mechanism, task.algorithm.per_unit_deltas)
     clip = build_adaptive_clip(privacy, sigma, sampler.expected_cohort,
@@ -157,8 +161,7 @@ def preflight(cfg: dict) -> None:
 
     cfg = copy.deepcopy(cfg)
     cfg["resume"] = False
-    spec = validate(cfg)
-    spec = resolved(spec, resolve_config(cfg))
+    spec = _typed(cfg)
     quiet = logging.getLogger("fedpriv")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # the run itself says what its checks warn about
@@ -173,7 +176,8 @@ def preflight(cfg: dict) -> None:
 def fit_to_population(cfg: dict, spec: RunConfig, population: int) -> RunConfig:
     """``spec`` (and, in place, ``cfg``) with the mechanism's defaults fitted to the population
     (:meth:`MechanismOption.fitted`, e.g. BandMF's bands); the run says what changed."""
-    fitted = spec.mechanism.fitted(spec.population or population, spec.cohort_size, spec.rounds, spec.sampling)
+    population = spec.population or population  # a public population fixes the rates, as for the sampler
+    fitted = spec.mechanism.fitted(population, spec.cohort_size, spec.rounds, spec.sampling)
     if fitted is spec.mechanism:
         return spec
     for name, before in dataclasses.asdict(spec.mechanism).items():
@@ -253,7 +257,7 @@ def _count_client_releases(session: RunSession, checkpoint: dict | None) -> None
                     "epsilon charges both releases", session.client_releases - session.start_round)
 
 
-def _adopt_strategy(mechanism: Mechanism, checkpoint: dict | None, run: RunDirectory) -> None:
+def _adopt_strategy(mechanism: Mechanism, checkpoint: dict | None, run: RunDirectory | None) -> None:
     """A resumed run's mechanism takes its strategy (BLT's parameters, BandMF's bands) from the
     checkpoint, never from the cache or a new optimisation: the earlier rounds used exactly it."""
     if checkpoint is None:

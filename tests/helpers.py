@@ -5,6 +5,9 @@ writer for StackOverflow-schema files is :mod:`fedpriv.data.stackoverflow_writer
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
+from pathlib import Path
 
 import dp_accounting
 import numpy as np
@@ -97,3 +100,11 @@ def interrupt_and_resume(cfg: dict, crash_round: int, before_resume=None):
 def client_draws(seed: int) -> ClientDraws:
     """A client's reproducible draws for tests: research mode, derived from ``seed``."""
     return ClientRandomness.from_seed(seed).draws(0, 0)
+
+
+def assert_script_runs(script: str, timeout: float = 120) -> None:
+    """Run ``python -c script`` in a fresh interpreter at the repository root (what a fresh process
+    imports, e.g.) and fail with its stderr unless it exits 0."""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr

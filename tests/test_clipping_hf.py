@@ -4,9 +4,6 @@ per-sample autograd loop (one sample at a time), in every mode. Nothing is downl
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
-from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -22,9 +19,9 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
 from fedpriv.clipping import RULES, BookKeeping, UnsupportedLayerError  # noqa: E402
 
 from tests.test_clipping import MODES, PAD, class_loss, lm_loss, one_thread  # noqa: E402, F401 (the fixture)
+from tests.helpers import assert_script_runs  # noqa: E402
 
 VOCAB = 97
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
 
 
@@ -280,8 +277,7 @@ def test_transformers_is_imported_only_when_a_model_uses_it() -> None:
               "assert Conv1D not in c.RULES\n"
               "c.BookKeeping(torch.nn.Sequential(Conv1D(3, 2))).detach()\n"
               "assert 'fedpriv.clipping.hf_rules' in sys.modules and Conv1D in c.RULES\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert_script_runs(script)
 
 
 def test_gpt2_with_a_batch_of_one_matches_the_loop() -> None:

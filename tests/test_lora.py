@@ -4,9 +4,6 @@ Nothing is downloaded."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -21,8 +18,8 @@ from fedpriv.lora import add_lora, lora_state_dict, trainable_parameter_count  #
 from tests.test_clipping_hf import (MODES, check_against_loop, gpt2_lm_loss, hf_lm_loss,  # noqa: E402
                                     loop_per_sample_grads, reference, tiny_gpt2, tiny_llama, tokens)
 from tests.test_clipping_hf import one_thread  # noqa: E402, F401 (a module fixture: one torch thread)
+from tests.helpers import assert_script_runs  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 RANK = 4
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
 
@@ -266,8 +263,7 @@ def test_peft_is_imported_only_by_add_lora() -> None:
               "lora.add_lora(m, 1)\n"
               "assert 'peft' in sys.modules\n"
               "c.BookKeeping(m).detach()\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert_script_runs(script)
 
 
 def test_missing_peft_names_the_hf_extra() -> None:
@@ -280,5 +276,4 @@ def test_missing_peft_names_the_hf_extra() -> None:
               "    assert 'pip install -e .[hf]' in str(e), e\n"
               "else:\n"
               "    raise SystemExit('no ImportError')\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert_script_runs(script)

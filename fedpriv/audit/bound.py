@@ -103,19 +103,31 @@ def one_run_audit(scores: Mapping[str, Sequence[float]], coins: Sequence[bool], 
     pairs = len(grid) * len(scores)
     if m == 0 or pairs == 0:
         raise ValueError("an audit needs at least one canary and one score")
-    corrected = 1.0 - (1.0 - confidence) / pairs
+    corrected = _corrected_confidence(m, confidence, len(scores))
     best = OneRunResult(m, 0, 0, 0.0, confidence, next(iter(scores)), pairs)
     for name, values in scores.items():
         values = np.asarray(values, dtype=np.float64)
         if values.shape != (m,):
             raise ValueError(f"score {name!r} has shape {values.shape}, expected ({m},)")
-        order = np.lexsort((np.arange(m), -values))  # descending score, then index
-        hits = np.cumsum(included[order])
+        hits = ranked_hits(values, included)
         for k in grid:
             bound = epsilon_lower_bound(m, k, int(hits[k - 1]), delta, corrected)
             if bound > best.epsilon_lower_bound:
                 best = OneRunResult(m, k, int(hits[k - 1]), bound, confidence, name, pairs)
     return best
+
+
+def ranked_hits(values: np.ndarray, included: np.ndarray) -> np.ndarray:
+    """``hits[k - 1]``: how many of the top ``k`` canaries by ``values`` were included (descending
+    score, ties broken by canary index, which is independent of the coins)."""
+    order = np.lexsort((np.arange(included.size), -values))
+    return np.cumsum(included[order])
+
+
+def _corrected_confidence(m: int, confidence: float, scores: int) -> float:
+    """The Bonferroni-corrected confidence each (score, guess count) pair of :func:`one_run_audit`
+    is tested at: ``1 − (1 − c)/pairs`` over the grid's counts for ``m`` canaries."""
+    return 1.0 - (1.0 - confidence) / (len(guess_grid(m)) * scores)
 
 
 def _check_counts(m: int, guesses: int, correct: int) -> None:
@@ -149,8 +161,7 @@ def likely_inserted(m):
 def audit_level(m: int, confidence: float, scores: int) -> float:
     """The level each (score, guess count) pair of :func:`one_run_audit` is tested at, computed as
     ``1 − corrected`` exactly as :func:`epsilon_lower_bound` does."""
-    corrected = 1.0 - (1.0 - confidence) / (len(guess_grid(m)) * scores)
-    return 1.0 - corrected
+    return 1.0 - _corrected_confidence(m, confidence, scores)
 
 
 def best_case_p_value(m: int, delta: float, inserted: int | None = None) -> tuple[float, int]:

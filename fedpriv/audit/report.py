@@ -23,7 +23,7 @@ import numpy as np
 
 from fedpriv.audit.bound import (SEARCH_LIMIT, audit_level, best_case_p_value, can_certify, certifiable_ceiling,
                                  certifiable_counts, correct_needed, guess_grid, largest_certifiable_delta,
-                                 likely_inserted, one_run_audit)
+                                 likely_inserted, one_run_audit, ranked_hits)
 from fedpriv.audit.estimate import estimate_epsilon
 from fedpriv.errors import ConfigError, DamagedFileError
 
@@ -75,7 +75,7 @@ def _top_hits(scores: dict[str, np.ndarray], coins: np.ndarray) -> dict[int, int
     m = coins.size
     best: dict[int, int] = {}
     for values in scores.values():
-        hits = np.cumsum(coins[np.lexsort((np.arange(m), -values))])
+        hits = ranked_hits(values, coins)
         for k in guess_grid(m):
             best[k] = max(best.get(k, 0), int(hits[k - 1]))
     return best

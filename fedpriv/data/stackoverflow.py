@@ -16,10 +16,10 @@ appends EOS to shorter sentences). Words are split on whitespace: TFF splits on 
 is the same on this data (its extraneous whitespace was removed when the dataset was built).
 
 Getting the file: download ``stackoverflow.sqlite.lzma`` (TFF_SQLITE_URL below), decompress it
-(``unxz``/``lzma -d``), put TFF's ``stackoverflow.word_count`` beside it, then make the indexed
-copy the loader needs with ``python -m fedpriv.data.prepare_stackoverflow stackoverflow.sqlite``
-(:mod:`fedpriv.data.prepare_stackoverflow`; Python's sqlite3 module only, no ``sqlite3`` CLI) and
-run the command it prints.
+(``unxz``/``lzma -d``) and put TFF's ``stackoverflow.word_count`` beside it. Optionally make an
+indexed copy with ``python -m fedpriv.data.prepare_stackoverflow stackoverflow.sqlite``
+(:mod:`fedpriv.data.prepare_stackoverflow`; Python's sqlite3 module only, no ``sqlite3`` CLI),
+which saves the first load's pass over the table (below).
 
 Scale: the real file has 342,477 train users and 135.8M sentences, so train users are read on demand
 (:class:`SqliteUsers`). The file is opened read-only and nothing is ever written to it, so no index
@@ -29,7 +29,7 @@ an index lookup. If it has none, the first load makes one streamed pass over the
 order and keeps a compact user -> rowid-range map beside the file's identity in ``$FEDPRIV_CACHE``
 (:mod:`fedpriv.data.stackoverflow_rowmap`); a user read is then a few rowid seeks, and the train
 client list and the test subset come from the map too, so no later load or read scans the table.
-:func:`load_stackoverflow` still logs a warning naming the indexed copy in that case. Cost model and
+:func:`load_stackoverflow` logs a note naming the indexed copy in that case. Cost model and
 measurements on generated files: docs/BENCHMARKS.md. None of this could be checked against the real
 file here.
 """

@@ -286,13 +286,10 @@ class TextPipeline(Option):
     def check(self, path: str) -> None:
         positive(self, "seq_len", "public_max_sentences", "sp_vocab_size", "sp_seq_len", path=path)
         nonnegative(self, "seed", path=path)
-        source, where = _key(path, "public_source"), _key(path, "public_path")
-        if self.public_source == "c4" and not self.public_path:  # C4 is read from local shards only
-            raise ConfigError(f"{source}=c4 needs {where}: fedpriv never downloads C4; download shards of "
-                              "allenai/c4 realnewslike from Hugging Face (e.g. "
-                              f"realnewslike/c4-train.00000-of-00512.json.gz) and pass {where}=FILE|DIR|GLOB")
-        if self.public_source == "text" and not self.public_path:
-            raise ConfigError(f"{source}=text needs {where} (a .txt, .jsonl or .json file, directory or glob)")
+        if self.public_source in ("c4", "text") and not self.public_path:  # local files only, never downloaded
+            from fedpriv.text.corpora import missing_path_message
+
+            raise ConfigError(missing_path_message(self.public_source))
 
     def example_overrides(self, directory) -> list[str]:
         """Config overrides of a tiny runnable instance of this dataset, writing any input file it

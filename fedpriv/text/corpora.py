@@ -81,16 +81,20 @@ def _documents_from_files(path: str | Path, text_field: str) -> Iterator[str]:
                 yield record[text_field]
 
 
-C4_PATH_MESSAGE = ("data.public_source=c4 needs data.public_path: fedpriv never downloads C4; download shards of "
-                   "allenai/c4 realnewslike from Hugging Face (e.g. realnewslike/c4-train.00000-of-00512.json.gz) "
-                   "and pass data.public_path=FILE|DIR|GLOB")
+def missing_path_message(source: str) -> str:
+    """The error for ``data.public_source=source`` (c4 or text) without ``data.public_path``."""
+    if source == "c4":
+        return ("data.public_source=c4 needs data.public_path: fedpriv never downloads C4; download shards of "
+                "allenai/c4 realnewslike from Hugging Face (e.g. realnewslike/c4-train.00000-of-00512.json.gz) "
+                "and pass data.public_path=FILE|DIR|GLOB")
+    return "data.public_source=text needs data.public_path (a .txt, .jsonl or .json file, directory or glob)"
 
 
 def _documents_from_c4(path: str | Path | None) -> Iterator[str]:
     """The ``text`` of each record of local C4 shards, read with ``datasets``' local JSON builder
     (never the hub: without a path this is a :class:`ConfigError`)."""
     if not path:
-        raise ConfigError(C4_PATH_MESSAGE)
+        raise ConfigError(missing_path_message("c4"))
     files = [str(f) for f in _files(path)]
     import datasets
 
@@ -105,10 +109,8 @@ def public_texts(source: str, path: str | Path | None, max_sentences: int, text_
         raise ConfigError(f"unknown public text source {source!r} (choose one of: c4, text)")
     if max_sentences < 1:
         raise ConfigError(f"the public corpus needs max_sentences >= 1, got {max_sentences}")
-    if source == "text" and not path:
-        raise ConfigError("data.public_source=text needs data.public_path (a file, directory or glob)")
-    if source == "c4" and not path:
-        raise ConfigError(C4_PATH_MESSAGE)
+    if not path:
+        raise ConfigError(missing_path_message(source))
     docs = _documents_from_c4(path) if source == "c4" else _documents_from_files(path, text_field)
     out: list[str] = []
     for doc in docs:
