@@ -18,18 +18,23 @@ log = logging.getLogger(__name__)
 
 def resolve_config(cfg: dict) -> dict:
     """Resolve, in place, the values that mean "pick for me" — ``sampling=auto`` (the mechanism's
-    sampler) and ``privacy.secure_rng=null`` (secure for deployments) — so that config.yaml names
+    sampler), ``privacy.secure_rng=null`` (secure for deployments) and, for ``model=hf`` with
+    ``data.tokenizer=hf``, an unset ``data.tokenizer_path`` (``model.path``) — so that config.yaml names
     what the run does and server and clients derive the same research key. Idempotent."""
     cfg["sampling"] = resolve_sampling(cfg.get("sampling"), (cfg.get("mechanism") or {}).get("name"))
     privacy = cfg.setdefault("privacy", {})
     privacy["secure_rng"] = resolve_secure(cfg)
+    data, model = cfg.get("data") or {}, cfg.get("model") or {}
+    if data.get("tokenizer") == "hf" and not data.get("tokenizer_path") and model.get("name") == "hf":
+        data["tokenizer_path"] = model.get("path")  # model=hf: its tokenizer lives beside it
     return cfg
 
 
 def resolved(spec: RunConfig, cfg: dict) -> RunConfig:
     """``spec`` with the values :func:`resolve_config` resolved in ``cfg`` (no second parse)."""
     return dataclasses.replace(spec, sampling=cfg["sampling"],
-                               privacy=dataclasses.replace(spec.privacy, secure_rng=cfg["privacy"]["secure_rng"]))
+                               privacy=dataclasses.replace(spec.privacy, secure_rng=cfg["privacy"]["secure_rng"]),
+                               data=dataclasses.replace(spec.data, tokenizer_path=cfg["data"]["tokenizer_path"]))
 
 
 def diagnostics_enabled(cfg: dict) -> bool:

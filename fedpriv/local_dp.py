@@ -34,6 +34,7 @@ from torch import nn
 from fedpriv import schema
 from fedpriv.accounting import calibrate_noise_multiplier, compute_epsilon
 from fedpriv.clipping import BookKeeping, GaussianKeystream
+from fedpriv.data.federated import rows_tensor
 from fedpriv.metrics import sequence_token_losses
 from fedpriv.randomness import ClientDraws
 
@@ -103,7 +104,7 @@ def dp_sgd_steps(model: nn.Module, bk: BookKeeping, rows: np.ndarray, lr: float,
     if bk.clip_norm != dp.clip_norm or bk.noise_multiplier != dp.noise_multiplier:
         raise ValueError("the BookKeeping engine does not carry the client's example-level settings")
     params = [p for p in model.parameters() if p.requires_grad]
-    data = torch.as_tensor(rows, dtype=torch.long, device=params[0].device)
+    data = rows_tensor(rows, params[0].device)
     bk.noise, masks = example_schedule(len(data), dp, draws)
     for mask in masks:
         batch = data[mask.to(data.device)]

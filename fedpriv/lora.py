@@ -8,7 +8,7 @@ parameter names change. Every base weight is frozen (``requires_grad=False``); o
 ``lora_A``/``lora_B`` matrices train. One forward pre-hook is added: with grad enabled,
 ``model(input_ids, ...)`` looks up the frozen input embeddings first and runs as
 ``model(inputs_embeds=..., ...)`` (the same computation), so that BK can prove from autograd's
-graph that the first adapters' inputs are per sample (see :func:`_look_up_embeddings_first`). Give
+graph that the first adapters' inputs are per sample (see :func:`look_up_embeddings_first`). Give
 the LoRA model itself to ``BookKeeping`` (not a module that calls it).
 
 Under :class:`fedpriv.clipping.BookKeeping` nothing extra is needed: peft's LoRA layer (the
@@ -24,7 +24,7 @@ only, never when this module is imported.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -130,13 +130,14 @@ def add_lora(model: nn.Module, rank: int, targets: Optional[Sequence[str]] = Non
     model = peft.inject_adapter_in_model(config, model)
     for name, p in model.named_parameters():
         p.requires_grad_(_is_adapter(name))
-    _look_up_embeddings_first(model)
+    look_up_embeddings_first(model)
     return model
 
 
-def _look_up_embeddings_first(model: nn.Module) -> None:
+def look_up_embeddings_first(model: nn.Module, lookup: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
     """Make ``model(input_ids, ...)`` with grad enabled run as ``model(inputs_embeds=E[input_ids], ...)``,
-    E the (frozen) input embedding, an identical computation.
+    E the (frozen) input embedding ``model.get_input_embeddings()``, an identical computation.
+    ``lookup``: ids -> embeddings where ``model`` maps ids before the lookup (default: E itself).
 
     Why: Book-Keeping proves which rows of a hooked call's input are per sample from autograd's
     graph, starting at the model's float inputs (:mod:`fedpriv.clipping.provenance`). With every base
@@ -144,8 +145,9 @@ def _look_up_embeddings_first(model: nn.Module) -> None:
     (e.g. ``ln_1(wte[ids] + wpe[pos])``) have no graph and would be refused as unprovable. A
     float ``inputs_embeds`` argument is a model input that BK traces, and each of its rows is the
     lookup of one sample's row of ``input_ids``. Registered first among the model's forward
-    pre-hooks (before BK's). Under ``torch.no_grad()`` (``generate``, evaluation), with
-    ``inputs_embeds`` given, or with a trainable input embedding, nothing changes.
+    pre-hooks (before BK's): install it on the module given to ``BookKeeping``. Under
+    ``torch.no_grad()`` (``generate``, evaluation), with ``inputs_embeds`` given, or with a
+    trainable input embedding, nothing changes.
     """
     if not callable(getattr(model, "get_input_embeddings", None)):
         return
@@ -171,7 +173,7 @@ def _look_up_embeddings_first(model: nn.Module) -> None:
         if ids.is_floating_point():
             return None
         rest = {k: v for k, v in kwargs.items() if k != "input_ids"}
-        return args, {"inputs_embeds": embedding(ids), **rest}
+        return args, {"inputs_embeds": (lookup or embedding)(ids), **rest}
 
     model._fedpriv_lora_embed_hook = model.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
 
@@ -190,3 +192,23 @@ def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def trainable_parameter_count(model: nn.Module) -> int:
     """Number of scalars in parameters that require grad (each shared parameter counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def merge_adapters(model: nn.Module) -> nn.Module:
+    """``model`` (in place, returned) with every LoRA layer merged into its base layer
+    (``W + (alpha/r) B A``, peft's ``merge``) and replaced by that layer: the base architecture,
+    loadable without peft. The embedding pre-hook and peft's config are removed."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, module.get_base_layer())
+    hook = getattr(model, "_fedpriv_lora_embed_hook", None)
+    if hook is not None:
+        hook.remove()
+        del model._fedpriv_lora_embed_hook
+    if hasattr(model, "peft_config"):
+        del model.peft_config
+    return model

@@ -405,6 +405,10 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
     if not last_eval:  # resumed after the last round: evaluate the restored model
         last_eval = evaluate_params(session.task, server.model_params)
     summary = _summary(session, last_eval, time.perf_counter() - started)
+    release = session.spec.model.write_release(session.task.eval_model, server.model_params, run.path,
+                                               session.task.data)
+    if release is not None:  # post-processing of the released model (the ledger covers it)
+        summary["release"] = release
     if server.canaries is not None:  # post-processing of the releases and the canaries (docs/PRIVACY.md)
         summary["audit"] = finish_audit(server.canaries, server.model_params, run.path, cfg,
                                         ledger.reported_epsilon(), session.randomness.label)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from fedpriv.clipping import BookKeeping
+from fedpriv.data.federated import rows_tensor
 from fedpriv.local_dp import ExampleDP, dp_sgd_steps
 from fedpriv.metrics import token_loss
 from fedpriv.models import get_flat_params, set_flat_params
@@ -79,7 +80,7 @@ def _sgd_steps(model: nn.Module, rows: np.ndarray, cfg: LocalConfig, generator: 
                pad_id: int, losses: list[torch.Tensor] | None = None) -> int:
     """Plain minibatch SGD on ``model`` in place over :func:`batch_schedule`'s steps; returns the
     number of steps (batch losses appended to ``losses`` if given)."""
-    data = torch.as_tensor(rows, dtype=torch.long, device=_device_of(model))
+    data = rows_tensor(rows, _device_of(model))
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     schedule = batch_schedule(len(data), cfg, generator)
     for batch_rows in schedule:

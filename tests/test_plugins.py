@@ -249,12 +249,15 @@ def test_algorithm_builds_and_runs_a_round_of_smoke(tmp_path, name):
 def test_model_builds_under_book_keeping_and_runs_a_round_of_smoke(tmp_path, name):
     from fedpriv.clipping import BookKeeping
 
-    model = options("model")[name].build_model(50, 0, 6)
+    overrides = options("model")[name].example_overrides(tmp_path)
+    option = schema.load("model", compose_cfg("+experiment=smoke", f"model={name}", *overrides,
+                                              run_dir=tmp_path / "x")["model"])
+    model = option.build_model(50, 0, 6)
     assert isinstance(model, torch.nn.Module)
     tokens = torch.randint(1, 50, (3, 6), generator=torch.Generator().manual_seed(0))
     assert tuple(model(tokens).shape) == (3, 6, 50)
     BookKeeping(model, clip_norm=1.0, noise_multiplier=0.0, noise_key=b"\0" * 32)  # every layer supported
-    _smoke_round(tmp_path, f"model={name}")
+    _smoke_round(tmp_path, f"model={name}", *overrides)
 
 
 @pytest.mark.parametrize("name", _names("data"))

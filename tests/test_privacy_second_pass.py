@@ -128,6 +128,8 @@ SEEDED_NOT_SECRET = {
     ("fedpriv/task.py", "_model"): "the public initial weights (the seed is in the public config)",
     ("fedpriv/public/teacher.py", "train_teacher"): "training on public data",
     ("fedpriv/public/pretrain.py", "pretrain"): "the batch order of pre-training on public data",
+    ("fedpriv/models/make_hf.py", "write_model_dir"): "the random initial weights of a model directory a "
+                                                      "user is given to start from (public)",
 }
 
 

@@ -11,8 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from fedpriv.text.vocabulary import Vocabulary
+
+
+def rows_tensor(rows: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A user's rows as an int64 tensor on ``device`` (a copy where ``rows`` is a read-only cached
+    encoding: torch cannot share memory it may not write)."""
+    return torch.as_tensor(rows if rows.flags.writeable else rows.copy(), dtype=torch.long, device=device)
 
 
 @dataclass

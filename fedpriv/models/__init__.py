@@ -10,6 +10,7 @@ from torch import nn
 from fedpriv.errors import ConfigError
 from fedpriv.models.lstm import LSTM, LSTMLanguageModel
 from fedpriv.models.transformer import CausalSelfAttention, TransformerLanguageModel
+from fedpriv.models import hf as _hf  # noqa: F401 (registers model=hf; transformers is imported on use only)
 
 
 

@@ -36,6 +36,8 @@ def _type_name(tp: Any) -> str:
         return _SCALARS[tp][0]
     if typing.get_origin(tp) is Literal:
         return "one of: " + ", ".join(str(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return "a list like [a,b]"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -66,6 +68,10 @@ def _value(value: Any, tp: Any, path: str) -> Any:
         return value
     if tp is Any:
         return value
+    if origin is list:  # list[str] and the like: a list whose every item is checked
+        if not isinstance(value, list):
+            _fail(path, _type_name(tp), value)
+        return [_value(item, typing.get_args(tp)[0], f"{path}[{i}]") for i, item in enumerate(value)]
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _section(value, tp, path)
     raise TypeError(f"schema: unsupported annotation {tp!r} at {path}")

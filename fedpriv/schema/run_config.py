@@ -74,6 +74,13 @@ class RunConfig(Section):
         if self.privacy.research_key == "seed" and self.secure:
             raise ConfigError("privacy.research_key=seed shares randomness between runs: research mode only "
                               "(privacy.secure_rng=false, and not backend=deployment)")
+        self.model.check_selected(_key(path, "model"))
+        if self.model.tokenizer is not None and self.data.tokenizer != self.model.tokenizer:
+            raise ConfigError(f"model={self.model.name} reads the token ids of its own tokenizer: add "
+                              f"data.tokenizer={self.model.tokenizer} (data.tokenizer_path defaults to model.path)")
+        if self.client.parallel > 1 and not self.model.vmappable:
+            raise ConfigError(f"client.parallel={self.client.parallel} runs clients under torch.func.vmap, which "
+                              f"model={self.model.name} does not support: use client.parallel=1")
         if self.client.dp == "example" and not self.algorithm.local_training:
             raise ConfigError(f"client.dp=example needs algorithm=dp_fedavg (local DP-SGD steps), "
                               f"not {self.algorithm.name}")

@@ -198,6 +198,8 @@ class ModelOption(Option):
     built with this option's fields by :meth:`build_model`."""
 
     model_class: ClassVar[type]
+    tokenizer: ClassVar[Optional[str]] = None  # the data.tokenizer its token ids must come from (None: any)
+    vmappable: ClassVar[bool] = True  # client.parallel > 1 (fedpriv.models.vmappable) can run it
 
     def build_model(self, vocab_size: int, pad_id: int, seq_len: int):
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
@@ -206,6 +208,22 @@ class ModelOption(Option):
     def extra_model_args(self, seq_len: int) -> dict:
         """Constructor arguments that come from the data, not the config (a transformer's max_len)."""
         return {}
+
+    def check_selected(self, path: str) -> None:
+        """Checks of a run that selects this option (an input it cannot build without; its preset
+        itself passes :meth:`check`)."""
+
+    def example_overrides(self, directory) -> list[str]:
+        """Config overrides of a tiny runnable instance of this model, writing any input it needs
+        (a model directory) under ``directory`` (the contract tests, tests/test_plugins.py)."""
+        return []
+
+    def write_release(self, model, params, run_path, data) -> Optional[str]:
+        """Write the released flat ``params`` of ``model`` (built by :meth:`build_model`) in the
+        format its ecosystem loads, under the run directory ``run_path``, all or nothing; the name
+        written, or None (the default: the parameters are in the checkpoint and nowhere else).
+        ``data``: the run's dataset (its tokenizer). Post-processing of the released model only."""
+        return None
 
 
 @dataclass

@@ -14,7 +14,9 @@ def transformers_module():
     try:
         import transformers
     except ImportError:
-        raise ConfigError('public.teacher=hf / data.tokenizer=hf need transformers: pip install -e ".[hf]"') from None
+        raise ConfigError('model=hf / public.teacher=hf / data.tokenizer=hf need transformers: '
+                          'pip install -e ".[hf]"') from None
+    transformers.utils.logging.disable_progress_bar()  # no per-load bars in a run's output
     return transformers
 
 

@@ -1,0 +1,271 @@
+"""``model=hf``: a local Hugging Face causal LM in federated training (fedpriv.models.hf), fully
+fine-tuned or through LoRA adapters, on model directories the tests write (nothing downloaded)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from fedpriv.clipping import UnsupportedLayerError  # noqa: E402
+from fedpriv.errors import ConfigError  # noqa: E402
+from fedpriv.metrics import sequence_token_losses  # noqa: E402
+from fedpriv.models import get_flat_params  # noqa: E402
+from fedpriv.models.hf import HFCausalLM  # noqa: E402
+from fedpriv.models.make_hf import write_model_dir  # noqa: E402
+from tests.conftest import compose_cfg  # noqa: E402
+from tests.test_clipping import MODES, one_thread  # noqa: E402, F401 (a module fixture: one torch thread)
+from tests.test_clipping_hf import check_against_loop  # noqa: E402
+from tests.test_hf_teacher import make_hf_dir  # noqa: E402
+
+WORDS = tuple(f"w{i}" for i in range(1, 301))  # the smoke experiment's words
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return write_model_dir(tmp_path_factory.mktemp("hf") / "llama", WORDS, "llama", hidden=32, layers=2, heads=4)
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    """GPT-2 style: no pad token, so the data's vocabulary is the model's rows plus an appended pad."""
+    return make_hf_dir(tmp_path_factory.mktemp("hf") / "gpt2", gpt2_style=True)
+
+
+def hf_args(path, *extra: str) -> tuple[str, ...]:
+    return ("+experiment=smoke", "progress=false", "model=hf", f"model.path={path}", "data.tokenizer=hf", *extra)
+
+
+def run(tmp_path, *overrides: str, name: str = "r"):
+    from fedpriv.runner import prepare
+    from server.app import run_local
+
+    session = prepare(compose_cfg(*overrides, run_dir=tmp_path / name))
+    return session, run_local(session)
+
+
+def per_row_loss(pad_id: int, flat: bool = False):
+    """The production loss of a one-pass round: each row's mean token loss (sequence_token_losses)."""
+    def loss(model: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+        ce, count = sequence_token_losses(model, rows, pad_id, flat=flat)
+        return ce / count.clamp(min=1)
+    return loss
+
+
+def rows_of(vocab: int, pad: int, b: int = 5, t: int = 9, seed: int = 0) -> torch.Tensor:
+    """[B, T+1] rows of random ids, each row ending in pads after a different length."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(1, min(vocab, 200), (b, t + 1), generator=g)
+    for i in range(b):
+        x[i, t + 1 - i:] = pad
+    return x
+
+
+# ----------------------------------------------------------------------------- the wrapper
+
+
+def test_the_wrapper_equals_the_model_and_never_predicts_the_appended_pad(gpt2_dir):
+    lm = transformers.AutoModelForCausalLM.from_pretrained(str(gpt2_dir), local_files_only=True)
+    rows = lm.get_input_embeddings().num_embeddings
+    model = HFCausalLM.load(gpt2_dir, vocab_size=rows + 1, pad_id=rows)
+    assert model.split  # the last hidden state and lm_head reproduce the model's logits
+    x = torch.tensor([[0, 5, 6, 7, rows, rows]])  # BOS w w w PAD PAD (the pad has no model row)
+    logits = model(x)
+    assert logits.shape == (1, 6, rows + 1) and torch.isinf(logits[..., rows]).all()
+    torch.testing.assert_close(logits[0, :4, :rows], lm(input_ids=x[:, :4]).logits[0], rtol=1e-5, atol=1e-5)
+    keep = torch.tensor([[True, True, False, True, False, False]])
+    torch.testing.assert_close(model(x, keep=keep), logits[keep])
+    with pytest.raises(ConfigError, match="more than an appended pad"):
+        HFCausalLM.load(gpt2_dir, vocab_size=rows + 2, pad_id=rows)
+
+
+def test_a_head_the_split_does_not_reproduce_keeps_the_whole_forward(llama_dir):
+    class Scaled(transformers.LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 2.0
+            return out
+
+    lm = Scaled.from_pretrained(str(llama_dir), local_files_only=True)
+    model = HFCausalLM(lm, vocab_size=len(WORDS) + 4, pad_id=0)
+    assert not model.split
+    x = torch.randint(1, 300, (2, 7))
+    torch.testing.assert_close(model(x), lm(input_ids=x).logits)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_book_keeping_on_the_wrapper_equals_the_per_sample_loop(family, lora, mode, llama_dir, gpt2_dir):
+    """The clipped sum of a one-pass round's per-row losses on model=hf, LoRA or full, tied GPT-2
+    embeddings with an appended pad or Llama, equals the per-sample autograd loop (1e-4)."""
+    path = llama_dir if family == "llama" else gpt2_dir
+    rows = 304 if family == "llama" else 302
+    vocab, pad = (rows, 0) if family == "llama" else (rows + 1, rows)
+    torch.manual_seed(1)
+    model = HFCausalLM.load(path, vocab, pad, lora_rank=lora)
+    if lora:  # lora_B starts at zero (no gradient reaches lora_A): give both factors a gradient
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".lora_B." in name:
+                    p.normal_(0, 0.1)
+    data = (rows_of(vocab, pad, seed=3),)
+    check_against_loop(model, per_row_loss(pad), data, mode)
+    if family == "gpt2" and not lora:  # a trainable tied embedding: the head cannot run on flattened positions
+        with pytest.raises(UnsupportedLayerError, match="tied"):
+            check_against_loop(model, per_row_loss(pad, flat=True), data, mode)
+    else:
+        check_against_loop(model, per_row_loss(pad, flat=True), data, mode)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def test_the_issue_command_trains_and_releases_a_hugging_face_directory(llama_dir, tmp_path, run_cli):
+    """`python -m fedpriv.simulate +experiment=smoke model=hf model.path=DIR model.lora_rank=4
+    data.tokenizer=hf`: the released directory loads with transformers (merged) and peft (adapter)
+    and computes the released parameters' function."""
+    out = run_cli("+experiment=smoke", "model=hf", f"model.path={llama_dir}", "model.lora_rank=4",
+                  "data.tokenizer=hf", f"run_dir={tmp_path / 'r'}")
+    assert out.returncode == 0, out.stderr
+    assert "user-level epsilon" in out.stdout and "Loading weights" not in out.stderr + out.stdout
+    run_dir = tmp_path / "r"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["release"] == "hf_model"
+    config = (run_dir / "config.yaml").read_text()
+    assert f"tokenizer_path: {llama_dir}" in config  # data.tokenizer_path defaulted to model.path
+    released = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["server"]
+    params = released["ema"] if released.get("ema") is not None else released["params"]
+    vocab = len(WORDS) + 4
+    mine = HFCausalLM.load(llama_dir, vocab, 0, lora_rank=4)
+    from fedpriv.models import set_flat_params
+
+    set_flat_params(mine, params)
+    x = torch.randint(1, 300, (3, 8))
+    with torch.no_grad():
+        want = mine(x)
+        merged = transformers.AutoModelForCausalLM.from_pretrained(str(run_dir / "hf_model"), local_files_only=True)
+        torch.testing.assert_close(merged(input_ids=x).logits, want, rtol=1e-5, atol=1e-5)
+        base = transformers.AutoModelForCausalLM.from_pretrained(str(llama_dir), local_files_only=True)
+        adapted = peft.PeftModel.from_pretrained(base, str(run_dir / "hf_model" / "adapter"))
+        torch.testing.assert_close(adapted(input_ids=x).logits, want, rtol=1e-5, atol=1e-5)
+    tok = transformers.AutoTokenizer.from_pretrained(str(run_dir / "hf_model"), local_files_only=True)
+    assert tok.convert_tokens_to_ids("w7") == 7
+    assert not list(run_dir.glob(".hf_model*"))  # no temporary directory left
+
+
+def test_with_lora_only_adapters_are_trained_noised_and_sent(llama_dir, tmp_path):
+    """The flat parameter vector (what the server noises and releases and the codec sends) is the
+    adapters; base weights stay bit-identical; through the Flower message path the replies carry
+    adapter-sized deltas only."""
+    from client.app import make_client_app
+    from fedpriv.runner import prepare
+    from server.app import grid_round_fn
+    from server.grid import LocalGrid
+
+    cfg = compose_cfg(*hf_args(llama_dir, "model.lora_rank=2", "model.lora_targets=[q_proj,v_proj]"),
+                      run_dir=tmp_path / "r")
+    session = prepare(cfg)
+    model = session.task.client_model
+    adapters = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert adapters and all(".lora_A." in n or ".lora_B." in n for n in adapters)
+    assert {n.split(".")[-4] for n in adapters} == {"q_proj", "v_proj"}
+    dim = sum(p.numel() for p in adapters.values())
+    assert session.server.params.numel() == dim == 2 * 2 * (2 * 32 + 32 + 16)  # 2 layers, q (32->32), v (32->16)
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    sizes: list[int] = []
+    inner = make_client_app(cfg)
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg, context):
+        assert msg.content["arrays"]["params"].shape == (dim,)
+        reply = inner(msg, context)
+        sizes.extend(a.shape[0] for a in reply.content.array_records["deltas"].values())
+        return reply
+
+    round_fn = grid_round_fn(LocalGrid(app, num_nodes=2), 2, None)
+    server = session.server
+    before = server.params.clone()
+    cohort = server.cohort(0)
+    server.apply_round(0, cohort, round_fn(server.round_inputs(0, cohort)), diagnostics=False)
+    assert sizes and set(sizes) == {dim}
+    assert not torch.equal(server.params, before)
+    for n, p in model.named_parameters():
+        if not p.requires_grad:
+            assert torch.equal(p, base[n]), n
+    assert session.ledger.dimension == dim  # the noise-scale line and privacy.json count the adapters
+
+
+@pytest.mark.parametrize("extra", [
+    ("algorithm=dp_fedsgd", "algorithm.one_pass=true"),
+    ("algorithm=dpsgd",),
+    ("client.dp=example",),
+    ("mechanism=tree",),
+    ("mechanism=bandmf",),
+    ("mechanism=blt",),
+    ("privacy.clipping=adaptive",),
+    ("audit.canaries=4",),
+], ids=lambda e: e[0].split("=")[-1] if len(e) == 1 else "one_pass")
+def test_lora_runs_under_every_algorithm_mechanism_and_option(extra, llama_dir, tmp_path):
+    session, summary = run(tmp_path, *hf_args(llama_dir, "model.lora_rank=2", "rounds=2", *extra))
+    assert torch.isfinite(session.server.params).all()
+    assert summary["final"]["loss"] == summary["final"]["loss"] and summary["release"] == "hf_model"
+    assert summary["privacy"]["epsilon"] is not None and summary["privacy"]["epsilon"] <= 50.0 + 1e-6
+    assert session.server.params.numel() == sum(
+        p.numel() for p in session.task.client_model.parameters() if p.requires_grad)
+
+
+def test_full_fine_tuning_of_tied_gpt2_trains_every_weight(gpt2_dir, tmp_path):
+    session, summary = run(tmp_path, *hf_args(gpt2_dir, "rounds=2"))
+    total = sum(p.numel() for p in session.task.client_model.lm.parameters())
+    assert session.server.params.numel() == total  # wte and lm_head are one (tied) parameter
+    assert not torch.equal(session.server.params, get_flat_params(
+        HFCausalLM.load(gpt2_dir, session.task.data.vocab.size, session.task.data.vocab.pad_id)))
+    assert (tmp_path / "r" / "hf_model" / "model.safetensors").exists()
+    assert not (tmp_path / "r" / "hf_model" / "adapter").exists()
+
+
+def test_a_resumed_lora_run_equals_the_uninterrupted_one(llama_dir, tmp_path):
+    from server.app import run_local
+    from tests.helpers import interrupt_and_resume
+
+    over = hf_args(llama_dir, "model.lora_rank=2", "rounds=3")
+    whole, _ = run(tmp_path, *over, name="w")
+    _, resumed = interrupt_and_resume(compose_cfg(*over, run_dir=tmp_path / "p"), 1)
+    assert resumed.start_round == 1
+    run_local(resumed)
+    torch.testing.assert_close(resumed.server.params, whole.server.params, rtol=0, atol=0)
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text())["final"] for d in ("w", "p"))
+    assert a == b
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("model=hf", "data.tokenizer=hf"), "model.path is required"),
+    (("model=hf", "model.path=/nonexistent/dir", "data.tokenizer=hf"), "model.path must be a local directory holding"),
+    (("model=hf", "model.path=DIR"), "add data.tokenizer=hf"),
+    (("model=hf", "model.path=DIR", "data.tokenizer=hf", "client.parallel=2"), "client.parallel=2"),
+    (("model=hf", "model.path=DIR", "data.tokenizer=hf", "model.lora_rank=2", "model.lora_targets=[nope]"),
+     "LoRA target 'nope' matches no module"),
+    (("model=hf", "model.path=DIR", "data.tokenizer=hf", "model.lora_targets=[q_proj]"), "apply to LoRA only"),
+    (("model=hf", "model.path=DIR", "data.tokenizer=hf", "model.lora_rank=2", "model.lora_targets=q_proj"),
+     "model.lora_targets must be a list"),
+], ids=["no_path", "missing_dir", "word_tokenizer", "parallel", "bad_target", "targets_without_rank", "not_a_list"])
+def test_bad_model_hf_input_is_one_error_line(extra, message, llama_dir, tmp_path):
+    from fedpriv.runner import prepare
+
+    extra = tuple(e.replace("DIR", str(llama_dir)) for e in extra)
+    with pytest.raises(ConfigError, match=message):
+        prepare(compose_cfg("+experiment=smoke", "progress=false", *extra, run_dir=tmp_path / "r"))
+    assert not (tmp_path / "r").exists()
