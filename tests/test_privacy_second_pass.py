@@ -128,6 +128,7 @@ SEEDED_NOT_SECRET = {
     ("fedpriv/task.py", "_model"): "the public initial weights (the seed is in the public config)",
     ("fedpriv/public/teacher.py", "train_teacher"): "training on public data",
     ("fedpriv/public/pretrain.py", "pretrain"): "the batch order of pre-training on public data",
+    ("fedpriv/clipping/subclass_rules.py", "base_scale"): "fixed probe inputs of a structural check",
     ("fedpriv/models/make_hf.py", "write_model_dir"): "the random initial weights of a model directory a "
                                                       "user is given to start from (public)",
 }

@@ -53,6 +53,7 @@ from fedpriv.clipping.provenance import (Provenance, UnsupportedLayerError, ambi
                                          check_separable, perturbed,
                                          separability_probe)
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule
+from fedpriv.clipping.subclass_rules import subclass_rule
 
 MODES = ("ghost", "instantiate", "mixopt")
 _INSTANTIATE_BUDGET = 1 << 24  # floats of per-unit gradients held at once on the grouped path
@@ -216,6 +217,11 @@ class BookKeeping:
             own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
             if not own:
                 continue
+            if rule is None:  # an nn.Linear / nn.Embedding subclass: recognised from its computation
+                found = subclass_rule(module)
+                if isinstance(found, str):
+                    raise UnsupportedLayerError(f"{where}: {found}")
+                rule = found
             if rule is None:
                 raise UnsupportedLayerError(
                     f"{where} owns trainable parameter(s) {', '.join(own)} that BookKeeping "
