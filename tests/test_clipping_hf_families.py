@@ -30,6 +30,11 @@ FAMILIES = {
     "gemma2": ("Gemma2Config", {**SMALL, "head_dim": 8}),  # + logit soft-capping
     "falcon": ("FalconConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB,
                                     new_decoder_architecture=False, multi_query=True, bias=True)),  # FalconLinear
+    "gpt_neox": ("GPTNeoXConfig", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, vocab_size=VOCAB)),  # partial rotary, parallel residual
+    "stablelm": ("StableLmConfig", SMALL),
+    "phi": ("PhiConfig", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              vocab_size=VOCAB)),
 }
 
 
@@ -115,3 +120,12 @@ def test_subclasses_that_do_something_else_are_refused_naming_module_and_reason(
     with pytest.raises(UnsupportedLayerError, match=reason) as err:
         BookKeeping(model, clip_norm=1.0)
     assert f"embedding ({kind.__name__})" in str(err.value) and "subclasses nn.Embedding" in str(err.value)
+
+
+def test_opt_learned_positions_are_refused_naming_the_module() -> None:
+    """OPT computes its positions from the attention mask inside an nn.Embedding subclass: not the
+    base layer's computation on its input, so the family is refused (docs/HF_MODELS.md)."""
+    config = transformers.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                    vocab_size=VOCAB, word_embed_proj_dim=32)
+    with pytest.raises(UnsupportedLayerError, match=r"embed_positions \(OPTLearnedPositionalEmbedding\)"):
+        BookKeeping(transformers.AutoModelForCausalLM.from_config(config), clip_norm=1.0)
