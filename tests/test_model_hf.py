@@ -269,3 +269,26 @@ def test_bad_model_hf_input_is_one_error_line(extra, message, llama_dir, tmp_pat
     with pytest.raises(ConfigError, match=message):
         prepare(compose_cfg("+experiment=smoke", "progress=false", *extra, run_dir=tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+def test_make_hf_and_pretrain_hf_write_a_directory_model_hf_loads(tmp_path):
+    """The README's `python -m fedpriv.models.make_hf DIR` and scripts/pretrain_hf.py (issue 29's
+    experiment, two public steps here): both write a model directory HFCausalLM loads."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    made = subprocess.run([sys.executable, "-m", "fedpriv.models.make_hf", str(tmp_path / "m"), "--hidden", "16",
+                           "--heads", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0 and "wrote a random-init llama model (304 token ids)" in made.stdout, made.stderr
+    again = subprocess.run([sys.executable, "-m", "fedpriv.models.make_hf", str(tmp_path / "m")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and again.stderr.startswith("error: ") and "not empty" in again.stderr
+    pre = subprocess.run([sys.executable, "scripts/pretrain_hf.py", str(tmp_path / "p"), "--steps", "2",
+                          "--hidden", "16", "--heads", "2", "+experiment=smoke"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=180)
+    assert pre.returncode == 0 and "2 steps" in pre.stdout, pre.stderr
+    for directory in (tmp_path / "m", tmp_path / "p"):
+        model = HFCausalLM.load(directory, len(WORDS) + 4, 0)
+        assert model(torch.randint(1, 300, (2, 5))).shape == (2, 5, len(WORDS) + 4)

@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides naming the data (default: +experiment=smoke)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     from fedpriv.errors import ConfigError
 
     try:
