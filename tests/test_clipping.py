@@ -698,10 +698,16 @@ def test_importing_the_lstm_module_registers_its_rule() -> None:
 
 
 def test_registry_fails_closed_for_unregistered_types() -> None:
-    class MyLinear(nn.Linear):  # exact-type matching: a subclass needs its own rule
+    class SameLinear(nn.Linear):  # the base layer's computation: recognised (fedpriv.clipping.subclass_rules)
         pass
 
-    with pytest.raises(UnsupportedLayerError, match="inner.*MyLinear.*supported layers are .*nn.Linear"):
+    BookKeeping(WithModule(SameLinear(8, 8))).detach()
+
+    class MyLinear(nn.Linear):  # another computation: a subclass without its own rule is refused
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x).relu()
+
+    with pytest.raises(UnsupportedLayerError, match="inner.*MyLinear.*subclasses nn.Linear but its output is not"):
         BookKeeping(WithModule(MyLinear(8, 8)))
 
     class Gain(nn.Module):
