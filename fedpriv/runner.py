@@ -30,6 +30,7 @@ from fedpriv.dpfedavg import DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
 from fedpriv.mechanisms import Mechanism
 from fedpriv.metrics import evaluate
+from fedpriv.console import format_result
 from fedpriv.models import set_flat_params
 from fedpriv.observe import RoundObserver, check_observability
 from fedpriv.public.stages import Stage, build_stages
@@ -405,13 +406,14 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
     if not last_eval:  # resumed after the last round: evaluate the restored model
         last_eval = evaluate_params(session.task, server.model_params)
     summary = _summary(session, last_eval, time.perf_counter() - started)
-    release = session.spec.model.write_release(session.task.eval_model, server.model_params, run.path,
-                                               session.task.data)
-    if release is not None:  # post-processing of the released model (the ledger covers it)
-        summary["release"] = release
     if server.canaries is not None:  # post-processing of the releases and the canaries (docs/PRIVACY.md)
         summary["audit"] = finish_audit(server.canaries, server.model_params, run.path, cfg,
                                         ledger.reported_epsilon(), session.randomness.label)
+    # post-processing of the released model (the ledger covers it), labelled with the run's claim and mode
+    release = session.spec.model.write_release(session.task.eval_model, server.model_params, run.path,
+                                               session.task.data, card=format_result(summary))
+    if release is not None:
+        summary["release"] = release
     run.write_json("summary.json", summary)
     return summary
 

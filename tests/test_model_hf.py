@@ -158,6 +158,8 @@ def test_the_issue_command_trains_and_releases_a_hugging_face_directory(llama_di
     tok = transformers.AutoTokenizer.from_pretrained(str(run_dir / "hf_model"), local_files_only=True)
     assert tok.convert_tokens_to_ids("w7") == 7
     assert not list(run_dir.glob(".hf_model*"))  # no temporary directory left
+    card = (run_dir / "hf_model" / "README.md").read_text()  # the release carries the claim and the mode
+    assert "user-level epsilon 50 at delta 0.001" in card and "research mode" in card
 
 
 def test_with_lora_only_adapters_are_trained_noised_and_sent(llama_dir, tmp_path):

@@ -215,6 +215,20 @@ def _save_adapter(lm: nn.Module, directory: Path, base_path: str | None) -> None
     config.save_pretrained(str(directory))
 
 
+_MODEL_CARD = """# Released by fedpriv
+
+Fine-tuned from `{base}` with federated learning under differential privacy. The run printed:
+
+```
+{card}
+```
+
+The epsilon covers these weights (post-processing of the released model); the run's config and
+privacy ledger are `../config.yaml` and `../privacy.json`. A model from a run in research mode is
+reproducible from its seed and config and must not be released.
+"""
+
+
 # --- config option (fedpriv/schema registers it with Hydra) -------------------------------------
 
 
@@ -259,8 +273,9 @@ class HFModel(ModelOption):
         out = write_model_dir(Path(directory) / "hf_llama", words, "llama", hidden=32, layers=2, heads=4)
         return [f"model.path={out}", "data.tokenizer=hf"]
 
-    def write_release(self, model, params, run_path, data) -> str:
-        """``run_path/hf_model``: :func:`save_release` into a temporary directory, then swapped in."""
+    def write_release(self, model, params, run_path, data, card: str = "") -> str:
+        """``run_path/hf_model``: :func:`save_release` into a temporary directory, with a model card
+        (``README.md``: the run's privacy claim and randomness mode), then swapped in."""
         final = Path(run_path) / RELEASE_DIR
         tmp = Path(run_path) / f".{RELEASE_DIR}.tmp"
         old = Path(run_path) / f".{RELEASE_DIR}.old"
@@ -268,6 +283,7 @@ class HFModel(ModelOption):
             shutil.rmtree(stale, ignore_errors=True)
         try:
             save_release(model, params, tmp, getattr(data, "tokenizer", None), base_path=str(self.path))
+            (tmp / "README.md").write_text(_MODEL_CARD.format(base=self.path, card=card))
         except OSError as err:
             raise OutputError(f"could not write the released model to {final}: {err}") from None
         finally:
