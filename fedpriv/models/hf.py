@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from fedpriv.clipping import flat_positions
-from fedpriv.atomic import fsync_directory
+from fedpriv.atomic import fsync_directory, write_atomic
 from fedpriv.errors import ConfigError, OutputError
 from fedpriv.schema import LOCATION, ModelOption, nonnegative, positive, register_option
 
@@ -283,7 +283,7 @@ class HFModel(ModelOption):
             shutil.rmtree(stale, ignore_errors=True)
         try:
             save_release(model, params, tmp, getattr(data, "tokenizer", None), base_path=str(self.path))
-            (tmp / "README.md").write_text(_MODEL_CARD.format(base=self.path, card=card))
+            write_atomic(tmp / "README.md", _MODEL_CARD.format(base=self.path, card=card).encode())
         except OSError as err:
             raise OutputError(f"could not write the released model to {final}: {err}") from None
         finally:
