@@ -17,7 +17,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedpriv.clipping import (RULES, BookKeeping, GaussianKeystream, LayerRule, UnsupportedLayerError,
                               register_rule)
-from fedpriv.clipping.contributions import Dense
+from fedpriv.clipping.contributions import Dense, Outer, Rows, per_sample, weighted_sum
 from fedpriv.models import LSTM, LSTMLanguageModel, TransformerLanguageModel
 
 MODES = ("ghost", "instantiate", "mixopt")
@@ -846,3 +846,32 @@ def test_flattened_positions_with_no_target_at_all_give_zero_gradients() -> None
     assert torch.equal(bk.last_norms, torch.zeros(len(data)))
     assert bk.last_methods["output.weight"] == "unused"
     assert all(float(p.grad.abs().max()) == 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", ["outer", "outer_strided", "rows", "dense"])
+def test_weighted_sum_accumulates_in_place_as_the_instantiated_sum(kind):
+    """``weighted_sum(c, coef, shape, out=acc)`` adds ``Σ_i coef_i G_i`` to ``acc`` (the path a
+    tied weight's second part takes) and equals the sum of the instantiated per-sample G_i."""
+    gen = torch.Generator().manual_seed(3)
+    b, t, p, d, rows = 4, 5, 6, 3, 7
+    if kind.startswith("outer"):
+        left = torch.randn(b, p, t, generator=gen).transpose(1, 2) if kind == "outer_strided" \
+            else torch.randn(b, t, p, generator=gen)
+        c = Outer(left, torch.randn(b, t, d, generator=gen))
+        shape = torch.Size([p, d])
+    elif kind == "rows":
+        index = torch.randint(0, rows, (b, t), generator=gen)
+        index[:, 1] = index[:, 0]  # repeated rows within and across samples
+        c = Rows(index, torch.randn(b, t, d, generator=gen), rows)
+        shape = torch.Size([rows, d])
+    else:
+        c = Dense(torch.randn(b, p, d, generator=gen))
+        shape = torch.Size([p, d])
+    coef = torch.rand(b, generator=gen)
+    expected = torch.einsum("b,b...->...", coef, per_sample(c, shape))
+    torch.testing.assert_close(weighted_sum(c, coef, shape), expected, rtol=1e-5, atol=1e-6)
+    start = torch.randn(shape, generator=gen)
+    acc = start.clone()
+    out = weighted_sum(c, coef, shape, out=acc)
+    assert out.data_ptr() == acc.data_ptr()
+    torch.testing.assert_close(out, start + expected, rtol=1e-5, atol=1e-6)

@@ -186,10 +186,17 @@ def cross(x: Contribution, y: Contribution) -> Tensor:
     raise TypeError(f"no ghost inner product between {type(x).__name__} and {type(y).__name__}")
 
 
-def weighted_sum(c: Contribution, coef: Tensor, shape: torch.Size) -> Tensor:
-    """``Σ_i coef[i] G_i`` as a tensor of ``shape``, straight from the factors (book-keeping)."""
+def weighted_sum(c: Contribution, coef: Tensor, shape: torch.Size, out: Tensor | None = None) -> Tensor:
+    """``Σ_i coef[i] G_i`` as a tensor of ``shape``, straight from the factors (book-keeping).
+
+    With ``out`` (of ``shape``) the sum is added to it in place and ``out`` returned: a second
+    part of one parameter (a tied embedding's rows after its output layer's outer products)
+    accumulates into the first without a full-size temporary (``Rows`` then touch only the rows
+    they index, with ``index_add_``, instead of scattering into a zeroed table).
+    """
     if isinstance(c, Dense):
-        return torch.tensordot(coef, c.per_sample, dims=1).reshape(shape)
+        term = torch.tensordot(coef, c.per_sample, dims=1).reshape(shape)
+        return term if out is None else out.add_(term)
     if isinstance(c, Outer):
         left, right = c.left, c.right
         scale = coef.view(-1, 1, 1)
@@ -199,9 +206,21 @@ def weighted_sum(c: Contribution, coef: Tensor, shape: torch.Size) -> Tensor:
             right = right * scale
         if left.is_contiguous():
             flat_left = left.view(-1, left.shape[2])
-            return torch.mm(flat_left.t(), right.reshape(-1, right.shape[2])).reshape(shape)
+            flat_right = right.reshape(-1, right.shape[2])
+            if out is None:
+                return torch.mm(flat_left.t(), flat_right).reshape(shape)
+            out.view(flat_left.shape[1], flat_right.shape[1]).addmm_(flat_left.t(), flat_right)
+            return out
         # e.g. the logits' gradient when the loss took logits.transpose(1, 2): stored [B, p, T];
         # a per-sample GEMM accumulated in place avoids a transposing copy of it
-        out = left.new_empty(left.shape[2], right.shape[2])
-        return torch.addbmm(out, left.transpose(1, 2), right, beta=0).reshape(shape)
-    return _scatter_rows(c.index, c.values * coef.view(-1, 1, 1), c.num_rows).reshape(shape)
+        if out is None:
+            acc = left.new_empty(left.shape[2], right.shape[2])
+            return torch.addbmm(acc, left.transpose(1, 2), right, beta=0).reshape(shape)
+        out.view(left.shape[2], right.shape[2]).addbmm_(left.transpose(1, 2), right)
+        return out
+    values = c.values * coef.view(-1, 1, 1)
+    if out is None:
+        return _scatter_rows(c.index, values, c.num_rows).reshape(shape)
+    d = values.shape[-1]
+    out.view(c.num_rows, d).index_add_(0, c.index.reshape(-1), values.reshape(-1, d))
+    return out

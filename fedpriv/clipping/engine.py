@@ -475,8 +475,7 @@ class BookKeeping:
                 by_position = position_units.get(id(p))
                 factors = (coef if by_position is None else scales[by_position.unit]).to(p.dtype)
                 for c in parts:
-                    term = weighted_sum(c, factors, p.shape)
-                    grad = term if grad is None else grad.add_(term)
+                    grad = weighted_sum(c, factors, p.shape, out=grad)
                 if grad is None:
                     grad = torch.zeros_like(p)
             grads.append(grad.contiguous())
