@@ -52,7 +52,15 @@ def _noise_multiplier(spec: RunConfig, mechanism: Mechanism, sampler) -> float:
         return float(privacy.noise_multiplier)
     return calibrate_noise_multiplier(
         lambda s: mechanism.dp_event(sampler, spec.rounds, noise_multiplier=s),
-        privacy.target_epsilon, privacy.delta, privacy.accountant, mechanism.neighboring_relation(sampler))
+        privacy.target_epsilon, privacy.delta, privacy.accountant, mechanism.neighboring_relation(sampler),
+        monte_carlo_settings=privacy.mc.settings())
+
+
+def _monte_carlo_settings(spec: RunConfig):
+    """The Monte-Carlo accountant's settings for the ledger's claims: shared over the σ grid when σ
+    was calibrated on it (:func:`fedpriv.accounting.monte_carlo.calibrate`), as given otherwise."""
+    settings = spec.privacy.mc.settings()
+    return settings if spec.privacy.noise_multiplier is not None else settings.calibrated()
 
 
 @dataclass
@@ -148,7 +156,7 @@ def _plan(cfg: dict, spec: RunConfig, task: Task, randomness: RunRandomness | No
                            planned_rounds=spec.rounds, non_private_reason=reason,
                            randomness=randomness.describe() if randomness else {},
                            query=None if clip is None else clip.describe(), audit=audit_label(cfg),
-                           dimension=task.initial_params.numel())
+                           dimension=task.initial_params.numel(), monte_carlo_settings=_monte_carlo_settings(spec))
     ledger.check_can_run(spec.rounds)
     check_observability(cfg)
     return _Plan(sampler, mechanism, optimizer, clip, ledger)

@@ -42,6 +42,7 @@ POISSON = "poisson"
 FIXED_SIZE = "fixed"
 CYCLIC = "cyclic"
 CYCLIC_POISSON = "cyclic_poisson"
+BALLS_IN_BINS = "balls_in_bins"
 
 
 class ParticipationPattern:
@@ -67,6 +68,12 @@ class SeparatedPattern(ParticipationPattern):
 class GroupedPoissonPattern(ParticipationPattern):
     """``groups`` disjoint groups in turn, Poisson sampling with ``group_rate`` inside the group
     of the round (amplified, and separated by ``groups`` rounds)."""
+
+
+class BallsInBinsPattern(ParticipationPattern):
+    """Each unit is assigned one of ``bins`` bins uniformly and independently (secretly) and takes
+    part in exactly the rounds ``t ≡ bin (mod bins)`` (amplified by the secrecy of the bin; accounted
+    by Monte Carlo, :mod:`fedpriv.accounting.monte_carlo`)."""
 
 
 class Sampler(ParticipationPattern, abc.ABC):
@@ -273,6 +280,50 @@ class CyclicPoissonSampler(_CohortSized, GroupedPoissonPattern, Sampler):
 
 
 @dataclass(frozen=True)
+class BallsInBinsSampler(_CohortSized, BallsInBinsPattern, Sampler):
+    """Balls-in-bins participation ("Near exact privacy amplification for matrix mechanisms",
+    Choquette-Choo et al.): user ``u`` is in bin :func:`user_groups` (a keyed hash of ``u`` alone,
+    uniform over ``bins``, secret in secure mode) and takes part in every round ``t`` with
+    ``t mod bins`` equal to its bin. ``bins = N // cohort_size`` with N the public population (or
+    the dataset's count: then zero-out neighbouring), so the expected cohort is ``N / bins``, about
+    ``cohort_size``; the cohort size itself is random (binomial).
+
+    Accounting: a user takes part ⌈(T − bin)/bins⌉ times in T rounds at a secret phase; the
+    dominating pair is a mixture over the phase (``BallsInBinsDpEvent``), accounted by Monte Carlo
+    (``privacy.accountant=mc``). Adding or removing a user moves nobody else's bin.
+    """
+
+    population: int
+    cohort: int
+    key: bytes | None = field(default=None, repr=False)  # secret in secure mode: never printed
+    kind: str = BALLS_IN_BINS
+    rate_from_data: bool = False  # bins from the dataset's count: zero-out (module docstring)
+    public_population: int | None = None  # the config's N the bins were fixed from
+
+    @property
+    def bins(self) -> int:
+        return max(1, (self.public_population or self.population) // self.cohort)
+
+    @property
+    def rate(self) -> float:
+        return 1.0 / self.bins
+
+    @property
+    def expected_cohort(self) -> float:
+        return (self.public_population or self.population) / self.bins
+
+    def sample(self, round_idx: int) -> np.ndarray:
+        bins = user_groups(_need_key(self.key), self.population, self.bins)
+        return np.flatnonzero(bins == round_idx % self.bins).astype(np.int64)
+
+    def sample_extra(self, round_idx: int, key: bytes, count: int) -> np.ndarray:
+        """Which of ``count`` units outside the population (canaries) take part in round t: each
+        has a uniformly random bin (from ``key``) and joins that bin's rounds, like a user."""
+        bins = uint64s(key, "extra-bin", (), count) % np.uint64(self.bins)
+        return np.flatnonzero(bins == np.uint64(round_idx % self.bins)).astype(np.int64)
+
+
+@dataclass(frozen=True)
 class ParticipationBound(SeparatedPattern):
     """A participation pattern without a sampler, for calculators: every user takes part at most
     ``participations`` times, with at least ``min_separation`` rounds strictly between two
@@ -284,6 +335,16 @@ class ParticipationBound(SeparatedPattern):
 
     def max_participations(self, rounds: int) -> int:
         return min(self.participations, -(-rounds // (self.min_separation + 1)))
+
+
+@dataclass(frozen=True)
+class BinsBound(BallsInBinsPattern):
+    """Balls-in-bins participation without a sampler, for calculators: ``bins`` bins (each user
+    in one, uniformly and secretly; rounds ``t ≡ bin (mod bins)``), accounted as
+    :class:`BallsInBinsSampler` with a public rate (add/remove-one)."""
+
+    bins: int
+    kind: str = BALLS_IN_BINS
 
 
 # (population, cohort_size, key, groups, public_population) -> the sampler
@@ -333,6 +394,11 @@ def _cyclic_poisson(population, cohort_size, key, groups, public_population) -> 
                           f"(the largest that fits: {rate_base // cohort_size})")
     return CyclicPoissonSampler(population=population, cohort=cohort_size, groups=groups, key=key,
                                 **_rate_fixed(public_population))
+
+
+@register_sampler(BALLS_IN_BINS, public_rate=True)
+def _balls_in_bins(population, cohort_size, key, groups, public_population) -> Sampler:
+    return BallsInBinsSampler(population=population, cohort=cohort_size, key=key, **_rate_fixed(public_population))
 
 
 def resolve_sampling(kind: str, mechanism: str) -> str:

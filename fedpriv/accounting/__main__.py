@@ -5,6 +5,14 @@ Examples::
     python -m fedpriv.accounting epsilon --noise-multiplier 1.1 --sampling-rate 0.0042667 \\
         --rounds 14063 --delta 1e-5 --accountant pld --json
     python -m fedpriv.accounting noise --target-epsilon 2 --sampling-rate 0.01 --rounds 1000 --delta 1e-5
+    python -m fedpriv.accounting delta --epsilon 2 --noise-multiplier 1.5 --sampling balls_in_bins \
+        --bins 66 --rounds 220 --mechanism bandmf --strategy-column 0.9,0.4,0.2 --json
+
+Balls-in-bins sampling is accounted by Monte Carlo (``--accountant mc``, its default there;
+:mod:`fedpriv.accounting.monte_carlo`): the claimed epsilon and delta are upper bounds holding
+with ``--confidence`` over the accountant's public samples, reported beside their point estimates.
+``noise`` shares that confidence over the σ grid it searches; ``epsilon`` and ``delta`` (a σ given
+as is) do not need to.
 
 The DpEvent always comes from the mechanism object, built through its registered option (so a
 mechanism registered with ``fedpriv.schema.register_option`` is here too), and a sampler of
@@ -24,17 +32,20 @@ from typing import Any, Sequence
 
 import dp_accounting
 
+from fedpriv.accounting import monte_carlo
 from fedpriv.accounting.accountant import (ACCOUNTANTS, RDP, calibrate_noise_multiplier,
                                            check_delta, check_epsilon, compute_epsilon,
-                                           relation_name)
+                                           make_accountant, relation_name)
+from fedpriv.accounting.monte_carlo import MC, BallsInBinsDpEvent, MonteCarloSettings
 from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.console import console_handler, fail as _fail
 from fedpriv.console import OneLineParser as _Parser
 from fedpriv.errors import ConfigError
 from fedpriv.rundir import json_text
 from fedpriv.schema import MechanismOption, load, option_preset, options
-from fedpriv.sampling import (CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, CyclicPoissonSampler, CyclicSampler,
-                              FixedSizeSampler, ParticipationBound, PoissonSampler, Sampler)
+from fedpriv.sampling import (BALLS_IN_BINS, CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, BinsBound,
+                              CyclicPoissonSampler, CyclicSampler, FixedSizeSampler, ParticipationBound,
+                              PoissonSampler, Sampler)
 
 
 
@@ -85,23 +96,39 @@ def _build(args: argparse.Namespace, noise_multiplier: float, sampler) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m fedpriv.accounting",
-                     description="Privacy accounting with dp_accounting (RDP or PLD).")
+                     description="Privacy accounting with dp_accounting (RDP, PLD) or Monte Carlo (balls-in-bins).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     eps = sub.add_parser("epsilon", help="epsilon spent for a given noise multiplier")
     eps.add_argument("--noise-multiplier", type=float, required=True, help="sigma (noise std / clip norm)")
     noise = sub.add_parser("noise", help="smallest noise multiplier for a target epsilon")
     noise.add_argument("--target-epsilon", type=float, required=True)
-    for p in (eps, noise):
+    dlt = sub.add_parser("delta", help="delta at a given epsilon for a given noise multiplier")
+    dlt.add_argument("--noise-multiplier", type=float, required=True, help="sigma (noise std / clip norm)")
+    dlt.add_argument("--epsilon", type=float, required=True, help="epsilon > 0")
+    for p in (eps, noise, dlt):
         p.add_argument("--mechanism", choices=mechanism_names(), default="gaussian",
                        help="a registered mechanism; its option's keys: --bands, --buffers, --restart-every, --set")
         p.add_argument("--sampling-rate", type=float, default=None,
                        help="q in (0, 1] (poisson / fixed sampling)")
         p.add_argument("--rounds", type=int, required=True, help="number of rounds / steps T >= 1")
-        p.add_argument("--delta", type=float, required=True, help="delta in (0, 1)")
-        p.add_argument("--accountant", choices=ACCOUNTANTS, default=RDP)
-        p.add_argument("--sampling", choices=(POISSON, FIXED_SIZE, CYCLIC, CYCLIC_POISSON), default=None,
+        if p is not dlt:
+            p.add_argument("--delta", type=float, required=True, help="delta in (0, 1)")
+        p.add_argument("--accountant", choices=ACCOUNTANTS, default=None,
+                       help="rdp (default) | pld | mc (Monte Carlo: the default and only one for balls_in_bins)")
+        p.add_argument("--sampling", choices=(POISSON, FIXED_SIZE, CYCLIC, CYCLIC_POISSON, BALLS_IN_BINS), default=None,
                        help="default: poisson where the mechanism's own default is, else cyclic (tree, bandmf, "
-                            "blt) | fixed | cyclic_poisson (bandmf, amplified; needs --population, --cohort)")
+                            "blt) | fixed | cyclic_poisson (bandmf, amplified; needs --population, --cohort) | "
+                            "balls_in_bins (gaussian, bandmf; needs --bins)")
+        p.add_argument("--bins", type=int, default=None,
+                       help="balls_in_bins: each user takes part in the rounds t = bin (mod bins)")
+        p.add_argument("--strategy-column", default=None, metavar="C0,C1,...",
+                       help="bandmf with balls_in_bins: the first column of a Toeplitz C, taken as is (sigma "
+                            "multiplies the clip norm; C is not renormalised); default: the optimized strategy")
+        p.add_argument("--mc-samples", type=int, default=None,
+                       help="mc: samples per direction of the dominating pair (default 50/delta)")
+        p.add_argument("--confidence", type=float, default=MonteCarloSettings.confidence,
+                       help="mc: probability that the claimed bound holds (default %(default)s)")
+        p.add_argument("--mc-seed", type=int, default=0, help="mc: public seed of the accountant's samples")
         p.add_argument("--bands", type=int, default=None, help="bandmf: number of bands b")
         p.add_argument("--buffers", type=int, default=None, help="blt: buffers d (default: auto)")
         p.add_argument("--population", type=int, default=None,
@@ -119,7 +146,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    check_delta(args.delta)
+    if args.command == "delta":
+        args.delta = None
+        check_epsilon(args.epsilon, "epsilon")
+    else:
+        check_delta(args.delta)
+    if args.accountant is None:
+        args.accountant = MC if args.sampling == BALLS_IN_BINS else RDP
+    if args.sampling == BALLS_IN_BINS and args.bins is None:
+        raise ConfigError("--sampling balls_in_bins needs --bins")
+    if args.bins is not None and args.sampling != BALLS_IN_BINS:
+        raise ConfigError("--bins applies to --sampling balls_in_bins only")
+    if args.bins is not None and args.bins < 1:
+        raise ConfigError(f"--bins must be >= 1, got {args.bins}")
+    if args.strategy_column is not None and (args.sampling != BALLS_IN_BINS or args.mechanism != "bandmf"):
+        raise ConfigError("--strategy-column applies to --mechanism bandmf with --sampling balls_in_bins")
+    if args.strategy_column is not None and args.bands is None:
+        args.bands = len(strategy_column(args.strategy_column))  # the column's bands (the option needs them)
+    args.mc = MonteCarloSettings(args.mc_samples, args.confidence, args.mc_seed)
     if args.sampling is None:  # a calculator has no population: correlated noise defaults to cyclic
         args.sampling = POISSON if option_preset("mechanism", args.mechanism).default_sampling == POISSON else CYCLIC
     if args.sampling in (POISSON, FIXED_SIZE):
@@ -137,7 +181,7 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"rounds must be >= 1, got {args.rounds}")
     if args.population is not None and args.population < 1:
         raise ConfigError(f"population must be >= 1, got {args.population}")
-    if args.command == "epsilon" and not (math.isfinite(args.noise_multiplier) and args.noise_multiplier >= 0):
+    if args.command != "noise" and not (math.isfinite(args.noise_multiplier) and args.noise_multiplier >= 0):
         raise ConfigError(f"noise multiplier must be a finite number >= 0, got {args.noise_multiplier}")
     if args.command == "noise":
         check_epsilon(args.target_epsilon)
@@ -146,6 +190,8 @@ def _validate(args: argparse.Namespace) -> None:
 def make_cli_sampler(kind: str, rate: float | None, population: int | None,
                      args: argparse.Namespace | None = None) -> Sampler | ParticipationBound:
     """The sampler the accountant must assume (no key: a calculator never draws a cohort)."""
+    if kind == BALLS_IN_BINS:
+        return BinsBound(bins=args.bins)
     if kind == CYCLIC_POISSON:
         groups = mechanism_option(args).sampling_groups() if args is not None else None
         if args is None or args.population is None or args.cohort is None or groups is None:
@@ -175,25 +221,94 @@ def make_cli_sampler(kind: str, rate: float | None, population: int | None,
     return FixedSizeSampler(population=population, cohort=cohort)
 
 
-def _epsilon(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
-    mechanism = _build(args, args.noise_multiplier, sampler)
+def strategy_column(text: str) -> tuple[float, ...]:
+    """``--strategy-column``: comma-separated finite numbers (checked by the analysis's own rules)."""
+    try:
+        column = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--strategy-column takes comma-separated numbers, got {text!r}") from None
+    if not column or not all(math.isfinite(v) for v in column):
+        raise ConfigError(f"--strategy-column takes finite numbers, got {text!r}")
+    return column
+
+
+def _event_maker(args: argparse.Namespace, sampler) -> tuple[Any, Any, Any]:
+    """(mechanism, relation, σ -> event): the mechanism's own event, or with ``--strategy-column``
+    the balls-in-bins event of that column, taken as is."""
+    mechanism = _build(args, 1.0, sampler)
     relation = mechanism.neighboring_relation(sampler)
-    eps = compute_epsilon(mechanism.dp_event(sampler, args.rounds), args.delta, args.accountant, relation)
-    return _with_epsilon(mechanism.accounting_details(sampler, args.rounds), eps, args, relation)
+    if args.strategy_column is not None:
+        column = strategy_column(args.strategy_column)
+        monte_carlo.check_event(BallsInBinsDpEvent(1.0, args.rounds, args.bins, column))
+        return mechanism, relation, lambda sigma: (dp_accounting.NonPrivateDpEvent() if sigma == 0 else
+                                                   BallsInBinsDpEvent(sigma, args.rounds, args.bins, column))
+    return mechanism, relation, lambda sigma: mechanism.dp_event(sampler, args.rounds, noise_multiplier=sigma)
+
+
+def _epsilon(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
+    mechanism, relation, make_event = _event_maker(args, sampler)
+    event = make_event(args.noise_multiplier)
+    out = mechanism.accounting_details(sampler, args.rounds)
+    if args.accountant == MC and isinstance(event, BallsInBinsDpEvent):
+        monte_carlo.check_resolvable(args.delta, args.mc)
+        samples = monte_carlo.LossSamples(event, args.mc, args.delta)
+        eps = samples.epsilon(args.delta)
+        out.update(_mc_fields(args.mc, samples.samples, eps))
+        out["epsilon_estimate"] = json_epsilon(samples.epsilon(args.delta, estimate=True))
+    else:
+        eps = compute_epsilon(event, args.delta, args.accountant, relation)
+    return _with_epsilon(out, eps, args, relation)
 
 
 def _noise(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
-    mechanism = _build(args, 1.0, sampler)
-    relation = mechanism.neighboring_relation(sampler)
-
-    def make_event(sigma: float) -> dp_accounting.DpEvent:
-        return mechanism.dp_event(sampler, args.rounds, noise_multiplier=sigma)
-
-    sigma = calibrate_noise_multiplier(make_event, args.target_epsilon, args.delta, args.accountant, relation)
-    eps = compute_epsilon(make_event(sigma), args.delta, args.accountant, relation)
+    mechanism, relation, make_event = _event_maker(args, sampler)
+    sigma = calibrate_noise_multiplier(make_event, args.target_epsilon, args.delta, args.accountant, relation,
+                                       monte_carlo_settings=args.mc)
+    settings = args.mc.calibrated()
+    eps = compute_epsilon(make_event(sigma), args.delta, args.accountant, relation, monte_carlo_settings=settings)
     out = {"noise_multiplier": sigma, "target_epsilon": args.target_epsilon,
            **mechanism.accounting_details(sampler, args.rounds)}
+    if args.accountant == MC:
+        out.update(_mc_fields(settings, settings.count(args.delta), eps))
     return _with_epsilon(out, eps, args, relation)
+
+
+def _delta(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
+    """δ at ``--epsilon``: dp_accounting's for rdp/pld; for mc the point estimate and the bound
+    (its samples: ``--mc-samples``, default 50 per unit of the smallest δ it can resolve, 1e-6)."""
+    mechanism, relation, make_event = _event_maker(args, sampler)
+    event = make_event(args.noise_multiplier)
+    out: dict[str, Any] = {"epsilon": args.epsilon, "accountant": args.accountant,
+                           "neighboring_relation": relation_name(relation),
+                           **mechanism.accounting_details(sampler, args.rounds)}
+    if args.noise_multiplier == 0:
+        out.update({"delta": 1.0, "non_private": True})
+        return out
+    if args.accountant == MC:
+        if not isinstance(event, BallsInBinsDpEvent):
+            compute_epsilon(event, 0.5, MC, relation)  # raises: says which accountant applies
+        resolution = 1e-6 if args.mc.samples is None else None
+        samples = monte_carlo.LossSamples(event, args.mc, resolution or 0.5)
+        bound = samples.delta(args.epsilon)
+        out.update({"delta_estimate": bound.estimate, "delta_upper": bound.upper,
+                    **_mc_fields(args.mc, samples.samples, None)})
+        return out
+    if isinstance(event, BallsInBinsDpEvent):
+        compute_epsilon(event, 0.5, args.accountant, relation)  # raises: balls-in-bins needs mc
+    accountant = make_accountant(args.accountant, relation)
+    try:
+        out["delta"] = float(accountant.compose(event).get_delta(args.epsilon))
+    except (dp_accounting.UnsupportedEventError, ValueError, NotImplementedError) as err:
+        raise ConfigError(f"the {args.accountant} accountant cannot account this event ({err})") from err
+    return out
+
+
+def _mc_fields(settings: MonteCarloSettings, samples: int, eps: float | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"mc_samples_per_direction": samples, "confidence": settings.confidence,
+                           "mc_seed": settings.seed, "candidates": settings.candidates}
+    if eps is not None:
+        out["claimed"] = "epsilon is the upper bound, holding with the stated confidence"
+    return out
 
 
 def _with_epsilon(out: dict[str, Any], eps: float, args: argparse.Namespace,
@@ -206,7 +321,17 @@ def _with_epsilon(out: dict[str, Any], eps: float, args: argparse.Namespace,
 
 
 def _human(args: argparse.Namespace, out: dict[str, Any]) -> str:
+    if args.command == "delta":
+        value = (f"delta <= {out['delta_upper']:.6g} (estimate {out['delta_estimate']:.6g}; confidence "
+                 f"{out['confidence']:g})" if "delta_upper" in out else f"delta = {out['delta']:.6g}")
+        return (f"{value} at epsilon = {args.epsilon:g} ({args.accountant} accountant, {out['neighboring_relation']} "
+                f"neighbouring, {args.mechanism} mechanism, noise multiplier {args.noise_multiplier:g}, "
+                f"{_sampling_text(args)}, {_plural(args.rounds, 'round')})")
     eps = "inf (non-private)" if out["epsilon"] is None else f"{out['epsilon']:.6g}"
+    if "epsilon_estimate" in out and out["epsilon"] is not None:
+        eps += f" (upper bound at confidence {out['confidence']:g}; estimate {out['epsilon_estimate']:.6g})"
+    elif "confidence" in out and out["epsilon"] is not None:
+        eps += f" (upper bound at confidence {out['confidence']:g}, shared over {out['candidates']} candidates)"
     head = f"noise_multiplier = {out['noise_multiplier']:.6g}, " if "noise_multiplier" in out else ""
     trees = out.get("tree_sensitivity")
     tail = ""
@@ -222,6 +347,8 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _sampling_text(args: argparse.Namespace) -> str:
+    if args.sampling == BALLS_IN_BINS:
+        return f"balls-in-bins sampling in {args.bins} bins"
     if args.sampling == CYCLIC_POISSON:
         return f"cyclic Poisson sampling of {args.cohort} from {args.population} in {args.bands} groups"
     if args.sampling != CYCLIC:
@@ -252,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         _fail(str(err))
     try:
-        out = _epsilon(args, sampler) if args.command == "epsilon" else _noise(args, sampler)
+        out = {"epsilon": _epsilon, "noise": _noise, "delta": _delta}[args.command](args, sampler)
     except ConfigError as err:
         _fail(f"{args.mechanism} mechanism with {args.sampling} sampling: {err}")
     print(json_text(out) if args.json else _human(args, out))

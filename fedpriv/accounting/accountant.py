@@ -11,6 +11,11 @@ that event to ``dp_accounting``:
   discretisation, so still an upper bound). Calibration searches on coarser (also pessimistic)
   discretisations first and only checks its answer at 1e-4, so it needs few fine evaluations.
 
+* ``"mc"``: the Monte-Carlo accountant of :mod:`fedpriv.accounting.monte_carlo`, for the one event
+  dp_accounting has no interpretation of — ``BallsInBinsDpEvent`` (a Toeplitz matrix mechanism
+  under balls-in-bins participation) — and for nothing else. Its ε is an upper bound that holds
+  with a stated confidence over its own public samples (``MonteCarloSettings``).
+
 Anything an accountant cannot interpret raises :class:`~fedpriv.errors.ConfigError` (fail closed):
 a number is never produced for an event that was not actually accounted.
 """
@@ -25,12 +30,14 @@ from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 from scipy import optimize
 
+from fedpriv.accounting import monte_carlo
+from fedpriv.accounting.monte_carlo import MC, BallsInBinsDpEvent, MonteCarloSettings
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import RELATION_NAMES
 
 RDP = "rdp"
 PLD = "pld"
-ACCOUNTANTS = (RDP, PLD)
+ACCOUNTANTS = (RDP, PLD, MC)
 PLD_VALUE_DISCRETIZATION = 1e-4
 PLD_SEARCH_DISCRETIZATIONS = (1e-2, 1e-3)  # calibration's coarse passes; the answer is checked at 1e-4
 ADD_OR_REMOVE_ONE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -76,8 +83,11 @@ def relation_name(relation: Relation) -> str:
 def make_accountant(accountant: str, relation: Relation = ADD_OR_REMOVE_ONE,
                     discretization: float = PLD_VALUE_DISCRETIZATION) -> dp_accounting.PrivacyAccountant:
     """A fresh (empty) dp_accounting accountant of the named kind (``discretization``: PLD's
-    value discretization interval; anything but the default is for calibration's search only)."""
+    value discretization interval; anything but the default is for calibration's search only).
+    The Monte-Carlo accountant is not a dp_accounting accountant: it has none."""
     check_accountant(accountant)
+    if accountant == MC:
+        raise ConfigError("the mc accountant interprets BallsInBinsDpEvent only (no dp_accounting accountant)")
     if accountant == RDP:
         return RdpAccountant(neighboring_relation=relation)
     return PLDAccountant(neighboring_relation=relation, value_discretization_interval=discretization)
@@ -114,7 +124,7 @@ def _dp_accounting_reason(err: Exception) -> str:
 
 def _alternative_hint(event: dp_accounting.DpEvent, accountant: str, relation: Relation) -> str:
     """'; the X accountant supports it' when another accountant can interpret the event."""
-    others = [a for a in ACCOUNTANTS if a != accountant and make_accountant(a, relation).supports(event)]
+    others = [a for a in (RDP, PLD) if a != accountant and make_accountant(a, relation).supports(event)]
     return f"; the {others[0]} accountant supports it" if others else ""
 
 
@@ -160,20 +170,41 @@ def pld_bytes(event: dp_accounting.DpEvent, discretization: float = PLD_VALUE_DI
     return points * _PLD_BYTES_PER_POINT
 
 
+def _monte_carlo_event(event: dp_accounting.DpEvent, accountant: str, relation: Relation) -> bool:
+    """Whether ``event`` goes to the Monte-Carlo accountant; ConfigError for a pair that cannot be
+    accounted (a balls-in-bins event elsewhere, another event there, replace-one neighbouring)."""
+    if isinstance(event, BallsInBinsDpEvent) != (accountant == MC):
+        if accountant == MC:
+            raise ConfigError(f"the mc accountant accounts balls-in-bins participation only "
+                              f"(sampling=balls_in_bins), not {describe_event(event)}: use rdp or pld")
+        raise ConfigError(f"balls-in-bins participation has no {accountant} accounting in dp_accounting: use "
+                          "the Monte-Carlo accountant (privacy.accountant=mc, or --accountant mc)")
+    if accountant == MC and relation == dp_accounting.NeighboringRelation.REPLACE_ONE:
+        raise ConfigError("the balls-in-bins dominating pair is stated for add/remove-one and zero-out "
+                          "neighbouring, not replace-one")
+    return accountant == MC
+
+
 def compute_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str = RDP,
                     relation: Relation = ADD_OR_REMOVE_ONE,
-                    discretization: float = PLD_VALUE_DISCRETIZATION) -> float:
+                    discretization: float = PLD_VALUE_DISCRETIZATION,
+                    monte_carlo_settings: MonteCarloSettings | None = None) -> float:
     """ε at ``delta`` of ``event`` under ``relation``, as computed by the named accountant.
 
     Pass the relation the mechanism states (``mechanism.neighboring_relation(sampler)``): the
     event's noise multiplier is per unit of sensitivity *under that relation*. A
     ``NonPrivateDpEvent`` anywhere gives ``math.inf``. Raises ``ConfigError`` if the accountant
     cannot interpret the event (e.g. ``SampledWithoutReplacementDpEvent`` under PLD).
+    ``monte_carlo_settings``: the mc accountant's (default ``MonteCarloSettings()``).
     """
     check_delta(delta)
     check_accountant(accountant)
     if is_non_private(event):
         return math.inf
+    if isinstance(event, dp_accounting.NoOpDpEvent):
+        return 0.0
+    if _monte_carlo_event(event, accountant, relation):
+        return monte_carlo.epsilon(event, delta, monte_carlo_settings or MonteCarloSettings())
     if accountant == PLD and (need := pld_bytes(event, discretization)) > PLD_MEMORY_LIMIT:
         raise AccountingTooCostly(
             f"the pld accountant would need ~{need / 2**30:.1f} GB for {describe_event(event)} (limit "
@@ -258,7 +289,8 @@ class SelfComposition:
 
 def calibrate_noise_multiplier(make_event: EventMaker, target_epsilon: float, delta: float,
                                accountant: str = RDP, relation: Relation = ADD_OR_REMOVE_ONE,
-                               rtol: float = CALIBRATION_RTOL) -> float:
+                               rtol: float = CALIBRATION_RTOL,
+                               monte_carlo_settings: MonteCarloSettings | None = None) -> float:
     """Smallest noise multiplier σ (to relative tolerance ``rtol``) with ε(make_event(σ)) ≤ target.
 
     Assumes ε is non-increasing in σ (true for Gaussian-based events). Brackets σ by doubling or
@@ -270,10 +302,15 @@ def calibrate_noise_multiplier(make_event: EventMaker, target_epsilon: float, de
     ``lambda s: mechanism.dp_event(sampler, rounds, noise_multiplier=s)``.
     Raises ``ConfigError`` if even σ = 1e6 does not reach the target (e.g. below RDP's floor set by
     its largest order) or if the event cannot be accounted.
+
+    The mc accountant searches its own public grid of σ instead (:func:`monte_carlo.calibrate`:
+    every grid point is a candidate its confidence is shared over); ``rtol`` does not apply.
     """
     check_epsilon(target_epsilon)
     check_delta(delta)
     check_accountant(accountant)
+    if _monte_carlo_event(make_event(1.0), accountant, relation):
+        return monte_carlo.calibrate(make_event, target_epsilon, delta, monte_carlo_settings or MonteCarloSettings())
     start, step = 1.0, 2.0
     if accountant == PLD:  # cheap pessimistic passes first: the fine (reported) one starts next to its answer
         for coarse in PLD_SEARCH_DISCRETIZATIONS:

@@ -22,9 +22,11 @@ from typing import Any, Protocol
 
 import dp_accounting
 
+from fedpriv.accounting import monte_carlo
 from fedpriv.accounting.accountant import (PLD, PLD_VALUE_DISCRETIZATION, RDP, SelfComposition,
                                            check_accountant, check_delta, check_epsilon, compute_epsilon,
                                            is_non_private, relation_name)
+from fedpriv.accounting.monte_carlo import MC, BallsInBinsDpEvent, MonteCarloSettings
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.rundir import write_json
 from fedpriv.sampling import Sampler
@@ -32,6 +34,7 @@ from fedpriv.sampling import Sampler
 LEDGER_FORMAT = 1
 PRIVACY_FILE = "privacy.json"
 BUDGET_SLACK = 1e-9  # relative slack when comparing spent ε with the target
+MC_PREFIX_CHECKPOINTS = 10  # Monte-Carlo accounting: ε is claimed at this many prefixes of the planned run
 
 
 class AccountedMechanism(Protocol):
@@ -59,6 +62,8 @@ def sampling_dict(sampler: Sampler) -> dict[str, Any]:
     """privacy.json's ``sampling``; for the Poisson-type samplers also what fixed the rate."""
     out = {"kind": sampler.kind, "rate": float(sampler.rate), "population": int(sampler.population),
            "expected_cohort": float(sampler.expected_cohort)}
+    if hasattr(sampler, "bins"):
+        out["bins"] = int(sampler.bins)
     if getattr(sampler, "rate_from_data", False):
         out["rate_fixed_by"] = ("the dataset's own count (no public population was configured): neighbours keep "
                                 "the population size, so the relation is zero-out")
@@ -99,7 +104,8 @@ class PrivacyLedger:
                  accountant: str = RDP, target_epsilon: float | None = None,
                  planned_rounds: int | None = None, non_private_reason: str | None = None,
                  randomness: dict[str, Any] | None = None, query: dict[str, Any] | None = None,
-                 audit: dict[str, Any] | None = None, dimension: int | None = None) -> None:
+                 audit: dict[str, Any] | None = None, dimension: int | None = None,
+                 monte_carlo_settings: MonteCarloSettings | None = None) -> None:
         self.mechanism = mechanism
         self.dimension = dimension  # coordinates of the noised update (the trained parameters)
         self.sampler = sampler
@@ -116,6 +122,8 @@ class PrivacyLedger:
         self._round_indices: list[int] = []
         self._cache: dict[int, float] = {0: 0.0}
         self._compositions: dict[str, SelfComposition] = {}
+        self.monte_carlo = (monte_carlo_settings or MonteCarloSettings()) if accountant == MC else None
+        self._claims: dict[int, dict[str, Any]] = {}  # Monte Carlo: prefix checkpoint -> its claim
         self.epsilon(1)  # fail closed now if this mechanism/sampler/accountant cannot be accounted
 
     # ------------------------------------------------------------ accounting
@@ -145,16 +153,53 @@ class PrivacyLedger:
         return self._cache[n]
 
     def _epsilon(self, n: int) -> float:
-        """A self-composed event (every round the same event: the amplified mechanisms) goes
+        """The Monte-Carlo accountant claims ε at a few prefixes of the planned run
+        (:meth:`_claim`); other self-composed events go through their :class:`SelfComposition`;
+        the rest are computed directly.
+
+        A self-composed event (every round the same event: the amplified mechanisms) goes
         through its :class:`SelfComposition`, so round n costs one round; other events (a Gaussian
         of total sensitivity, the single-epoch tree) are closed forms and computed directly."""
         event = self.mechanism.dp_event(self.sampler, n)
+        if isinstance(event, BallsInBinsDpEvent) and self.monte_carlo is not None:
+            eps = self._claim(self._checkpoint(n))["epsilon"]
+            if self.planned_rounds and n <= self.planned_rounds:  # never above the whole run's claim
+                eps = min(eps, self._claim(self.planned_rounds)["epsilon"])
+            return eps
         if isinstance(event, dp_accounting.SelfComposedDpEvent) and not is_non_private(event):
             key = repr(event.event)
             if key not in self._compositions:
                 self._compositions[key] = SelfComposition(event.event, self.delta, self.accountant, self.relation)
             return self._compositions[key].epsilon(event.count)
         return compute_epsilon(event, self.delta, self.accountant, self.relation)
+
+    def _checkpoint(self, n: int) -> int:
+        """The prefix whose claim covers ``n`` rounds: the smallest checkpoint ≥ n (a release of n
+        rounds is a post-processing of any longer one, so its ε is at most that prefix's), or n.
+        Each claim is a bound from its own samples, so a prefix's may come out above the planned
+        run's: ``_epsilon`` reports the smaller of the two (both bounds on it, each holding at the
+        stated confidence)."""
+        planned = self.planned_rounds
+        if not planned or n > planned:
+            return n
+        marks = sorted({math.ceil(planned * i / MC_PREFIX_CHECKPOINTS) for i in range(1, MC_PREFIX_CHECKPOINTS + 1)})
+        return next(c for c in marks if c >= n)
+
+    def _claim(self, n: int) -> dict[str, Any]:
+        """The Monte-Carlo claim for ``n`` rounds: ε (the bound) and its point estimate, and δ
+        at that ε, estimate and bound (cached: each prefix is sampled once per run)."""
+        if n not in self._claims:
+            assert self.monte_carlo is not None
+            event = self.mechanism.dp_event(self.sampler, n)
+            monte_carlo.check_resolvable(self.delta, self.monte_carlo)
+            samples = monte_carlo.LossSamples(event, self.monte_carlo, self.delta)
+            eps = samples.epsilon(self.delta)
+            at = samples.delta(eps) if math.isfinite(eps) else None
+            self._claims[n] = {"rounds": n, "epsilon": eps,
+                               "epsilon_estimate": samples.epsilon(self.delta, estimate=True),
+                               "delta_estimate": None if at is None else at.estimate,
+                               "delta_upper": None if at is None else at.upper}
+        return self._claims[n]
 
     def reported_epsilon(self, rounds: int | None = None) -> float:
         """The ε every output reports: ∞ when the run is non-private for any reason (σ = 0, or an
@@ -205,6 +250,13 @@ class PrivacyLedger:
             extra["clipping"] = self.query
         if self.audit is not None:
             extra["audit"] = self.audit
+        if self.monte_carlo is not None and self.rounds_done and not is_non_private(self.dp_event()):
+            claim = dict(self._claim(self._checkpoint(self.rounds_done)))
+            if self.planned_rounds and self.rounds_done <= self.planned_rounds:  # the claim behind the ε reported
+                claim = min(claim, dict(self._claim(self.planned_rounds)), key=lambda c: c["epsilon"])
+            claim["epsilon"] = json_epsilon(claim["epsilon"])
+            claim["epsilon_estimate"] = json_epsilon(claim["epsilon_estimate"])
+            extra["monte_carlo_claim"] = claim
         return {
             "epsilon": json_epsilon(eps),
             "non_private": math.isinf(eps),
@@ -274,12 +326,17 @@ class PrivacyLedger:
                 f"to {self.mechanism.noise_multiplier} after the privacy ledger was created")
 
     def _accountant_settings(self) -> dict[str, Any]:
+        if self.monte_carlo is not None:
+            return self.monte_carlo.describe(self.delta)
         if self.accountant == PLD:
             return {"value_discretization_interval": PLD_VALUE_DISCRETIZATION}
         return {"rdp_orders": "dp_accounting default (1.1..10.9, 11..63, 128, 256, 512, 1024)"}
 
     def _config(self) -> dict[str, Any]:
-        return {"mechanism": self.mechanism.name, "noise_multiplier": self.noise_multiplier,
-                "sampling": sampling_dict(self.sampler), "delta": self.delta,
-                "accountant": self.accountant, "neighboring_relation": relation_name(self.relation),
-                "target_epsilon": self.target_epsilon, "planned_rounds": self.planned_rounds}
+        config = {"mechanism": self.mechanism.name, "noise_multiplier": self.noise_multiplier,
+                  "sampling": sampling_dict(self.sampler), "delta": self.delta,
+                  "accountant": self.accountant, "neighboring_relation": relation_name(self.relation),
+                  "target_epsilon": self.target_epsilon, "planned_rounds": self.planned_rounds}
+        if self.monte_carlo is not None:
+            config["monte_carlo"] = self.monte_carlo.describe(self.delta)
+        return config

@@ -17,7 +17,10 @@ Sensitivity: a user taking part k times with at least b rounds between participa
 separated) touches k columns with disjoint supports, so sens² = k (checked against brute force
 over participation patterns in the tests). Accounting without amplification: a Gaussian with
 multiplier σ/√k; with cyclic Poisson sampling (b groups, round t Poisson-samples group t mod b):
-⌈n/b⌉ × ``PoissonSampledDpEvent(p, GaussianDpEvent(σ))`` under add/remove-one.
+⌈n/b⌉ × ``PoissonSampledDpEvent(p, GaussianDpEvent(σ))`` under add/remove-one. With
+balls-in-bins sampling (any number of bins, any bands): one ``BallsInBinsDpEvent`` of C's first
+column, accounted by Monte Carlo; C must then be Toeplitz (``strategy=toeplitz``, what ``auto``
+picks for this sampler) and non-negative, as the analysis requires.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from fedpriv.mechanisms.analysis import lbfgs_minimize, prefix_mse, toeplitz_mat
 from fedpriv.mechanisms.base import ZERO_OUT, amplified_relation, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
-from fedpriv.sampling import CYCLIC, CYCLIC_POISSON, GroupedPoissonPattern, Sampler, SeparatedPattern
+from fedpriv.accounting.monte_carlo import BallsInBinsDpEvent
+from fedpriv.sampling import (CYCLIC, CYCLIC_POISSON, BallsInBinsPattern, GroupedPoissonPattern, Sampler,
+                              SeparatedPattern)
 from fedpriv.schema import MechanismOption, positive, register_option
 
 log = logging.getLogger(__name__)
@@ -252,7 +257,7 @@ class BandMFMechanism(CorrelatedMechanism):
 
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
         self._check_sampler(sampler)
-        if isinstance(sampler, GroupedPoissonPattern):
+        if isinstance(sampler, (GroupedPoissonPattern, BallsInBinsPattern)):
             return amplified_relation(sampler)
         return ZERO_OUT
 
@@ -269,8 +274,24 @@ class BandMFMechanism(CorrelatedMechanism):
                 raise ConfigError(f"cyclic Poisson sampling has {sampler.groups} groups but BandMF has "
                                   f"{self.bands} bands; they must be equal")
             return
+        if isinstance(sampler, BallsInBinsPattern):
+            return
         raise ConfigError(f"the BandMF mechanism is accounted with sampling=cyclic (b-min-separated, no "
-                          f"amplification) or sampling=cyclic_poisson, not sampling={sampler.kind}")
+                          f"amplification), sampling=cyclic_poisson or sampling=balls_in_bins, not "
+                          f"sampling={sampler.kind}")
+
+    def toeplitz_column(self, rounds: int) -> tuple[float, ...]:
+        """C's first column over ``rounds`` rounds (its b bands), after checking that C is Toeplitz
+        on them: every diagonal constant (what the balls-in-bins analysis is stated for here)."""
+        c = self.strategy[:rounds, :rounds]
+        column = []
+        for k in range(min(self.bands, rounds)):
+            diagonal = torch.diagonal(c, offset=-k)
+            if not torch.allclose(diagonal, diagonal[0].expand_as(diagonal), rtol=1e-12, atol=0.0):
+                raise ConfigError("balls-in-bins accounting of BandMF needs a Toeplitz C: set "
+                                  "mechanism.strategy=toeplitz (auto picks it for sampling=balls_in_bins)")
+            column.append(float(diagonal[0]))
+        return tuple(column)
 
     def accounting_details(self, sampler: Sampler, rounds: int) -> dict:
         """Nothing beyond the event: it is exact for this mechanism."""
@@ -283,6 +304,8 @@ class BandMFMechanism(CorrelatedMechanism):
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         if (trivial := trivial_event(sigma, rounds)) is not None:
             return trivial
+        if isinstance(sampler, BallsInBinsPattern):
+            return BallsInBinsDpEvent(sigma, rounds, sampler.bins, self.toeplitz_column(rounds))
         if isinstance(sampler, GroupedPoissonPattern):
             per_user = -(-rounds // self.bands)
             return dp_accounting.SelfComposedDpEvent(
@@ -335,6 +358,7 @@ class BandMFNoise(MechanismOption):
         """The default 16 bands, where they do not fit: at most ``rounds``, and under cyclic or
         cyclic-Poisson sampling at most population // cohort_size (the groups, or the rounds between
         two participations, that the population allows)."""
+        # balls-in-bins accounts any band count: only the rounds bound it there
         largest = min(rounds, population // cohort_size) if sampling in (CYCLIC, CYCLIC_POISSON) else rounds
         if self.bands != BandMFNoise.bands or self.bands <= largest or largest < 1:
             return self
@@ -344,8 +368,11 @@ class BandMFNoise(MechanismOption):
               sampler=None):
         if not rounds:
             raise ConfigError("the BandMF mechanism needs the number of rounds")
+        kind = self.strategy
+        if kind == "auto" and isinstance(sampler, BallsInBinsPattern):
+            kind = "toeplitz"  # the Monte-Carlo accounting of balls-in-bins is stated for a Toeplitz C
         return BandMFMechanism(noise_multiplier, clip_norm, rounds=int(rounds), bands=self.bands, noise=noise,
-                               kind=self.strategy, iterations=self.iterations)
+                               kind=kind, iterations=self.iterations)
 
 
 register_option("mechanism", "bandmf", BandMFNoise())

@@ -32,7 +32,12 @@ rounds and the sampler's pattern over them (``mechanism.buffers``: a count, or `
 sampling (k = ⌈T/blocks⌉ participations, blocks − 1 rounds apart), the only sampler that
 guarantees one; the accounting takes the same pattern and states
 ``GaussianDpEvent(σ / √sens²(k, s))`` under zero-out neighbouring, for each prefix of rounds
-with the prefix's own k and coefficients. Other samplers are refused.
+with the prefix's own k and coefficients. Under balls-in-bins sampling (participations exactly
+``bins`` rounds apart at a secret phase) the strategy is optimised for k = ⌈T/bins⌉ participations
+``bins − 1`` rounds apart, and the T rounds are one ``BallsInBinsDpEvent`` of C's first column
+(c_0 … c_{T−1}, taken as is), accounted by Monte Carlo: the analysis ("Near exact privacy
+amplification for matrix mechanisms") covers any lower-triangular non-negative C, banded or not,
+and BLT's C is non-negative (ω > 0, θ ∈ (0, 1)). Other samplers are refused.
 """
 
 from __future__ import annotations
@@ -50,10 +55,11 @@ import torch
 from fedpriv.cache import cache_root, load_entry, save_entry
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.analysis import lbfgs_minimize, toeplitz_matrix, toeplitz_prefix_column
-from fedpriv.mechanisms.base import ZERO_OUT, trivial_event
+from fedpriv.mechanisms.base import ZERO_OUT, amplified_relation, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
-from fedpriv.sampling import CYCLIC, Sampler, SeparatedPattern
+from fedpriv.accounting.monte_carlo import BallsInBinsDpEvent
+from fedpriv.sampling import CYCLIC, BallsInBinsPattern, Sampler, SeparatedPattern
 from fedpriv.schema import MechanismOption, positive, register_option
 
 log = logging.getLogger(__name__)
@@ -227,6 +233,8 @@ def planned_params(n: int, buffers: int | None, kind: str, iterations: int, part
 def sampler_pattern(sampler: Sampler | None, rounds: int) -> tuple[int, int]:
     """``(k, s)`` of a cyclic sampler over ``rounds`` rounds; ``(1, 0)`` without one (or for a sampler
     BLT cannot be accounted with: the accounting refuses it, the strategy need not)."""
+    if isinstance(sampler, BallsInBinsPattern):
+        return -(-rounds // sampler.bins), sampler.bins - 1
     if not isinstance(sampler, SeparatedPattern):
         return 1, 0
     return int(sampler.max_participations(rounds)), int(sampler.min_separation)
@@ -286,12 +294,13 @@ class BLTMechanism(CorrelatedMechanism):
 
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
         self._check_sampler(sampler)
-        return ZERO_OUT
+        return amplified_relation(sampler) if isinstance(sampler, BallsInBinsPattern) else ZERO_OUT
 
     def _check_sampler(self, sampler: Sampler) -> None:
-        if not isinstance(sampler, SeparatedPattern):
+        if not isinstance(sampler, (SeparatedPattern, BallsInBinsPattern)):
             raise ConfigError(f"the BLT mechanism is accounted with sampling=cyclic (participations a fixed number "
-                              f"of rounds apart, no amplification), not sampling={sampler.kind}")
+                              f"of rounds apart, no amplification) or sampling=balls_in_bins (Monte Carlo), "
+                              f"not sampling={sampler.kind}")
 
     def sensitivity_sq(self, sampler: Sampler, rounds: int) -> float:
         """sens² of the first ``rounds`` rounds for the sampler's pattern (closed form)."""
@@ -300,6 +309,11 @@ class BLTMechanism(CorrelatedMechanism):
         return float(sensitivity_sq(self.params.coefficients(rounds), k, sampler.min_separation))
 
     def accounting_details(self, sampler: Sampler, rounds: int) -> dict:
+        if isinstance(sampler, BallsInBinsPattern):
+            self._check_sampler(sampler)
+            return {"blt_buffers": self.params.buffers,
+                    "blt_optimised_for": {"rounds": self.rounds, "participations": self.pattern[0],
+                                          "min_separation": self.pattern[1], "error": self.error_kind}}
         return {"blt_sensitivity_sq": self.sensitivity_sq(sampler, rounds), "blt_buffers": self.params.buffers,
                 "blt_optimised_for": {"rounds": self.rounds, "participations": self.pattern[0],
                                       "min_separation": self.pattern[1], "error": self.error_kind}}
@@ -310,6 +324,9 @@ class BLTMechanism(CorrelatedMechanism):
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         if (trivial := trivial_event(sigma, rounds)) is not None:
             return trivial
+        if isinstance(sampler, BallsInBinsPattern):
+            column = tuple(float(c) for c in self.params.coefficients(rounds).tolist())
+            return BallsInBinsDpEvent(sigma, rounds, sampler.bins, column)
         return dp_accounting.GaussianDpEvent(sigma / math.sqrt(self.sensitivity_sq(sampler, rounds)))
 
     def state_dict(self) -> dict:

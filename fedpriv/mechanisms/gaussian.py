@@ -3,7 +3,9 @@
 Round t releases ``sum_u clip(Δ_u, C) + N(0, σ² C² I)``. With Poisson sampling of rate q this is
 ``PoissonSampledDpEvent(q, GaussianDpEvent(σ))`` per round under add/remove-one. With fixed-size
 sampling without replacement the relation is replace-one, under which the sum's L2 sensitivity is
-2C, so the event carries the multiplier σ/2 per unit of sensitivity.
+2C, so the event carries the multiplier σ/2 per unit of sensitivity. With balls-in-bins sampling
+the T rounds are one ``BallsInBinsDpEvent`` with ``C = I`` (strategy column ``(1,)``), accounted by
+Monte Carlo (:mod:`fedpriv.accounting.monte_carlo`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.base import REPLACE_ONE, NoiseMechanism, amplified_relation, require_noise
-from fedpriv.sampling import POISSON, FixedSizePattern, PoissonPattern, Sampler
+from fedpriv.mechanisms.base import REPLACE_ONE, NoiseMechanism, amplified_relation, require_noise, trivial_event
+from fedpriv.accounting.monte_carlo import BallsInBinsDpEvent
+from fedpriv.sampling import POISSON, BallsInBinsPattern, FixedSizePattern, PoissonPattern, Sampler
 from fedpriv.schema import MechanismOption, register_option
 
 class GaussianMechanism(NoiseMechanism):
@@ -45,7 +48,7 @@ class GaussianMechanism(NoiseMechanism):
         return torch.eye(rounds, dtype=torch.float64)
 
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
-        if isinstance(sampler, PoissonPattern):
+        if isinstance(sampler, (PoissonPattern, BallsInBinsPattern)):
             return amplified_relation(sampler)
         if isinstance(sampler, FixedSizePattern):
             return REPLACE_ONE
@@ -71,6 +74,11 @@ class GaussianMechanism(NoiseMechanism):
 
     def dp_event(self, sampler: Sampler, rounds: int, noise_multiplier: float | None = None) -> dp_accounting.DpEvent:
         """The DpEvent of ``rounds`` rounds: the one source of truth the accountant composes."""
+        if isinstance(sampler, BallsInBinsPattern):
+            sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+            if (trivial := trivial_event(sigma, rounds)) is not None:
+                return trivial
+            return BallsInBinsDpEvent(sigma, rounds, sampler.bins, (1.0,))
         return dp_accounting.SelfComposedDpEvent(self.round_event(sampler, noise_multiplier), rounds)
 
 

@@ -133,6 +133,30 @@ class AdaptiveClipping(Section):
 
 
 @dataclass
+class MonteCarloAccounting(Section):
+    """``privacy.mc``: the Monte-Carlo accountant (``privacy.accountant=mc``; balls-in-bins sampling),
+    fedpriv/accounting/monte_carlo.py. Its samples are public: they only decide how tight the claim is."""
+
+    samples: Optional[int] = None  # per direction of the dominating pair; null: 50 / delta
+    confidence: float = 0.999  # probability, over the accountant's samples, that the claimed epsilon holds
+    seed: int = 0  # public seed of the accountant's samples (not the run's randomness)
+
+    def check(self, path: str) -> None:
+        from fedpriv.accounting.monte_carlo import MonteCarloSettings
+
+        in_unit_interval(self, "confidence", path, closed_right=False)
+        nonnegative(self, "seed", path=path)
+        if self.samples is not None and self.samples < 100:
+            _fail(_key(path, "samples"), "null (50/delta) or at least 100", self.samples)
+        MonteCarloSettings(self.samples, self.confidence, self.seed)  # its own validator, once
+
+    def settings(self):
+        from fedpriv.accounting.monte_carlo import MonteCarloSettings
+
+        return MonteCarloSettings(self.samples, self.confidence, self.seed)
+
+
+@dataclass
 class Privacy(Section):
     """``privacy``: the user-level guarantee and how its randomness is drawn."""
 
@@ -142,7 +166,8 @@ class Privacy(Section):
     clip_norm: float = 0.5  # user-level L2 bound on each client delta (adaptive: the initial bound C_0)
     clipping: Literal["fixed", "adaptive"] = "fixed"  # adaptive: the bound follows a quantile of the norms
     adaptive: AdaptiveClipping = field(default_factory=AdaptiveClipping)
-    accountant: Literal["rdp", "pld"] = "rdp"
+    accountant: Literal["rdp", "pld", "mc"] = "rdp"  # mc: Monte Carlo, for sampling=balls_in_bins
+    mc: MonteCarloAccounting = field(default_factory=MonteCarloAccounting)
     secure_rng: Optional[bool] = None  # true: secure mode; false: research mode; null: secure for deployments
     # research mode only. config: the key covers the run's computing config (no two runs that differ
     # share randomness); seed: the key is the seed's alone, so runs of one seed share cohorts and
@@ -161,7 +186,8 @@ class Privacy(Section):
             _fail(_key(path, "target_epsilon"), "finite", self.target_epsilon)  # also beside a fixed sigma
 
     def inert_fields(self) -> tuple[str, ...]:
-        return ("adaptive",) if self.clipping == "fixed" else ()  # a fixed clip reads no adaptive key
+        inert = ("adaptive",) if self.clipping == "fixed" else ()  # a fixed clip reads no adaptive key
+        return inert + (("mc",) if self.accountant != "mc" else ())  # only the mc accountant reads mc
 
 
 @dataclass
