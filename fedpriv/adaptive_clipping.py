@@ -32,6 +32,20 @@ is constant (it is nearly so once the bound has converged). Under correlated noi
 noise is the mechanism's residual on its coordinate, so its std is σ_b times that residual's
 (larger than σ_b for the tree, BandMF and BLT).
 
+**The server step (``privacy.adaptive.step``).** ``bound`` (Andrew et al.): the release is
+multiplied back by C_t, so the step — signal and noise alike — grows with the bound. At strong
+privacy this feeds back: a larger bound adds more noise to the model, the noisier model's users
+send larger updates, the bound follows them (measured: C_t reached 10³–10⁶ at ε = 2, docs/RESULTS.md).
+``normalized`` (the default): the release is multiplied by the fixed public scale
+S = ``privacy.clip_norm`` instead, ``S·(Σ_u c_u/C_t + z)/D``: every user's contribution to the step
+has norm ≤ S whatever C_t is, and the noise on the step has the fixed std S·z_Δ/D, so the bound can
+no longer amplify the noise; C_t only decides which users are clipped and which are scaled by
+1/C_t (the "server step scaled by the current bound"; cf. "Automatic Clipping: Differentially
+Private Deep Learning Made Easier and Stronger", Bu et al. 2023, where normalising makes the clip
+threshold redundant with the learning rate). The bound starts at ``privacy.adaptive.initial_bound``
+(null: S). Multiplying by S/C_t (public, from earlier releases) is post-processing of the same
+unit-sensitivity release: the accounting is unchanged.
+
 Assumptions: the bits are computed by the curator from the same deltas it clips (a client never
 reports one); rejected replies and audit canaries report no bit (they are out of the count, which
 only lowers it: a unit contributes 0 in place of ±½).
@@ -46,6 +60,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.schema import Privacy
 
 QUERY = "adaptive_clipping_joint_gaussian"  # how privacy.json names the (sum, count) query
+STEPS = ("normalized", "bound")  # privacy.adaptive.step (module docstring)
 
 
 def update_noise_multiplier(sigma: float, count_noise: float) -> float:
@@ -76,10 +91,22 @@ class AdaptiveClip:
     count_noise: float  # σ_b
     sigma: float  # the mechanism's (accounted) noise multiplier σ
     initial: float = 0.0  # C_0 (set from ``bound`` when left 0)
+    server_step: str = STEPS[0]  # "normalized": the release is scaled by ``scale``/C_t; "bound": as is (docstring)
+    scale: float = 0.0  # S, the fixed step scale of "normalized" (set from ``initial`` when left 0)
 
     def __post_init__(self) -> None:
         self.update_multiplier = update_noise_multiplier(self.sigma, self.count_noise)
         self.initial = self.initial or self.bound
+        self.scale = self.scale or self.initial
+        if self.server_step not in STEPS:
+            raise ConfigError(f"unknown adaptive clipping step {self.server_step!r} (choose one of: "
+                              f"{', '.join(STEPS)})")
+
+    @property
+    def release_factor(self) -> float:
+        """What multiplies the round's release (already scaled back by C_t): 1 for ``bound``,
+        S/C_t for ``normalized`` (public: C_t comes from earlier releases)."""
+        return 1.0 if self.server_step == "bound" else self.scale / self.bound
 
     @property
     def update_scale(self) -> float:
@@ -106,6 +133,8 @@ class AdaptiveClip:
     def describe(self) -> dict:
         """What privacy.json states about the query."""
         return {"clipping": "adaptive", "query": QUERY, "initial_clip_norm": self.initial,
+                "server_step": self.server_step,
+                **({"step_scale": self.scale} if self.server_step == "normalized" else {}),
                 "target_quantile": self.target_quantile, "learning_rate": self.learning_rate,
                 "count_noise_std": self.count_noise, "update_noise_multiplier": self.update_multiplier,
                 "joint_noise_multiplier": (joint_multiplier(self.update_multiplier, self.count_noise)
@@ -131,5 +160,7 @@ def build_adaptive_clip(privacy: Privacy, sigma: float, expected_cohort: float, 
                           "fixed clip bound: use privacy.clipping=fixed with it")
     spec = privacy.adaptive
     count_noise = float(expected_cohort) / 20.0 if spec.count_noise is None else float(spec.count_noise)
-    return AdaptiveClip(bound=float(privacy.clip_norm), target_quantile=float(spec.target_quantile),
-                        learning_rate=float(spec.learning_rate), count_noise=count_noise, sigma=float(sigma))
+    initial = float(privacy.clip_norm if spec.initial_bound is None else spec.initial_bound)
+    return AdaptiveClip(bound=initial, target_quantile=float(spec.target_quantile),
+                        learning_rate=float(spec.learning_rate), count_noise=count_noise, sigma=float(sigma),
+                        initial=initial, server_step=spec.step, scale=float(privacy.clip_norm))

@@ -89,6 +89,9 @@ def privatize(agg: RoundAggregate, noise: torch.Tensor, plan: QueryPlan, mechani
     update = agg.privatize(noise * (plan.update_noise_factor * unit), denominator)
     if scale is not None:
         update = update / scale
+    if clip is not None and clip.release_factor != 1.0:  # normalized step: S/C_t, public (post-processing)
+        update = update * clip.release_factor
+        unit = unit * clip.release_factor
     release = RoundRelease(update=update)
     if clip is not None:
         release.unclipped_fraction = clip.unclipped_fraction(agg.accepted, agg.clipped, count_noise, denominator)

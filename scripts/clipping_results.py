@@ -2,7 +2,11 @@
 mechanism, the tuned fixed clip 0.5 and adaptive clipping (γ = 0.5, η_C = 0.2, σ_b = cohort/20,
 C₀ = 0.5), at ε = 8 and ε = 2; plus adaptive clipping started from C₀ = 0.05 and C₀ = 5
 (independent Gaussian noise, ε = 8), and adaptive clipping with the target quantile γ = 0.1
-(every mechanism at ε = 2; the tree and independent noise at ε = 8).
+(every mechanism at ε = 2; the tree and independent noise at ε = 8). Those adaptive rows use
+Andrew et al.'s server step (``privacy.adaptive.step=bound``: the step scales with C_t). Issue 30's
+rows ``…-adaptive-norm…`` use the default ``step=normalized`` (the step scaled by S/C_t, S =
+``privacy.clip_norm`` = 0.5; fedpriv/adaptive_clipping.py) at ε = 8 and 2 for every mechanism, and
+from C₀ = 0.05 and 5 (``privacy.adaptive.initial_bound``) at ε = 8.
 
     python scripts/clipping_results.py [--out outputs/clipping] [--jobs 2] [--only NAME ...]
                                        [--table] [--plot PNG]
@@ -36,6 +40,7 @@ MECHANISMS = {"gaussian": ["mechanism=gaussian"], "tree": ["mechanism=tree", "sa
 EPSILONS = (8, 2)
 COLORS = {"gaussian": "tab:blue", "tree": "tab:orange", "bandmf": "tab:green", "blt": "tab:red"}
 STARTS = (0.05, 5.0)  # adaptive from these C₀ (gaussian, ε = 8)
+BOUND_STEP = "privacy.adaptive.step=bound"  # Andrew et al.'s step, the one issue 16's rows ran with
 LOW_QUANTILE = (("tree", 8, 0.1), ("gaussian", 8, 0.1), ("gaussian", 2, 0.1), ("tree", 2, 0.1), ("bandmf", 2, 0.1),
                 ("blt", 2, 0.1))  # adaptive with a lower target quantile γ
 
@@ -47,14 +52,22 @@ def runs() -> dict[str, list[str]]:
         for mech, over in MECHANISMS.items():
             base = [*over, f"privacy.target_epsilon={eps}"]
             out[f"{mech}-eps{eps}-fixed"] = base
-            out[f"{mech}-eps{eps}-adaptive"] = [*base, "privacy.clipping=adaptive"]
+            out[f"{mech}-eps{eps}-adaptive"] = [*base, "privacy.clipping=adaptive", BOUND_STEP]
     for c0 in STARTS:
         out[f"gaussian-eps8-adaptive-c{c0:g}"] = [*MECHANISMS["gaussian"], "privacy.target_epsilon=8",
-                                                  "privacy.clipping=adaptive", f"privacy.clip_norm={c0:g}"]
+                                                  "privacy.clipping=adaptive", f"privacy.clip_norm={c0:g}", BOUND_STEP]
     for mech, eps, quantile in LOW_QUANTILE:
         out[f"{mech}-eps{eps}-adaptive-q{quantile:g}"] = [*MECHANISMS[mech], f"privacy.target_epsilon={eps}",
                                                       "privacy.clipping=adaptive",
-                                                      f"privacy.adaptive.target_quantile={quantile:g}"]
+                                                      f"privacy.adaptive.target_quantile={quantile:g}", BOUND_STEP]
+    for eps in (2, 8):  # issue 30: the normalized step (the default)
+        for mech, over in MECHANISMS.items():
+            out[f"{mech}-eps{eps}-adaptive-norm"] = [*over, f"privacy.target_epsilon={eps}",
+                                                     "privacy.clipping=adaptive"]
+    for c0 in STARTS:
+        out[f"gaussian-eps8-adaptive-normc{c0:g}"] = [*MECHANISMS["gaussian"], "privacy.target_epsilon=8",
+                                                      "privacy.clipping=adaptive",
+                                                      f"privacy.adaptive.initial_bound={c0:g}"]
     return out
 
 
@@ -80,9 +93,12 @@ def table(out: Path) -> str:
         mech, eps, kind, *variant = name.split("-")
         rows = read_jsonl(out / name / "metrics.jsonl")
         adaptive = kind == "adaptive"
-        start = variant[0][1:] if variant and variant[0][0] == "c" else "0.5"
-        quantile = variant[0][1:] if variant and variant[0][0] == "q" else "0.5"
-        label = f"adaptive, C₀ = {start}, γ = {quantile}" if adaptive else "fixed 0.5"
+        normalized = bool(variant) and variant[0].startswith("norm")
+        tag = variant[0].removeprefix("norm") if variant else ""
+        start = tag[1:] if tag.startswith("c") else "0.5"
+        quantile = tag[1:] if tag.startswith("q") else "0.5"
+        step = "normalized step (S = 0.5)" if normalized else "step ∝ C_t"
+        label = f"adaptive, {step}, C₀ = {start}, γ = {quantile}" if adaptive else "fixed 0.5"
         clipped = [r["privatized_clipped_fraction"] for r in rows[-20:]] if adaptive else []
         final_c = f"{s['final_clip_norm']:.3g}" if adaptive else "0.5"
         frac = f"{sum(clipped) / len(clipped):.2f}" if clipped else "—"

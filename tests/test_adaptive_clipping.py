@@ -24,7 +24,8 @@ SMOKE = ("+experiment=smoke", "progress=false", "privacy.clipping=adaptive")
 
 def _clip(bound=0.5, sigma=1.2, count_noise=2.0, **kw) -> AdaptiveClip:
     return AdaptiveClip(bound=bound, target_quantile=kw.get("q", 0.5), learning_rate=kw.get("lr", 0.2),
-                        count_noise=count_noise, sigma=sigma)
+                        count_noise=count_noise, sigma=sigma, server_step=kw.get("step", "bound"),
+                        scale=kw.get("scale", 0.0))
 
 
 @pytest.mark.parametrize("sigma,count_noise", [(0.58, 7.5), (1.2, 2.0), (3.49, 1.8), (1.0, 0.51)])
@@ -189,3 +190,56 @@ def test_batched_book_keeping_rounds_clip_to_the_current_bound(tmp_path, algorit
     assert [bound for bound, _ in seen] == [r["clip_norm"] for r in rows] and len({b for b, _ in seen}) == 3
     for bound, engine in seen:  # Book-Keeping clips each unit's delta (−lr·g) to this round's bound
         assert engine == pytest.approx(bound, rel=1e-12)
+
+
+def test_normalized_step_is_the_bound_step_times_s_over_c_t():
+    """step=normalized releases S/C_t times what step=bound releases (post-processing by a public
+    factor): the update, and the noise std the plan reads; the count is untouched."""
+    d, denominator = 40, 6.0
+    gen = torch.Generator().manual_seed(2)
+    deltas = [torch.randn(d, generator=gen) * s for s in (0.05, 0.3, 2.0)]
+    releases = {}
+    for step in ("bound", "normalized"):
+        clip = _clip(bound=0.7, sigma=1.2, count_noise=2.0, step=step, scale=0.5)
+        mech = GaussianMechanism(1.2, 1.0, noise=NoiseStream.from_seed(3))
+        agg = RoundAggregate.zeros(d, clip.bound)
+        for delta in deltas:
+            agg.add(delta)
+        releases[step] = privatize(agg, mech.noise(0, (d + 1,)), QueryPlan(noise_std=True), mech, denominator,
+                                   clip=clip)
+    torch.testing.assert_close(releases["normalized"].update, releases["bound"].update * (0.5 / 0.7),
+                               rtol=1e-6, atol=1e-7)
+    assert releases["normalized"].noise_std == pytest.approx(releases["bound"].noise_std * 0.5 / 0.7, rel=1e-12)
+    assert releases["normalized"].unclipped_fraction == releases["bound"].unclipped_fraction
+
+
+@pytest.mark.parametrize("bound", [0.01, 1.0, 1000.0])
+def test_normalized_step_noise_does_not_grow_with_the_bound(bound):
+    """The feedback that made step=bound diverge at strong privacy: its step noise is C_t·z_Δ/D,
+    the normalized step's is S·z_Δ/D whatever C_t (here measured on 20,000 coordinates)."""
+    d = 20_000
+    clip = _clip(bound=bound, sigma=0.9, count_noise=1.5, step="normalized", scale=0.5)
+    mech = GaussianMechanism(0.9, 1.0, noise=NoiseStream.from_seed(4))
+    release = privatize(RoundAggregate.zeros(d, clip.bound), mech.noise(0, (d + 1,)), QueryPlan(), mech, 1.0,
+                        clip=clip)
+    assert float(release.update.std()) == pytest.approx(0.5 * clip.update_multiplier, rel=0.03)
+    bounded = _clip(bound=bound, sigma=0.9, count_noise=1.5, step="bound")
+    release = privatize(RoundAggregate.zeros(d, bounded.bound), mech.noise(1, (d + 1,)), QueryPlan(), mech, 1.0,
+                        clip=bounded)
+    assert float(release.update.std()) == pytest.approx(bound * bounded.update_multiplier, rel=0.03)
+
+
+def test_the_config_separates_the_initial_bound_from_the_step_scale():
+    from fedpriv.schema import Privacy
+
+    privacy = Privacy(clip_norm=0.5, clipping="adaptive")
+    privacy.adaptive.initial_bound = 5.0
+    clip = build_adaptive_clip(privacy, sigma=0.6, expected_cohort=150)
+    assert (clip.bound, clip.initial, clip.scale, clip.server_step) == (5.0, 5.0, 0.5, "normalized")
+    assert clip.release_factor == pytest.approx(0.1)
+    described = clip.describe()
+    assert described["server_step"] == "normalized" and described["step_scale"] == 0.5
+    privacy.adaptive.step = "bound"
+    privacy.adaptive.initial_bound = None
+    clip = build_adaptive_clip(privacy, sigma=0.6, expected_cohort=150)
+    assert (clip.bound, clip.release_factor) == (0.5, 1.0) and "step_scale" not in clip.describe()

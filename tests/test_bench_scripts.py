@@ -47,3 +47,4 @@ def test_gpt2_opacus_ghost_refusal_is_reported(bench):
     assert "Opacus ghost" in bench.REFUSED
     assert "tying" in bench.REFUSED["Opacus ghost"]
     bench.REFUSED.clear()
+

@@ -126,10 +126,14 @@ class AdaptiveClipping(Section):
     target_quantile: float = 0.5  # γ: the share of users the bound should leave unclipped
     learning_rate: float = 0.2  # η_C of C_{t+1} = C_t · exp(−η_C (b̃_t − γ))
     count_noise: Optional[float] = None  # σ_b, std of the privatized count (null: expected cohort / 20)
+    # normalized: the step is privacy.clip_norm x (sum of clipped updates / C_t + noise) / D, so a growing
+    # bound cannot grow the noise on the model; bound: the step scales with C_t (Andrew et al.)
+    step: Literal["normalized", "bound"] = "normalized"
+    initial_bound: Optional[float] = None  # C_0, the first round's bound (null: privacy.clip_norm)
 
     def check(self, path: str) -> None:
         in_unit_interval(self, "target_quantile", path, closed_right=False)
-        positive(self, "learning_rate", "count_noise", path=path)
+        positive(self, "learning_rate", "count_noise", "initial_bound", path=path)
 
 
 @dataclass

@@ -1,0 +1,35 @@
+"""The results scripts' own logic, cheaply: their runs are ones fedpriv accepts (preflight on
+the smoke data), and their tables read the rows they write."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def _script(name: str):
+    path = SCRIPTS / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_frontier_configurations_are_runs_fedpriv_accepts(tmp_path):
+    """Every configuration of scripts/frontier.py passes a run's preflight (the sampler/mechanism
+    pair accounted, σ calibrated) on the smoke data, and the table/best-of logic reads rows."""
+    from fedpriv.runner import preflight
+    from tests.conftest import compose_cfg
+
+    frontier = _script("frontier")
+    assert len(frontier.runs()) == len(frontier.CONFIGS) * len(frontier.EPSILONS) * len(frontier.CLIPPINGS)
+    for config, overrides in frontier.CONFIGS.items():
+        preflight(compose_cfg("+experiment=smoke", *overrides, "privacy.mc.samples=20000",
+                              run_dir=tmp_path / config))
+    rows = [{"config": "gaussian-bib", "epsilon": 2, "clipping": c, "accuracy": a, "loss": 4.0,
+             "noise_multiplier": 1.0, "claimed_epsilon": 2.0, "diverged": False}
+            for c, a in (("fixed", 0.15), ("adaptive", 0.16))]
+    assert frontier.best(rows)[("gaussian-bib", 2)]["clipping"] == "adaptive"
+    assert "| gaussian-bib | 2 | 0.1500 | 0.1600 | 1.000 | 0.1600 |" in frontier.table(rows)
