@@ -284,17 +284,21 @@ class DeltaBound:
 
 class LossSamples:
     """The privacy-loss samples of one event under ``settings`` (``settings.count(delta)`` per
-    direction, for claims at ``delta``): δ(ε) and ε(δ), point estimate and bound."""
+    direction, for claims at ``delta``): δ(ε) and ε(δ), point estimate and bound. ``bound_samples``
+    (calibration's first search only) computes the bound as if that many samples had given the
+    same mean: a projection for choosing a candidate, never a claim."""
 
     def __init__(self, event: BallsInBinsDpEvent, settings: MonteCarloSettings, delta: float,
-                 pair: _Pair | None = None) -> None:
+                 pair: _Pair | None = None, bound_samples: int | None = None) -> None:
         pair = pair or _Pair.of(event)
         self.event, self.settings, self.samples = event, settings, settings.count(delta)
+        # the n of the bound: the samples drawn, or (a search's projection only) a larger count
+        self.bound_samples = bound_samples or self.samples
         self.remove = _Direction(privacy_losses(event, self.samples, settings.seed, True, pair), 1.0)
         self.add = _Direction(privacy_losses(event, self.samples, settings.seed, False, pair), -1.0)
 
     def delta(self, epsilon: float) -> DeltaBound:
-        n, failure = self.samples, self.settings.claim_failure / 2
+        n, failure = self.bound_samples, self.settings.claim_failure / 2
         means = (self.remove.mean(epsilon), self.add.mean(epsilon))
         return DeltaBound(epsilon, max(means), max(kl_upper_bound(m, n, failure) for m in means))
 
@@ -357,25 +361,45 @@ def grid_index(sigma: float) -> int:
     return min(max(j, GRID_MIN_EXP * GRID_PER_OCTAVE), GRID_MAX_EXP * GRID_PER_OCTAVE)
 
 
+COARSE_FRACTION = 10  # calibration's first search uses 1/10 of the samples (it only proposes a candidate)
+
+
 def calibrate(make_event: Callable[[float], BallsInBinsDpEvent], target_epsilon: float, delta: float,
               settings: MonteCarloSettings, start: float = 1.0) -> float:
-    """The smallest grid σ (found by bracketing and bisection from ``start``) whose claimed ε at
-    ``delta`` — the bound, at the grid-corrected confidence (``settings.calibrated()``) — is
-    ≤ ``target_epsilon``. Every point it returns passed its own check, so the claim holds with
-    probability ≥ ``settings.confidence`` over the accountant's samples (module docstring).
-    The search assumes the claim is monotone in σ only for optimality, not for validity."""
+    """The smallest grid σ (to the search's resolution) whose claimed ε at ``delta`` — the bound,
+    at the grid-corrected confidence (``settings.calibrated()``) — is ≤ ``target_epsilon``.
+
+    Two searches, each bracketing then bisecting over grid indices: the first, on a tenth of the
+    samples, only proposes a candidate (its δ estimate with the full sample count's bound); the
+    second walks from it on the full samples. Only full-sample checks decide what is returned, and
+    every grid point is a candidate the confidence is shared over, so the returned σ's claim holds
+    with probability ≥ ``settings.confidence`` however either search went (module docstring). The
+    searches assume the claim is monotone in σ only for optimality, not for validity."""
     settings = settings.calibrated()
     check_resolvable(delta, settings)
     pair = _Pair.of(make_event(1.0))  # σ does not enter G
-    memo: dict[int, bool] = {}
+    full = settings.count(delta)
+    coarse = dataclasses.replace(settings, samples=max(1000, full // COARSE_FRACTION))
 
-    def fits(j: int) -> bool:
-        if j not in memo:
-            memo[j] = LossSamples(make_event(grid_sigma(j)), settings, delta, pair).epsilon(delta) <= target_epsilon
-        return memo[j]
+    def claim_fits(chosen: MonteCarloSettings) -> Callable[[int], bool]:
+        memo: dict[int, bool] = {}
 
+        def fits(j: int) -> bool:
+            if j not in memo:
+                samples = LossSamples(make_event(grid_sigma(j)), chosen, delta, pair, bound_samples=full)
+                memo[j] = samples.epsilon(delta) <= target_epsilon
+            return memo[j]
+        return fits
+
+    proposed = _smallest_fitting(claim_fits(coarse), grid_index(start), 8, target_epsilon, delta)
+    return grid_sigma(_smallest_fitting(claim_fits(settings), proposed, 1, target_epsilon, delta))
+
+
+def _smallest_fitting(fits: Callable[[int], bool], j: int, step: int, target_epsilon: float, delta: float) -> int:
+    """The smallest grid index j with ``fits(j)`` (assuming monotone), by bracketing from ``j`` with
+    steps ``step``, 2·step, … and bisecting; ConfigError if even the largest grid σ does not fit."""
     lo_limit, hi_limit = GRID_MIN_EXP * GRID_PER_OCTAVE, GRID_MAX_EXP * GRID_PER_OCTAVE
-    j, step = grid_index(start), 8
+    j = min(max(j, lo_limit), hi_limit)
     if fits(j):
         hi = j
         while hi - step >= lo_limit and fits(hi - step):
@@ -400,4 +424,4 @@ def calibrate(make_event: Callable[[float], BallsInBinsDpEvent], target_epsilon:
             hi = mid
         else:
             lo = mid
-    return grid_sigma(hi)
+    return hi
