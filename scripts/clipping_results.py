@@ -40,7 +40,8 @@ MECHANISMS = {"gaussian": ["mechanism=gaussian"], "tree": ["mechanism=tree", "sa
 EPSILONS = (8, 2)
 COLORS = {"gaussian": "tab:blue", "tree": "tab:orange", "bandmf": "tab:green", "blt": "tab:red"}
 STARTS = (0.05, 5.0)  # adaptive from these C₀ (gaussian, ε = 8)
-BOUND_STEP = "privacy.adaptive.step=bound"  # Andrew et al.'s step, the one issue 16's rows ran with
+# Andrew et al.'s step and count noise (m/20), the ones issue 16's rows ran with
+BOUND_STEP = "privacy.adaptive.step=bound privacy.adaptive.count_noise=7.5"
 LOW_QUANTILE = (("tree", 8, 0.1), ("gaussian", 8, 0.1), ("gaussian", 2, 0.1), ("tree", 2, 0.1), ("bandmf", 2, 0.1),
                 ("blt", 2, 0.1))  # adaptive with a lower target quantile γ
 
@@ -52,14 +53,16 @@ def runs() -> dict[str, list[str]]:
         for mech, over in MECHANISMS.items():
             base = [*over, f"privacy.target_epsilon={eps}"]
             out[f"{mech}-eps{eps}-fixed"] = base
-            out[f"{mech}-eps{eps}-adaptive"] = [*base, "privacy.clipping=adaptive", BOUND_STEP]
+            out[f"{mech}-eps{eps}-adaptive"] = [*base, "privacy.clipping=adaptive", *BOUND_STEP.split()]
     for c0 in STARTS:
         out[f"gaussian-eps8-adaptive-c{c0:g}"] = [*MECHANISMS["gaussian"], "privacy.target_epsilon=8",
-                                                  "privacy.clipping=adaptive", f"privacy.clip_norm={c0:g}", BOUND_STEP]
+                                                  "privacy.clipping=adaptive", f"privacy.clip_norm={c0:g}",
+                                                  *BOUND_STEP.split()]
     for mech, eps, quantile in LOW_QUANTILE:
         out[f"{mech}-eps{eps}-adaptive-q{quantile:g}"] = [*MECHANISMS[mech], f"privacy.target_epsilon={eps}",
                                                       "privacy.clipping=adaptive",
-                                                      f"privacy.adaptive.target_quantile={quantile:g}", BOUND_STEP]
+                                                      f"privacy.adaptive.target_quantile={quantile:g}",
+                                                      *BOUND_STEP.split()]
     for eps in (2, 8):  # issue 30: the normalized step (the default)
         for mech, over in MECHANISMS.items():
             out[f"{mech}-eps{eps}-adaptive-norm"] = [*over, f"privacy.target_epsilon={eps}",

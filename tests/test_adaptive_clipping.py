@@ -243,3 +243,15 @@ def test_the_config_separates_the_initial_bound_from_the_step_scale():
     privacy.adaptive.initial_bound = None
     clip = build_adaptive_clip(privacy, sigma=0.6, expected_cohort=150)
     assert (clip.bound, clip.release_factor) == (0.5, 1.0) and "step_scale" not in clip.describe()
+
+
+def test_default_count_noise_caps_the_counts_share_of_the_budget():
+    """σ_b = max(m/20, σ·√10/2): Andrew et al.'s m/20 where the noise is weak; where it is strong
+    the count takes at most a tenth of the query's precision, so z_Δ ≤ σ/√0.9."""
+    from fedpriv.adaptive_clipping import default_count_noise
+
+    assert default_count_noise(150, 0.58) == 7.5
+    sigma_b = default_count_noise(150, 11.77)
+    assert sigma_b == pytest.approx(11.77 * math.sqrt(10) / 2)
+    assert update_noise_multiplier(11.77, sigma_b) == pytest.approx(11.77 / math.sqrt(0.9), rel=1e-12)
+    assert update_noise_multiplier(11.77, 7.5) > 1.6 * 11.77  # what m/20 alone cost the tree at ε = 2

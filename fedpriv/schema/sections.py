@@ -125,7 +125,9 @@ class AdaptiveClipping(Section):
 
     target_quantile: float = 0.5  # γ: the share of users the bound should leave unclipped
     learning_rate: float = 0.2  # η_C of C_{t+1} = C_t · exp(−η_C (b̃_t − γ))
-    count_noise: Optional[float] = None  # σ_b, std of the privatized count (null: expected cohort / 20)
+    # σ_b, std of the privatized count (null: max(expected cohort / 20, σ·√10/2): the count then
+    # takes at most a tenth of the query's precision; fedpriv/adaptive_clipping.default_count_noise)
+    count_noise: Optional[float] = None
     # normalized: the step is privacy.clip_norm x (sum of clipped updates / C_t + noise) / D, so a growing
     # bound cannot grow the noise on the model; bound: the step scales with C_t (Andrew et al.)
     step: Literal["normalized", "bound"] = "normalized"
