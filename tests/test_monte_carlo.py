@@ -285,3 +285,27 @@ def test_a_run_with_balls_in_bins_claims_the_monte_carlo_bound(tmp_path, mechani
     epsilons = [json.loads(line)["epsilon"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
                 if "epsilon" in json.loads(line)]
     assert epsilons == sorted(epsilons) and epsilons[-1] == privacy["epsilon"]
+
+
+def test_a_resumed_monte_carlo_run_equals_an_uninterrupted_one(tmp_path):
+    """The accountant's samples are a function of its public seed and the pattern: a resumed run
+    recalibrates to the same σ and claims the same ε; the ledger's checkpoint holds its settings."""
+    from fedpriv.runner import prepare
+    from server.app import run_local
+    from tests.conftest import compose_cfg
+    from tests.helpers import interrupt_and_resume
+
+    over = ("+experiment=smoke", "rounds=4", "eval_every=4", "progress=false", "sampling=balls_in_bins",
+            "privacy.accountant=mc", "privacy.mc.samples=20000", "privacy.delta=1e-3", "privacy.target_epsilon=20")
+    whole = prepare(compose_cfg(*over, run_dir=tmp_path / "w"))
+    run_local(whole)
+    first, resumed = interrupt_and_resume(compose_cfg(*over, run_dir=tmp_path / "p"), 2)
+    assert resumed.start_round == 2
+    assert resumed.ledger.state_dict()["config"]["monte_carlo"]["samples_per_direction"] == 20000
+    run_local(resumed)
+    torch_params = (resumed.server.params, whole.server.params)
+    assert bool((torch_params[0] == torch_params[1]).all())
+    a = json.loads((tmp_path / "w" / "privacy.json").read_text())
+    b = json.loads((tmp_path / "p" / "privacy.json").read_text())
+    assert a["epsilon"] == b["epsilon"] and a["noise_multiplier"] == b["noise_multiplier"]
+    assert a["monte_carlo_claim"] == b["monte_carlo_claim"]
