@@ -36,7 +36,7 @@ from fedpriv.accounting import monte_carlo
 from fedpriv.accounting.accountant import (ACCOUNTANTS, RDP, calibrate_noise_multiplier,
                                            check_delta, check_epsilon, compute_epsilon,
                                            make_accountant, relation_name)
-from fedpriv.accounting.monte_carlo import MC, BallsInBinsDpEvent, MonteCarloSettings
+from fedpriv.accounting.monte_carlo import MC, BallsInBinsDpEvent, MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.console import console_handler, fail as _fail
 from fedpriv.console import OneLineParser as _Parser
@@ -249,7 +249,7 @@ def _epsilon(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
     mechanism, relation, make_event = _event_maker(args, sampler)
     event = make_event(args.noise_multiplier)
     out = mechanism.accounting_details(sampler, args.rounds)
-    if args.accountant == MC and isinstance(event, BallsInBinsDpEvent):
+    if args.accountant == MC and isinstance(event, MonteCarloDpEvent):
         monte_carlo.check_resolvable(args.delta, args.mc)
         samples = monte_carlo.LossSamples(event, args.mc, args.delta)
         eps = samples.epsilon(args.delta)
@@ -285,7 +285,7 @@ def _delta(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
         out.update({"delta": 1.0, "non_private": True})
         return out
     if args.accountant == MC:
-        if not isinstance(event, BallsInBinsDpEvent):
+        if not isinstance(event, MonteCarloDpEvent):
             compute_epsilon(event, 0.5, MC, relation)  # raises: says which accountant applies
         resolution = 1e-6 if args.mc.samples is None else None
         samples = monte_carlo.LossSamples(event, args.mc, resolution or 0.5)
@@ -293,7 +293,7 @@ def _delta(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
         out.update({"delta_estimate": bound.estimate, "delta_upper": bound.upper,
                     **_mc_fields(args.mc, samples.samples, None)})
         return out
-    if isinstance(event, BallsInBinsDpEvent):
+    if isinstance(event, MonteCarloDpEvent):
         compute_epsilon(event, 0.5, args.accountant, relation)  # raises: balls-in-bins needs mc
     accountant = make_accountant(args.accountant, relation)
     try:

@@ -12,7 +12,7 @@ that event to ``dp_accounting``:
   discretisations first and only checks its answer at 1e-4, so it needs few fine evaluations.
 
 * ``"mc"``: the Monte-Carlo accountant of :mod:`fedpriv.accounting.monte_carlo`, for the one event
-  dp_accounting has no interpretation of — ``BallsInBinsDpEvent`` (a Toeplitz matrix mechanism
+  dp_accounting has no interpretation of — a ``MonteCarloDpEvent`` (a Toeplitz matrix mechanism
   under balls-in-bins participation) — and for nothing else. Its ε is an upper bound that holds
   with a stated confidence over its own public samples (``MonteCarloSettings``).
 
@@ -31,7 +31,7 @@ from dp_accounting.rdp import RdpAccountant
 from scipy import optimize
 
 from fedpriv.accounting import monte_carlo
-from fedpriv.accounting.monte_carlo import MC, BallsInBinsDpEvent, MonteCarloSettings
+from fedpriv.accounting.monte_carlo import MC, MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import RELATION_NAMES
 
@@ -87,7 +87,7 @@ def make_accountant(accountant: str, relation: Relation = ADD_OR_REMOVE_ONE,
     The Monte-Carlo accountant is not a dp_accounting accountant: it has none."""
     check_accountant(accountant)
     if accountant == MC:
-        raise ConfigError("the mc accountant interprets BallsInBinsDpEvent only (no dp_accounting accountant)")
+        raise ConfigError("the mc accountant interprets its own events only (no dp_accounting accountant)")
     if accountant == RDP:
         return RdpAccountant(neighboring_relation=relation)
     return PLDAccountant(neighboring_relation=relation, value_discretization_interval=discretization)
@@ -173,7 +173,7 @@ def pld_bytes(event: dp_accounting.DpEvent, discretization: float = PLD_VALUE_DI
 def _monte_carlo_event(event: dp_accounting.DpEvent, accountant: str, relation: Relation) -> bool:
     """Whether ``event`` goes to the Monte-Carlo accountant; ConfigError for a pair that cannot be
     accounted (a balls-in-bins event elsewhere, another event there, replace-one neighbouring)."""
-    if isinstance(event, BallsInBinsDpEvent) != (accountant == MC):
+    if isinstance(event, MonteCarloDpEvent) != (accountant == MC):
         if accountant == MC:
             raise ConfigError(f"the mc accountant accounts balls-in-bins participation only "
                               f"(sampling=balls_in_bins), not {describe_event(event)}: use rdp or pld")

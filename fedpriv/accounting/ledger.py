@@ -26,7 +26,7 @@ from fedpriv.accounting import monte_carlo
 from fedpriv.accounting.accountant import (PLD, PLD_VALUE_DISCRETIZATION, RDP, SelfComposition,
                                            check_accountant, check_delta, check_epsilon, compute_epsilon,
                                            is_non_private, relation_name)
-from fedpriv.accounting.monte_carlo import MC, BallsInBinsDpEvent, MonteCarloSettings
+from fedpriv.accounting.monte_carlo import MC, MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.rundir import write_json
 from fedpriv.sampling import Sampler
@@ -34,7 +34,7 @@ from fedpriv.sampling import Sampler
 LEDGER_FORMAT = 1
 PRIVACY_FILE = "privacy.json"
 BUDGET_SLACK = 1e-9  # relative slack when comparing spent ε with the target
-MC_PREFIX_CHECKPOINTS = 10  # Monte-Carlo accounting: ε is claimed at this many prefixes of the planned run
+MC_PREFIX_CHECKPOINTS = 8  # Monte-Carlo accounting: ε is claimed at this many prefixes of the planned run
 
 
 class AccountedMechanism(Protocol):
@@ -161,11 +161,8 @@ class PrivacyLedger:
         through its :class:`SelfComposition`, so round n costs one round; other events (a Gaussian
         of total sensitivity, the single-epoch tree) are closed forms and computed directly."""
         event = self.mechanism.dp_event(self.sampler, n)
-        if isinstance(event, BallsInBinsDpEvent) and self.monte_carlo is not None:
-            eps = self._claim(self._checkpoint(n))["epsilon"]
-            if self.planned_rounds and n <= self.planned_rounds:  # never above the whole run's claim
-                eps = min(eps, self._claim(self.planned_rounds)["epsilon"])
-            return eps
+        if isinstance(event, MonteCarloDpEvent) and self.monte_carlo is not None:
+            return self._covering_claim(n)["epsilon"]
         if isinstance(event, dp_accounting.SelfComposedDpEvent) and not is_non_private(event):
             key = repr(event.event)
             if key not in self._compositions:
@@ -173,17 +170,17 @@ class PrivacyLedger:
             return self._compositions[key].epsilon(event.count)
         return compute_epsilon(event, self.delta, self.accountant, self.relation)
 
-    def _checkpoint(self, n: int) -> int:
-        """The prefix whose claim covers ``n`` rounds: the smallest checkpoint ≥ n (a release of n
-        rounds is a post-processing of any longer one, so its ε is at most that prefix's), or n.
-        Each claim is a bound from its own samples, so a prefix's may come out above the planned
-        run's: ``_epsilon`` reports the smaller of the two (both bounds on it, each holding at the
-        stated confidence)."""
+    def _covering_claim(self, n: int) -> dict[str, Any]:
+        """The Monte-Carlo claim reported for ``n`` rounds: the smallest of the claims of every
+        prefix checkpoint ≥ n (a release of n rounds is a post-processing of any longer one, so each
+        of them bounds its ε, and each claim holds at the stated confidence); beyond the planned
+        rounds, or without a plan, the claim for n itself. Taking the smallest over all longer
+        prefixes makes the reported ε non-decreasing in n although each claim has its own samples."""
         planned = self.planned_rounds
         if not planned or n > planned:
-            return n
+            return self._claim(n)
         marks = sorted({math.ceil(planned * i / MC_PREFIX_CHECKPOINTS) for i in range(1, MC_PREFIX_CHECKPOINTS + 1)})
-        return next(c for c in marks if c >= n)
+        return min((self._claim(c) for c in marks if c >= n), key=lambda claim: claim["epsilon"])
 
     def _claim(self, n: int) -> dict[str, Any]:
         """The Monte-Carlo claim for ``n`` rounds: ε (the bound) and its point estimate, and δ
@@ -251,9 +248,7 @@ class PrivacyLedger:
         if self.audit is not None:
             extra["audit"] = self.audit
         if self.monte_carlo is not None and self.rounds_done and not is_non_private(self.dp_event()):
-            claim = dict(self._claim(self._checkpoint(self.rounds_done)))
-            if self.planned_rounds and self.rounds_done <= self.planned_rounds:  # the claim behind the ε reported
-                claim = min(claim, dict(self._claim(self.planned_rounds)), key=lambda c: c["epsilon"])
+            claim = dict(self._covering_claim(self.rounds_done))  # the claim behind the ε reported
             claim["epsilon"] = json_epsilon(claim["epsilon"])
             claim["epsilon_estimate"] = json_epsilon(claim["epsilon_estimate"])
             extra["monte_carlo_claim"] = claim

@@ -111,14 +111,37 @@ class MonteCarloSettings:
                          "probability each"}
 
 
+LossSampler = Callable[[float, int, int, bool], np.ndarray]  # (σ, samples, seed, positive) -> losses
+
+
 @attr.s(frozen=True, repr=False)
-class BallsInBinsDpEvent(dp_accounting.DpEvent):
-    """``rounds`` releases of ``C x + N(0, σ²I)`` with C lower-triangular Toeplitz (first column
-    ``column``, non-negative, taken as is) under balls-in-bins participation in ``bins`` bins.
-    dp_accounting's accountants do not interpret it (they refuse it); :mod:`monte_carlo` does."""
+class MonteCarloDpEvent(dp_accounting.DpEvent):
+    """An event only the Monte-Carlo accountant interprets (dp_accounting's refuse it): ``rounds``
+    releases at multiplier ``noise_multiplier`` under a participation pattern whose dominating
+    pair's privacy loss the subclass can sample (:meth:`loss_sampler`)."""
 
     noise_multiplier: float = attr.ib()
     rounds: int = attr.ib()
+
+    def check(self) -> None:
+        """The conditions of the subclass's analysis; ``ConfigError`` naming the one broken."""
+        raise NotImplementedError
+
+    def pattern(self) -> str:
+        """Everything but σ that the samples depend on (their public stream is keyed by it)."""
+        raise NotImplementedError
+
+    def loss_sampler(self) -> LossSampler:
+        """``(σ, samples, seed, positive) -> L``: draws of the privacy loss log Q/P with y from Q
+        (``positive``) or P, for this pattern at any σ (what does not depend on σ prepared once)."""
+        raise NotImplementedError
+
+
+@attr.s(frozen=True, repr=False)
+class BallsInBinsDpEvent(MonteCarloDpEvent):
+    """``rounds`` releases of ``C x + N(0, σ²I)`` with C lower-triangular Toeplitz (first column
+    ``column``, non-negative, taken as is) under balls-in-bins participation in ``bins`` bins."""
+
     bins: int = attr.ib()
     column: tuple[float, ...] = attr.ib(converter=lambda c: tuple(float(v) for v in c))
 
@@ -126,26 +149,49 @@ class BallsInBinsDpEvent(dp_accounting.DpEvent):
         return (f"BallsInBinsDpEvent(noise_multiplier={self.noise_multiplier!r}, rounds={self.rounds}, "
                 f"bins={self.bins}, column=[{len(self.column)} entries, sha256 {column_digest(self.column)[:16]}])")
 
+    def check(self) -> None:
+        if self.rounds < 1 or self.bins < 1:
+            raise ConfigError(f"balls-in-bins accounting needs rounds >= 1 and bins >= 1, got {self.rounds}, "
+                              f"{self.bins}")
+        check_column(self.column, "balls-in-bins")
+        check_sigma(self.noise_multiplier)
+
+    def pattern(self) -> str:
+        return f"balls-in-bins|{self.rounds}|{self.bins}|{column_digest(self.column)}"
+
+    def loss_sampler(self) -> LossSampler:
+        self.check()
+        pair = _Pair.of(self)
+
+        def sample(sigma: float, samples: int, seed: int, positive: bool) -> np.ndarray:
+            return privacy_losses(attr.evolve(self, noise_multiplier=sigma), samples, seed, positive, pair)
+        return sample
+
 
 def column_digest(column: tuple[float, ...]) -> str:
     return hashlib.sha256(np.asarray(column, dtype=np.float64).tobytes()).hexdigest()
 
 
-def check_event(event: BallsInBinsDpEvent) -> None:
-    """The conditions of the analysis (module docstring); a ``ConfigError`` names the one broken."""
-    if event.rounds < 1 or event.bins < 1:
-        raise ConfigError(f"balls-in-bins accounting needs rounds >= 1 and bins >= 1, got {event.rounds}, {event.bins}")
-    col = np.asarray(event.column, dtype=np.float64)
+def check_column(column: tuple[float, ...], what: str) -> None:
+    col = np.asarray(column, dtype=np.float64)
     if col.size == 0 or not np.all(np.isfinite(col)):
         raise ConfigError("the strategy column must be a non-empty list of finite numbers")
     if np.any(col < 0):
-        raise ConfigError("balls-in-bins amplification is proven for a non-negative C only (Choquette-Choo et al., "
+        raise ConfigError(f"{what} amplification is proven for a non-negative C only (Choquette-Choo et al., "
                           f"'Near exact privacy amplification for matrix mechanisms'); the column has "
                           f"{int(np.sum(col < 0))} negative entr(ies)")
     if col[0] <= 0:
         raise ConfigError("the strategy column's first entry (C's diagonal) must be > 0")
-    if not event.noise_multiplier > 0:
-        raise ConfigError(f"noise multiplier must be > 0, got {event.noise_multiplier}")
+
+
+def check_sigma(sigma: float) -> None:
+    if not sigma > 0:
+        raise ConfigError(f"noise multiplier must be > 0, got {sigma}")
+
+
+def check_event(event: MonteCarloDpEvent) -> None:
+    """The conditions of the event's analysis (module docstring); a ``ConfigError`` names the one broken."""
+    event.check()
 
 
 # ---------------------------------------------------------------- the dominating pair
@@ -184,21 +230,23 @@ class _Pair:
         return _Pair(g, vectors[:, keep] * np.sqrt(values[keep]))
 
 
-def _generator(event: BallsInBinsDpEvent, seed: int, direction: int) -> torch.Generator:
+def _generator(event: MonteCarloDpEvent, seed: int, direction: int) -> torch.Generator:
     """The public sample stream of one direction: seeded by the settings' seed and the event's
     pattern (not σ: every σ of one calibration sees the same draws — common random numbers).
     torch's CPU generator is used for speed; these draws are public by design and nothing about
     the run's secret randomness depends on them."""
-    digest = hashlib.sha256(f"{seed}|{event.rounds}|{event.bins}|{column_digest(event.column)}|{direction}"
-                            .encode()).digest()
+    digest = hashlib.sha256(f"{seed}|{event.pattern()}|{direction}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+generator = _generator  # for the other Monte-Carlo patterns (fedpriv.accounting.min_separation)
 
 
 def privacy_losses(event: BallsInBinsDpEvent, samples: int, seed: int, positive: bool,
                    pair: _Pair | None = None) -> np.ndarray:
     """``samples`` draws of the privacy loss ``L = log Q/P`` with y from Q
     (``positive``: the user's data present) or from P (float64; computed in float32)."""
-    check_event(event)
+    event.check()
     pair = pair or _Pair.of(event)
     sigma, b = float(event.noise_multiplier), event.bins
     g = torch.from_numpy(pair.g).float()
@@ -288,14 +336,15 @@ class LossSamples:
     (calibration's first search only) computes the bound as if that many samples had given the
     same mean: a projection for choosing a candidate, never a claim."""
 
-    def __init__(self, event: BallsInBinsDpEvent, settings: MonteCarloSettings, delta: float,
-                 pair: _Pair | None = None, bound_samples: int | None = None) -> None:
-        pair = pair or _Pair.of(event)
+    def __init__(self, event: MonteCarloDpEvent, settings: MonteCarloSettings, delta: float,
+                 sampler: LossSampler | None = None, bound_samples: int | None = None) -> None:
+        sampler = sampler or event.loss_sampler()
         self.event, self.settings, self.samples = event, settings, settings.count(delta)
         # the n of the bound: the samples drawn, or (a search's projection only) a larger count
         self.bound_samples = bound_samples or self.samples
-        self.remove = _Direction(privacy_losses(event, self.samples, settings.seed, True, pair), 1.0)
-        self.add = _Direction(privacy_losses(event, self.samples, settings.seed, False, pair), -1.0)
+        sigma = float(event.noise_multiplier)
+        self.remove = _Direction(sampler(sigma, self.samples, settings.seed, True), 1.0)
+        self.add = _Direction(sampler(sigma, self.samples, settings.seed, False), -1.0)
 
     def delta(self, epsilon: float) -> DeltaBound:
         n, failure = self.bound_samples, self.settings.claim_failure / 2
@@ -333,7 +382,7 @@ def min_delta_resolvable(settings: MonteCarloSettings, delta: float) -> float:
     return kl_upper_bound(0.0, settings.count(delta), settings.claim_failure / 2)
 
 
-def epsilon(event: BallsInBinsDpEvent, delta: float, settings: MonteCarloSettings) -> float:
+def epsilon(event: MonteCarloDpEvent, delta: float, settings: MonteCarloSettings) -> float:
     """The claimed ε at ``delta`` (the upper bound); ConfigError if the samples cannot resolve δ."""
     check_resolvable(delta, settings)
     return LossSamples(event, settings, delta).epsilon(delta)
@@ -364,7 +413,7 @@ def grid_index(sigma: float) -> int:
 COARSE_FRACTION = 10  # calibration's first search uses 1/10 of the samples (it only proposes a candidate)
 
 
-def calibrate(make_event: Callable[[float], BallsInBinsDpEvent], target_epsilon: float, delta: float,
+def calibrate(make_event: Callable[[float], MonteCarloDpEvent], target_epsilon: float, delta: float,
               settings: MonteCarloSettings, start: float = 1.0) -> float:
     """The smallest grid σ (to the search's resolution) whose claimed ε at ``delta`` — the bound,
     at the grid-corrected confidence (``settings.calibrated()``) — is ≤ ``target_epsilon``.
@@ -377,7 +426,7 @@ def calibrate(make_event: Callable[[float], BallsInBinsDpEvent], target_epsilon:
     searches assume the claim is monotone in σ only for optimality, not for validity."""
     settings = settings.calibrated()
     check_resolvable(delta, settings)
-    pair = _Pair.of(make_event(1.0))  # σ does not enter G
+    sampler = make_event(1.0).loss_sampler()  # what does not depend on σ, prepared once
     full = settings.count(delta)
     coarse = dataclasses.replace(settings, samples=max(1000, full // COARSE_FRACTION))
 
@@ -386,7 +435,7 @@ def calibrate(make_event: Callable[[float], BallsInBinsDpEvent], target_epsilon:
 
         def fits(j: int) -> bool:
             if j not in memo:
-                samples = LossSamples(make_event(grid_sigma(j)), chosen, delta, pair, bound_samples=full)
+                samples = LossSamples(make_event(grid_sigma(j)), chosen, delta, sampler, bound_samples=full)
                 memo[j] = samples.epsilon(delta) <= target_epsilon
             return memo[j]
         return fits
