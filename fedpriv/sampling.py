@@ -43,6 +43,7 @@ FIXED_SIZE = "fixed"
 CYCLIC = "cyclic"
 CYCLIC_POISSON = "cyclic_poisson"
 BALLS_IN_BINS = "balls_in_bins"
+B_MIN_SEP = "b_min_sep"
 
 
 class ParticipationPattern:
@@ -74,6 +75,12 @@ class BallsInBinsPattern(ParticipationPattern):
     """Each unit is assigned one of ``bins`` bins uniformly and independently (secretly) and takes
     part in exactly the rounds ``t ≡ bin (mod bins)`` (amplified by the secrecy of the bin; accounted
     by Monte Carlo, :mod:`fedpriv.accounting.monte_carlo`)."""
+
+
+class MinSeparationPattern(ParticipationPattern):
+    """A unit is eligible unless it took part in one of the ``separation − 1`` rounds before; an
+    eligible unit takes part with ``probability``, on its own coins (amplified; accounted by Monte
+    Carlo, :mod:`fedpriv.accounting.min_separation`)."""
 
 
 class Sampler(ParticipationPattern, abc.ABC):
@@ -337,6 +344,70 @@ class ParticipationBound(SeparatedPattern):
         return min(self.participations, -(-rounds // (self.min_separation + 1)))
 
 
+_MIN_SEP_RUNS: dict[tuple, tuple[np.ndarray, list[np.ndarray]]] = {}  # (key, domain, units, b, p) -> replay
+
+
+def min_separation_cohorts(key: bytes, domain: str, units: int, separation: int, probability: float,
+                           round_idx: int) -> np.ndarray:
+    """Round ``round_idx``'s participants of the b-min-sep chain of ``units`` units: each starts in
+    the chain's stationary state (its own uniform from ``key``), and in round t an eligible unit
+    takes part iff its round-t uniform is below p. A unit's draws are the u-th values of the
+    rounds' keystreams, so they do not depend on how many units there are. Rounds are replayed
+    from round 0 once and kept (a resumed run replays the rounds before it)."""
+    from fedpriv.accounting.min_separation import warm_start
+
+    cache_key = (key, domain, units, separation, probability)
+    if cache_key not in _MIN_SEP_RUNS:
+        if len(_MIN_SEP_RUNS) > 8:
+            _MIN_SEP_RUNS.clear()
+        start = np.searchsorted(np.cumsum(warm_start(separation, probability)),
+                                uniforms(key, f"{domain}-start", (), units), side="right")
+        _MIN_SEP_RUNS[cache_key] = (np.minimum(start, separation - 1).astype(np.int64), [])
+    eligible_from, cohorts = _MIN_SEP_RUNS[cache_key]
+    while len(cohorts) <= round_idx:
+        t = len(cohorts)
+        chosen = (eligible_from <= t) & (uniforms(key, domain, (t,), units) < probability)
+        eligible_from[chosen] = t + separation
+        cohorts.append(np.flatnonzero(chosen).astype(np.int64))
+    return cohorts[round_idx]
+
+
+@dataclass(frozen=True)
+class MinSeparationSampler(_CohortSized, MinSeparationPattern, Sampler):
+    """b-min-separated Poisson sampling (:func:`min_separation_cohorts`): b = ``groups`` (BandMF's
+    bands) and p = m/(N − (b−1)m) with N the public population (or the dataset's count: then
+    zero-out), so that the stationary expected cohort N·p/(1 + (b−1)p) is m = ``cohort``.
+
+    Accounting: ``MinSeparationDpEvent`` (Monte Carlo). A user's participation depends on its own
+    coins only, so adding or removing one moves nobody else (with a public N)."""
+
+    population: int
+    cohort: int
+    groups: int
+    key: bytes | None = field(default=None, repr=False)  # secret in secure mode: never printed
+    kind: str = B_MIN_SEP
+    rate_from_data: bool = False
+    public_population: int | None = None
+
+    @property
+    def separation(self) -> int:
+        return self.groups
+
+    @property
+    def probability(self) -> float:
+        n = self.public_population or self.population
+        return min(1.0, self.cohort / (n - (self.groups - 1) * self.cohort))
+
+    def sample(self, round_idx: int) -> np.ndarray:
+        return min_separation_cohorts(_need_key(self.key), "b-min-sep", self.population, self.separation,
+                                      self.probability, round_idx)
+
+    def sample_extra(self, round_idx: int, key: bytes, count: int) -> np.ndarray:
+        """Which of ``count`` units outside the population (canaries) take part: each runs the same
+        chain on coins from ``key``, like a user."""
+        return min_separation_cohorts(key, "extra-b-min-sep", count, self.separation, self.probability, round_idx)
+
+
 @dataclass(frozen=True)
 class BinsBound(BallsInBinsPattern):
     """Balls-in-bins participation without a sampler, for calculators: ``bins`` bins (each user
@@ -399,6 +470,16 @@ def _cyclic_poisson(population, cohort_size, key, groups, public_population) -> 
 @register_sampler(BALLS_IN_BINS, public_rate=True)
 def _balls_in_bins(population, cohort_size, key, groups, public_population) -> Sampler:
     return BallsInBinsSampler(population=population, cohort=cohort_size, key=key, **_rate_fixed(public_population))
+
+
+@register_sampler(B_MIN_SEP, public_rate=True)
+def _b_min_sep(population, cohort_size, key, groups, public_population) -> Sampler:
+    rate_base = public_population or population
+    if not groups or groups < 1 or cohort_size * groups > rate_base:
+        raise ConfigError(f"sampling=b_min_sep needs a separation (mechanism.bands) >= 1 with cohort_size x bands "
+                          f"<= population; got {groups}, cohort {cohort_size}, population {rate_base}")
+    return MinSeparationSampler(population=population, cohort=cohort_size, groups=groups, key=key,
+                                **_rate_fixed(public_population))
 
 
 def resolve_sampling(kind: str, mechanism: str) -> str:

@@ -66,3 +66,43 @@ def test_overlapping_columns_and_bad_probabilities_are_refused():
         MinSeparationDpEvent(1.0, 10, 2, 0.0, (1.0,)).check()
     with pytest.raises(ConfigError, match="non-negative"):
         MinSeparationDpEvent(1.0, 10, 2, 0.5, (1.0, -0.1)).check()
+
+
+def test_min_separation_sampler_keeps_participations_apart_at_the_expected_cohort():
+    from fedpriv.randomness import key_from_seed
+    from fedpriv.sampling import MinSeparationSampler, _MIN_SEP_RUNS, make_sampler
+
+    key = key_from_seed(3)
+    sampler = make_sampler("b_min_sep", 2000, 50, key, groups=4, public_population=2000)
+    assert isinstance(sampler, MinSeparationSampler)
+    assert sampler.probability == pytest.approx(50 / (2000 - 3 * 50))
+    cohorts = [sampler.sample(t) for t in range(200)]
+    last = np.full(2000, -10**6)
+    for t, cohort in enumerate(cohorts):
+        assert np.all(t - last[cohort] >= 4)  # at least b rounds between two participations
+        last[cohort] = t
+    assert np.mean([c.size for c in cohorts]) == pytest.approx(50, rel=0.05)
+    # from the key alone: a fresh replay (a resumed run) draws the same cohorts
+    _MIN_SEP_RUNS.clear()
+    np.testing.assert_array_equal(make_sampler("b_min_sep", 2000, 50, key, groups=4, public_population=2000)
+                                  .sample(150), cohorts[150])
+    # a user added to the data moves nobody else
+    grown = make_sampler("b_min_sep", 2001, 50, key, groups=4, public_population=2000)
+    for t in (0, 7, 150):
+        np.testing.assert_array_equal(grown.sample(t)[grown.sample(t) < 2000], cohorts[t])
+
+
+def test_a_run_with_b_min_sep_sampling_claims_its_monte_carlo_bound(tmp_path):
+    import json
+
+    from fedpriv.runner import prepare
+    from server.app import run_local
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg("+experiment=smoke", "rounds=4", "eval_every=4", "progress=false", "sampling=b_min_sep",
+                      "mechanism=bandmf", "privacy.accountant=mc", "privacy.mc.samples=20000", "privacy.delta=1e-3",
+                      "privacy.target_epsilon=20", run_dir=tmp_path / "run")
+    run_local(prepare(cfg))
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert privacy["events"][0].startswith("MinSeparationDpEvent(") and privacy["epsilon"] <= 20
+    assert privacy["monte_carlo_claim"]["delta_upper"] <= 1e-3

@@ -146,7 +146,7 @@ def test_accountant_routes_balls_in_bins_to_monte_carlo_only():
     event = BallsInBinsDpEvent(1.0, 10, 5, (1.0,))
     with pytest.raises(ConfigError, match="accountant=mc"):
         compute_epsilon(event, 1e-3, "rdp")
-    with pytest.raises(ConfigError, match="balls-in-bins participation only"):
+    with pytest.raises(ConfigError, match="b-min-sep participation only"):
         compute_epsilon(dp_accounting.GaussianDpEvent(1.0), 1e-3, "mc")
     with pytest.raises(ConfigError, match="replace-one"):
         compute_epsilon(event, 1e-3, "mc", REPLACE_ONE)

@@ -23,7 +23,7 @@ import torch
 
 from fedpriv import schema
 from fedpriv.accounting import calibrate_noise_multiplier, compute_epsilon
-from fedpriv.accounting.monte_carlo import BallsInBinsDpEvent, MonteCarloSettings
+from fedpriv.accounting.monte_carlo import MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import NoiseMechanism
 from fedpriv.optim.base import ServerOptimizerBase
@@ -37,13 +37,13 @@ POPULATION = 64
 COHORT = 4
 
 
-MC_SETTINGS = MonteCarloSettings(samples=20_000)  # balls-in-bins events: a quick Monte-Carlo claim at delta 1e-3
+MC_SETTINGS = MonteCarloSettings(samples=20_000)  # Monte-Carlo events: a quick claim at delta 1e-3
 
 
 def _accounted_epsilon(event, relation) -> float:
-    """ε of an event with the accountant that interprets it: Monte Carlo for balls-in-bins (at
+    """ε of an event with the accountant that interprets it: Monte Carlo for its events (at
     δ = 1e-3, which few samples resolve), RDP otherwise (δ = 1e-5)."""
-    if isinstance(event, BallsInBinsDpEvent):
+    if isinstance(event, MonteCarloDpEvent):
         return compute_epsilon(event, 1e-3, "mc", relation, monte_carlo_settings=MC_SETTINGS)
     return compute_epsilon(event, 1e-5, "rdp", relation)
 

@@ -43,9 +43,9 @@ from fedpriv.console import OneLineParser as _Parser
 from fedpriv.errors import ConfigError
 from fedpriv.rundir import json_text
 from fedpriv.schema import MechanismOption, load, option_preset, options
-from fedpriv.sampling import (BALLS_IN_BINS, CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, BinsBound,
-                              CyclicPoissonSampler, CyclicSampler, FixedSizeSampler, ParticipationBound,
-                              PoissonSampler, Sampler)
+from fedpriv.sampling import (B_MIN_SEP, BALLS_IN_BINS, CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, BinsBound,
+                              CyclicPoissonSampler, CyclicSampler, FixedSizeSampler, MinSeparationSampler,
+                              ParticipationBound, PoissonSampler, Sampler)
 
 
 
@@ -115,10 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--delta", type=float, required=True, help="delta in (0, 1)")
         p.add_argument("--accountant", choices=ACCOUNTANTS, default=None,
                        help="rdp (default) | pld | mc (Monte Carlo: the default and only one for balls_in_bins)")
-        p.add_argument("--sampling", choices=(POISSON, FIXED_SIZE, CYCLIC, CYCLIC_POISSON, BALLS_IN_BINS), default=None,
+        p.add_argument("--sampling", choices=(POISSON, FIXED_SIZE, CYCLIC, CYCLIC_POISSON, BALLS_IN_BINS, B_MIN_SEP),
+                       default=None,
                        help="default: poisson where the mechanism's own default is, else cyclic (tree, bandmf, "
                             "blt) | fixed | cyclic_poisson (bandmf, amplified; needs --population, --cohort) | "
-                            "balls_in_bins (gaussian, bandmf; needs --bins)")
+                            "balls_in_bins (gaussian, bandmf, blt; needs --bins) | b_min_sep (bandmf; needs "
+                            "--population, --cohort, --bands: participations >= bands rounds apart)")
         p.add_argument("--bins", type=int, default=None,
                        help="balls_in_bins: each user takes part in the rounds t = bin (mod bins)")
         p.add_argument("--strategy-column", default=None, metavar="C0,C1,...",
@@ -152,7 +154,7 @@ def _validate(args: argparse.Namespace) -> None:
     else:
         check_delta(args.delta)
     if args.accountant is None:
-        args.accountant = MC if args.sampling == BALLS_IN_BINS else RDP
+        args.accountant = MC if args.sampling in (BALLS_IN_BINS, B_MIN_SEP) else RDP
     if args.sampling == BALLS_IN_BINS and args.bins is None:
         raise ConfigError("--sampling balls_in_bins needs --bins")
     if args.bins is not None and args.sampling != BALLS_IN_BINS:
@@ -192,6 +194,13 @@ def make_cli_sampler(kind: str, rate: float | None, population: int | None,
     """The sampler the accountant must assume (no key: a calculator never draws a cohort)."""
     if kind == BALLS_IN_BINS:
         return BinsBound(bins=args.bins)
+    if kind == B_MIN_SEP:
+        if args is None or args.population is None or args.cohort is None or args.bands is None:
+            raise ConfigError("--sampling b_min_sep needs --population, --cohort and --bands (the separation)")
+        if args.cohort * args.bands > args.population:
+            raise ConfigError(f"--cohort x --bands = {args.cohort * args.bands} exceeds --population {args.population}")
+        return MinSeparationSampler(population=args.population, cohort=args.cohort, groups=args.bands,
+                                    public_population=args.population)
     if kind == CYCLIC_POISSON:
         groups = mechanism_option(args).sampling_groups() if args is not None else None
         if args is None or args.population is None or args.cohort is None or groups is None:
@@ -347,6 +356,8 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _sampling_text(args: argparse.Namespace) -> str:
+    if args.sampling == B_MIN_SEP:
+        return f"b-min-sep sampling of {args.cohort} from {args.population}, {args.bands} rounds apart"
     if args.sampling == BALLS_IN_BINS:
         return f"balls-in-bins sampling in {args.bins} bins"
     if args.sampling == CYCLIC_POISSON:

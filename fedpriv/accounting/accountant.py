@@ -175,12 +175,13 @@ def _monte_carlo_event(event: dp_accounting.DpEvent, accountant: str, relation: 
     accounted (a balls-in-bins event elsewhere, another event there, replace-one neighbouring)."""
     if isinstance(event, MonteCarloDpEvent) != (accountant == MC):
         if accountant == MC:
-            raise ConfigError(f"the mc accountant accounts balls-in-bins participation only "
-                              f"(sampling=balls_in_bins), not {describe_event(event)}: use rdp or pld")
-        raise ConfigError(f"balls-in-bins participation has no {accountant} accounting in dp_accounting: use "
-                          "the Monte-Carlo accountant (privacy.accountant=mc, or --accountant mc)")
+            raise ConfigError(f"the mc accountant accounts balls-in-bins and b-min-sep participation only "
+                              f"(sampling=balls_in_bins, b_min_sep), not {describe_event(event)}: use rdp or pld")
+        raise ConfigError(f"{type(event).__name__.removesuffix('DpEvent')} participation (balls-in-bins, b-min-sep) "
+                          f"has no {accountant} accounting in dp_accounting: use the Monte-Carlo accountant "
+                          "(privacy.accountant=mc, or --accountant mc)")
     if accountant == MC and relation == dp_accounting.NeighboringRelation.REPLACE_ONE:
-        raise ConfigError("the balls-in-bins dominating pair is stated for add/remove-one and zero-out "
+        raise ConfigError("the Monte-Carlo dominating pairs are stated for add/remove-one and zero-out "
                           "neighbouring, not replace-one")
     return accountant == MC
 

@@ -43,8 +43,10 @@ from fedpriv.mechanisms.analysis import lbfgs_minimize, prefix_mse, toeplitz_mat
 from fedpriv.mechanisms.base import ZERO_OUT, amplified_relation, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
 from fedpriv.randomness import NoiseStream
+from fedpriv.accounting.min_separation import MinSeparationDpEvent
 from fedpriv.accounting.monte_carlo import BallsInBinsDpEvent
-from fedpriv.sampling import (CYCLIC, CYCLIC_POISSON, BallsInBinsPattern, GroupedPoissonPattern, Sampler,
+from fedpriv.sampling import (CYCLIC, CYCLIC_POISSON, BallsInBinsPattern, GroupedPoissonPattern, MinSeparationPattern,
+                              Sampler,
                               SeparatedPattern)
 from fedpriv.schema import MechanismOption, positive, register_option
 
@@ -257,7 +259,7 @@ class BandMFMechanism(CorrelatedMechanism):
 
     def neighboring_relation(self, sampler: Sampler) -> dp_accounting.NeighboringRelation:
         self._check_sampler(sampler)
-        if isinstance(sampler, (GroupedPoissonPattern, BallsInBinsPattern)):
+        if isinstance(sampler, (GroupedPoissonPattern, BallsInBinsPattern, MinSeparationPattern)):
             return amplified_relation(sampler)
         return ZERO_OUT
 
@@ -276,9 +278,14 @@ class BandMFMechanism(CorrelatedMechanism):
             return
         if isinstance(sampler, BallsInBinsPattern):
             return
+        if isinstance(sampler, MinSeparationPattern):
+            if sampler.separation < self.bands:
+                raise ConfigError(f"b-min-sep sampling separates participations by {sampler.separation} rounds but "
+                                  f"BandMF has {self.bands} bands; they must be equal")
+            return
         raise ConfigError(f"the BandMF mechanism is accounted with sampling=cyclic (b-min-separated, no "
-                          f"amplification), sampling=cyclic_poisson or sampling=balls_in_bins, not "
-                          f"sampling={sampler.kind}")
+                          f"amplification), sampling=cyclic_poisson, sampling=balls_in_bins or sampling=b_min_sep, "
+                          f"not sampling={sampler.kind}")
 
     def toeplitz_column(self, rounds: int) -> tuple[float, ...]:
         """C's first column over ``rounds`` rounds (its b bands), after checking that C is Toeplitz
@@ -306,6 +313,9 @@ class BandMFMechanism(CorrelatedMechanism):
             return trivial
         if isinstance(sampler, BallsInBinsPattern):
             return BallsInBinsDpEvent(sigma, rounds, sampler.bins, self.toeplitz_column(rounds))
+        if isinstance(sampler, MinSeparationPattern):
+            return MinSeparationDpEvent(sigma, rounds, sampler.separation, sampler.probability,
+                                        self.toeplitz_column(rounds))
         if isinstance(sampler, GroupedPoissonPattern):
             per_user = -(-rounds // self.bands)
             return dp_accounting.SelfComposedDpEvent(
@@ -359,7 +369,8 @@ class BandMFNoise(MechanismOption):
         cyclic-Poisson sampling at most population // cohort_size (the groups, or the rounds between
         two participations, that the population allows)."""
         # balls-in-bins accounts any band count: only the rounds bound it there
-        largest = min(rounds, population // cohort_size) if sampling in (CYCLIC, CYCLIC_POISSON) else rounds
+        separated = (CYCLIC, CYCLIC_POISSON, "b_min_sep")
+        largest = min(rounds, population // cohort_size) if sampling in separated else rounds
         if self.bands != BandMFNoise.bands or self.bands <= largest or largest < 1:
             return self
         return dataclasses.replace(self, bands=largest)
@@ -369,8 +380,8 @@ class BandMFNoise(MechanismOption):
         if not rounds:
             raise ConfigError("the BandMF mechanism needs the number of rounds")
         kind = self.strategy
-        if kind == "auto" and isinstance(sampler, BallsInBinsPattern):
-            kind = "toeplitz"  # the Monte-Carlo accounting of balls-in-bins is stated for a Toeplitz C
+        if kind == "auto" and isinstance(sampler, (BallsInBinsPattern, MinSeparationPattern)):
+            kind = "toeplitz"  # the Monte-Carlo accounting of these patterns is stated for a Toeplitz C
         return BandMFMechanism(noise_multiplier, clip_norm, rounds=int(rounds), bands=self.bands, noise=noise,
                                kind=kind, iterations=self.iterations)
 
