@@ -7,8 +7,9 @@ default), the better of the two per point.
     python scripts/frontier.py --table [--plot docs/frontier.png] [--json docs/results/frontier.json]
 
 Configurations: independent Gaussian with Poisson sampling and with balls-in-bins; the tree with
-cyclic sampling; BandMF (16 bands) with cyclic-Poisson and with balls-in-bins; BLT with cyclic and
-with balls-in-bins (balls-in-bins: ``privacy.accountant=mc``, 66 bins = 10,000 // 150). Runs go
+cyclic sampling; BandMF (16 bands) with cyclic-Poisson, balls-in-bins and b-min-sep; BLT with
+cyclic and with balls-in-bins (balls-in-bins and b-min-sep: ``privacy.accountant=mc``; 66 bins =
+10,000 // 150; b-min-sep's calibration takes minutes: its samples cost O(rounds·bands)). Runs go
 one at a time into ``OUT/<config>-eps<E>-<clipping>/``; a finished run (its ``summary.json``) is
 skipped, so the script resumes where it stopped. A run whose test loss is not finite or above 20
 is marked diverged. "Best clipping" is chosen on the test accuracy itself (one seed): an optimistic
@@ -33,6 +34,7 @@ CONFIGS: dict[str, list[str]] = {
     "tree-cyclic": ["mechanism=tree", "sampling=cyclic"],
     "bandmf-cyclic_poisson": ["mechanism=bandmf", "mechanism.bands=16", "sampling=cyclic_poisson"],
     "bandmf-bib": ["mechanism=bandmf", "mechanism.bands=16", *MC],
+    "bandmf-bminsep": ["mechanism=bandmf", "mechanism.bands=16", "sampling=b_min_sep", "privacy.accountant=mc"],
     "blt-cyclic": ["mechanism=blt", "sampling=cyclic"],
     "blt-bib": ["mechanism=blt", *MC],
 }
