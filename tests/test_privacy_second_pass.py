@@ -131,7 +131,7 @@ SEEDED_NOT_SECRET = {
     ("fedpriv/clipping/subclass_rules.py", "base_scale"): "fixed probe inputs of a structural check",
     ("fedpriv/models/make_hf.py", "write_model_dir"): "the random initial weights of a model directory a "
                                                       "user is given to start from (public)",
-    ("fedpriv/accounting/monte_carlo.py", "_generator"): "the Monte-Carlo accountant's own samples of the "
+    ("fedpriv/accounting/monte_carlo.py", "generator"): "the Monte-Carlo accountant's own samples of the "
                                                          "dominating pair: public by design (its seed is in "
                                                          "privacy.json); they bound the claim, draw nothing",
 }

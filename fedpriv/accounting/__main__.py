@@ -248,7 +248,7 @@ def _event_maker(args: argparse.Namespace, sampler) -> tuple[Any, Any, Any]:
     relation = mechanism.neighboring_relation(sampler)
     if args.strategy_column is not None:
         column = strategy_column(args.strategy_column)
-        monte_carlo.check_event(BallsInBinsDpEvent(1.0, args.rounds, args.bins, column))
+        BallsInBinsDpEvent(1.0, args.rounds, args.bins, column).check()
         return mechanism, relation, lambda sigma: (dp_accounting.NonPrivateDpEvent() if sigma == 0 else
                                                    BallsInBinsDpEvent(sigma, args.rounds, args.bins, column))
     return mechanism, relation, lambda sigma: mechanism.dp_event(sampler, args.rounds, noise_multiplier=sigma)

@@ -189,11 +189,6 @@ def check_sigma(sigma: float) -> None:
         raise ConfigError(f"noise multiplier must be > 0, got {sigma}")
 
 
-def check_event(event: MonteCarloDpEvent) -> None:
-    """The conditions of the event's analysis (module docstring); a ``ConfigError`` names the one broken."""
-    event.check()
-
-
 # ---------------------------------------------------------------- the dominating pair
 
 
@@ -230,7 +225,7 @@ class _Pair:
         return _Pair(g, vectors[:, keep] * np.sqrt(values[keep]))
 
 
-def _generator(event: MonteCarloDpEvent, seed: int, direction: int) -> torch.Generator:
+def generator(event: MonteCarloDpEvent, seed: int, direction: int) -> torch.Generator:
     """The public sample stream of one direction: seeded by the settings' seed and the event's
     pattern (not σ: every σ of one calibration sees the same draws — common random numbers).
     torch's CPU generator is used for speed; these draws are public by design and nothing about
@@ -238,8 +233,6 @@ def _generator(event: MonteCarloDpEvent, seed: int, direction: int) -> torch.Gen
     digest = hashlib.sha256(f"{seed}|{event.pattern()}|{direction}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
-
-generator = _generator  # for the other Monte-Carlo patterns (fedpriv.accounting.min_separation)
 
 
 def privacy_losses(event: BallsInBinsDpEvent, samples: int, seed: int, positive: bool,
@@ -254,7 +247,7 @@ def privacy_losses(event: BallsInBinsDpEvent, samples: int, seed: int, positive:
     diagonal = bool(np.count_nonzero(pair.g - np.diag(np.diag(pair.g))) == 0)
     scale = torch.from_numpy(np.sqrt(np.diag(pair.g))).float() / sigma  # C = I: w's coordinates independent
     half_norms = torch.diagonal(g) / (2 * sigma * sigma)
-    gen = _generator(event, seed, int(positive))
+    gen = generator(event, seed, int(positive))
     out = np.empty(samples)
     for start in range(0, samples, CHUNK):
         size = min(CHUNK, samples - start)
