@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiment_runs import summary  # noqa: E402  (also puts the checkout on sys.path)
+from experiment_runs import run_all, summary  # noqa: E402  (also puts the checkout on sys.path)
 
 from fedpriv.rundir import read_jsonl  # noqa: E402
 
@@ -72,18 +69,6 @@ def runs() -> dict[str, list[str]]:
                                                       "privacy.clipping=adaptive",
                                                       f"privacy.adaptive.initial_bound={c0:g}"]
     return out
-
-
-def run(path: Path, overrides: list[str], threads: int | None) -> None:
-    if (path / "summary.json").exists():
-        return
-    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0")
-    if threads:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    args = [*overrides, "progress=false", f"run_dir={path}"]
-    print("python -m fedpriv.simulate", " ".join(args), flush=True)
-    subprocess.run([sys.executable, "-m", "fedpriv.simulate", *args], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
 
 
 def table(out: Path) -> str:
@@ -151,10 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     todo = {k: v for k, v in runs().items() if not args.only or k in args.only}
     if not (args.table or args.plot):
-        threads = 1 if args.jobs > 1 else None
-        with ThreadPoolExecutor(args.jobs) as pool:
-            for f in [pool.submit(run, args.out / k, v, threads) for k, v in todo.items()]:
-                f.result()
+        run_all(args.out, todo, args.jobs)
     if args.table:
         print(table(args.out))
     if args.plot:

@@ -3,7 +3,7 @@ default (DP-FedAvg, LSTM, 220 rounds, cohort 150 of 10,000) for each mechanism w
 is accounted with, each with the fixed clip 0.5 and with adaptive clipping (normalized step, the
 default), the better of the two per point.
 
-    python scripts/frontier.py [--out outputs/frontier] [--only NAME ...]     # run (resumable)
+    python scripts/frontier.py [--out outputs/frontier] [--only NAME ...] [--jobs 2]   # run (resumable)
     python scripts/frontier.py --table [--plot docs/frontier.png] [--json docs/results/frontier.json]
 
 Configurations: independent Gaussian with Poisson sampling and with balls-in-bins; the tree with
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiment_runs import run_once, summary  # noqa: E402
+from experiment_runs import run_all, summary  # noqa: E402
 
 MC = ["sampling=balls_in_bins", "privacy.accountant=mc"]
 CONFIGS: dict[str, list[str]] = {
@@ -118,15 +118,18 @@ def plot(rows: list[dict], png: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("outputs/frontier"))
-    parser.add_argument("--only", nargs="*", help="run only these names (default: all, in order)")
+    parser.add_argument("--only", nargs="*", help="run only these names, in this order (default: all)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (>1: one torch thread each)")
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     if not (args.table or args.plot or args.json):
-        for name, overrides in runs().items():
-            if not args.only or name in args.only:
-                run_once(args.out / name, overrides)
+        todo = runs()
+        unknown = sorted(set(args.only or ()) - set(todo))
+        if unknown:
+            parser.error(f"unknown run names: {', '.join(unknown)}")
+        run_all(args.out, {k: todo[k] for k in args.only} if args.only else todo, args.jobs)
         return
     rows = results(args.out)
     if args.table:
