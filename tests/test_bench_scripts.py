@@ -48,3 +48,14 @@ def test_gpt2_opacus_ghost_refusal_is_reported(bench):
     assert "tying" in bench.REFUSED["Opacus ghost"]
     bench.REFUSED.clear()
 
+
+
+def test_gpu_check_refuses_an_unknown_argument_before_doing_anything(tmp_path):
+    import subprocess
+
+    script = SCRIPT.parent / "gpu_check.sh"
+    res = subprocess.run(["bash", str(script), "--nope", "--out", str(tmp_path / "o")], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.strip().startswith("error: unknown argument --nope")
+    assert not (tmp_path / "o").exists()
