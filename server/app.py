@@ -1,7 +1,8 @@
 """Flower ServerApp for fedpriv and the two simulation backends.
 
-``backend=local`` drives the round loop with :class:`server.grid.LocalGrid` (in-process, no Ray);
-``backend=flower`` runs the same ServerApp and ClientApp under Flower's simulation engine.
+``backend=local`` runs the round loop in this process (the clients stream into the aggregate; no
+messages, no Ray); ``backend=flower`` runs the ServerApp and ClientApp under Flower's simulation
+engine. :class:`server.grid.LocalGrid` (an in-process Flower grid) serves the tests of the message path.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedpriv.backends import client_app_factory
+from fedpriv.clients import in_process_round_fn
+from fedpriv.config import client_diagnostics_enabled, resolve_config
+from fedpriv.randomness import ClientRandomness
 from fedpriv.replies import ClientReplies, RoundFn, RoundInputs
 from fedpriv.runner import RunSession, train
-from server.grid import LocalGrid
 from server.strategy import CohortStrategy
 
 log = logging.getLogger(__name__)
@@ -86,14 +89,17 @@ def make_server_app(session: RunSession, num_nodes: int, result: dict) -> Server
 
 
 def run_local(session: RunSession) -> dict:
-    """``backend=local``: ServerApp loop over an in-process grid of one node, or the one-pass
-    batched round (DP-FedSGD, DP-SGD) where the algorithm allows it."""
+    """``backend=local``: the round loop in this process — the one-pass batched round (DP-FedSGD,
+    DP-SGD) where the algorithm allows it, else the clients streamed into the aggregate one by one
+    (:func:`fedpriv.clients.in_process_round_fn`: what the ClientApp computes, without the
+    message's copies). ``backend=flower`` and deployments carry the same deltas in Flower
+    messages (tests: the same model, bit for bit)."""
     task = session.task
     batched = task.algorithm.batched_round(task.client_model, task.local, task.data.vocab.pad_id, task.units)
     if batched is not None:
         return train(session, batched)
-    grid = LocalGrid(client_app_factory()(session.cfg), num_nodes=1)
-    return train(session, grid_round_fn(grid, 1, None))
+    cfg = resolve_config(session.cfg)
+    return train(session, in_process_round_fn(task, ClientRandomness.for_config(cfg), client_diagnostics_enabled(cfg)))
 
 
 def _not_run_simulation_deprecation(record: logging.LogRecord) -> bool:
