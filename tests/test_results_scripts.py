@@ -33,3 +33,27 @@ def test_frontier_configurations_are_runs_fedpriv_accepts(tmp_path):
             for c, a in (("fixed", 0.15), ("adaptive", 0.16))]
     assert frontier.best(rows)[("gaussian-bib", 2)]["clipping"] == "adaptive"
     assert "| gaussian-bib | 2 | 0.1500 | 0.1600 | 1.000 | 0.1600 |" in frontier.table(rows)
+
+
+def test_memory_profile_attributes_a_stage_and_restores_the_outer_one():
+    import time
+    from types import SimpleNamespace
+
+    profile = _script("profile_memory")
+    sampler = profile.Sampler(every_mb=0.0)
+    owner = SimpleNamespace()
+
+    def work():
+        block = b"\x01" * (64 << 20)  # 64 MB, written (resident)
+        time.sleep(0.1)
+        return len(block)
+
+    owner.work = work
+    sampler.tag(owner, "work", "inner")
+    sampler.stage = "outer"
+    time.sleep(0.05)
+    assert owner.work() == 64 << 20
+    assert sampler.stage == "outer"
+    time.sleep(0.05)
+    assert sampler.peaks["inner"] >= sampler.peaks["outer"] + 50  # the block counts in the inner stage
+    assert any(stage == "inner" for _, stage, _ in sampler.timeline)
