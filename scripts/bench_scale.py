@@ -105,7 +105,8 @@ def main() -> None:
 def bench_device(args: argparse.Namespace, folder: Path, device: str) -> dict:
     base = overrides(args.setting, folder, args.rounds + args.warmup) + [f"device={device}"]
     loop_cfg = compose_config(base, folder / f"run-{device}-loop")
-    par_cfg = compose_config(base + [f"client.parallel={args.parallel}"], folder / f"run-{device}-par")
+    par_cfg = compose_config(base + [f"client.parallel={args.parallel}", "client.parallel_on_cpu=true"],
+                             folder / f"run-{device}-par")
     session = prepare(par_cfg)  # the server side (sampler, mechanism, optimizer) of the parallel config
     loop_task, par_task = _load_task(task_key(loop_cfg)), session.task
     rng = ClientRandomness.for_config(par_cfg)

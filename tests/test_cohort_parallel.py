@@ -104,7 +104,7 @@ def test_parallel_run_matches_the_loop_and_keeps_the_research_key(tmp_path):
     """End to end: client.parallel changes how, not what — same key, cohorts, noise and ε."""
     base = ("+experiment=smoke", "progress=false", "rounds=2")
     loop_cfg = compose_cfg(*base, run_dir=tmp_path / "loop")
-    par_cfg = compose_cfg(*base, "client.parallel=3", run_dir=tmp_path / "par")
+    par_cfg = compose_cfg(*base, "client.parallel=3", "client.parallel_on_cpu=true", run_dir=tmp_path / "par")
     assert research_key(loop_cfg) == research_key(par_cfg)
     loop, par = prepare(loop_cfg), prepare(par_cfg)
     assert loop.task.trainer is None and par.task.trainer is not None
@@ -153,7 +153,7 @@ def test_flower_workers_run_parallel_chunks_like_the_local_loop(tmp_path):
     local = prepare(compose_cfg("+experiment=smoke", "progress=false", "rounds=2", run_dir=tmp_path / "local"))
     run_local(local)
     flower = prepare(compose_cfg("+experiment=smoke", "progress=false", "rounds=2", "backend=flower",
-                                 "client.parallel=3", run_dir=tmp_path / "flower"))
+                                 "client.parallel=3", "client.parallel_on_cpu=true", run_dir=tmp_path / "flower"))
     summary = run_flower_simulation(flower)
     assert summary["backend"] == "flower" and summary["rounds"] == 2
     torch.testing.assert_close(flower.server.params, local.server.params, rtol=1e-4, atol=1e-6)
@@ -180,9 +180,24 @@ def test_parallel_example_dp_run_matches_the_loop(tmp_path):
     base = ("+experiment=smoke", "progress=false", "rounds=2", "client.dp=example",
             "client.example.noise_multiplier=1.0")
     loop, par = (prepare(compose_cfg(*base, *extra, run_dir=tmp_path / name))
-                 for name, extra in (("loop", ()), ("par", ("client.parallel=3",))))
+                 for name, extra in (("loop", ()), ("par", ("client.parallel=3", "client.parallel_on_cpu=true"))))
     assert par.task.trainer is not None and par.task.bk is not None
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in par.task.trainer.model.modules())
     run_local(loop)
     run_local(par)
     torch.testing.assert_close(par.server.params, loop.server.params, rtol=1e-4, atol=1e-6)
+
+
+def test_parallel_on_the_cpu_runs_the_loop_with_one_warning(tmp_path, caplog):
+    """client.parallel > 1 on the CPU: the per-client loop (measured faster there), one warning
+    naming client.parallel_on_cpu; the research key is the loop's (both are execution keys)."""
+    base = ("+experiment=smoke", "progress=false", "rounds=1", "device=cpu")
+    with caplog.at_level("WARNING"):
+        session = prepare(compose_cfg(*base, "client.parallel=4", run_dir=tmp_path / "par"))
+    session.run.unlock()
+    assert session.task.trainer is None
+    lines = [r.getMessage() for r in caplog.records if "client.parallel=4" in r.getMessage()]
+    assert len(lines) == 1 and "per-client loop" in lines[0] and "client.parallel_on_cpu=true" in lines[0]
+    keys = {research_key(compose_cfg(*base, *extra, run_dir=tmp_path / str(i))) for i, extra in
+            enumerate([(), ("client.parallel=4",), ("client.parallel=4", "client.parallel_on_cpu=true")])}
+    assert len(keys) == 1

@@ -91,7 +91,8 @@ def test_book_keeping_on_the_device_equals_the_cpu(case, mode):
                          ids=["sgd", "example_dp"])
 def test_cohort_parallel_equals_the_loop_on_the_device(tmp_path, extra):
     loop, _, loop_privacy = _run(tmp_path, "loop", *extra, f"device={DEVICE}")
-    par, _, par_privacy = _run(tmp_path, "par", *extra, f"device={DEVICE}", "client.parallel=3")
+    par, _, par_privacy = _run(tmp_path, "par", *extra, f"device={DEVICE}", "client.parallel=3",
+                                  "client.parallel_on_cpu=true")
     assert loop.task.trainer is None and par.task.trainer is not None
     assert par.task.trainer.device.type == DEVICE
     assert loop_privacy == par_privacy

@@ -65,8 +65,10 @@ class Client(Section):
     max_steps: Optional[int] = 2  # cap on local steps per round (null: full epochs)
     dp: Literal["none", "example"] = "none"  # example: local steps are example-level DP-SGD through Book-Keeping
     example: ExampleDP = field(default_factory=ExampleDP)
-    # clients trained in lockstep as one vectorized computation (1: one after another)
+    # clients trained in lockstep as one vectorized computation (1: one after another); on the CPU
+    # the loop runs instead unless parallel_on_cpu (measured 2.6-6.9x slower there: docs/BENCHMARKS.md)
     parallel: int = field(default=1, metadata=PRESENTATION)
+    parallel_on_cpu: bool = field(default=False, metadata=PRESENTATION)
 
     def check(self, path: str) -> None:
         positive(self, "epochs", "batch_size", "lr", "max_steps", "parallel", path=path)
