@@ -36,6 +36,7 @@ def test_frontier_configurations_are_runs_fedpriv_accepts(tmp_path):
 
 
 def test_memory_profile_attributes_a_stage_and_restores_the_outer_one():
+    import mmap
     import time
     from types import SimpleNamespace
 
@@ -44,9 +45,10 @@ def test_memory_profile_attributes_a_stage_and_restores_the_outer_one():
     owner = SimpleNamespace()
 
     def work():
-        block = b"\x01" * (64 << 20)  # 64 MB, written (resident)
-        time.sleep(0.1)
-        return len(block)
+        with mmap.mmap(-1, 64 << 20) as block:  # fresh pages (never the allocator's resident free ones)
+            block.write(b"\x01" * (64 << 20))
+            time.sleep(0.1)
+            return len(block)
 
     owner.work = work
     sampler.tag(owner, "work", "inner")
