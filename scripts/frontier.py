@@ -108,7 +108,7 @@ def plot(rows: list[dict], png: Path) -> None:
         if points:
             ax.plot(*zip(*points), "o--" if config.endswith("bib") else "o-", label=config, lw=1)
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="user-level ε (δ = 1e-5)", ylabel="test accuracy (best clipping)",
+    ax.set(xlabel="user-level ε (δ = 1e-5)", ylabel="test accuracy (best clipping measured)",
            title="privacy–utility frontier, synthetic default (220 rounds)")
     ax.legend(fontsize=7)
     fig.tight_layout()
