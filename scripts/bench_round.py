@@ -2,8 +2,10 @@
 
 Compares, in one process:
   * compute  — the summed time of the 100 client updates alone (local SGD, no transport);
-  * local    — a full round on ``backend=local`` (ClientApp via the in-process grid, message
-               encode/decode, clipping, noise, server optimizer);
+  * local    — a full round through the in-process Flower grid (ClientApp, message
+               encode/decode, clipping, noise, server optimizer): what ``backend=local`` ran until
+               it streamed its clients into the sum (fedpriv.clients.in_process_round_fn, not
+               timed here yet);
   * flower   — rounds on ``backend=flower`` (Flower's simulation engine, Ray, 2 workers).
 compute and local are interleaved round by round (this machine's speed drifts); flower runs
 afterwards in the same process (Ray start-up excluded: its first round is dropped).
