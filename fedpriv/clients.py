@@ -6,11 +6,14 @@ round (:func:`in_process_round_fn`) and the benchmarks call these; the server si
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from fedpriv.aggregation import RoundAggregate
+from fedpriv.config import client_diagnostics_enabled, resolve_config
 from fedpriv.randomness import ClientRandomness
-from fedpriv.replies import ClientUpdate, RoundFn, RoundInputs
+from fedpriv.replies import ClientUpdate, RoundFn, RoundInputs, add_updates
 from fedpriv.task import Task
 from fedpriv.training import local_update
 
@@ -25,16 +28,26 @@ def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int, r
     return ClientUpdate(user=user, delta=delta.cpu(), metrics=metrics)  # the server aggregates in host memory
 
 
-def client_updates(task: Task, params: torch.Tensor, users: list[int], round_idx: int, rng: ClientRandomness,
-                   diagnostics: bool = False) -> list[ClientUpdate]:
-    """What the clients ``users`` compute in round ``round_idx``: one after another, or in
-    cohort-parallel chunks (``client.parallel > 1``: :mod:`fedpriv.cohort_parallel`), which give
-    each user the same delta up to float rounding (the same draws per user)."""
+def iter_client_updates(task: Task, params: torch.Tensor, users: list[int], round_idx: int,
+                        rng: ClientRandomness, diagnostics: bool = False) -> Iterator[ClientUpdate]:
+    """What the clients ``users`` compute in round ``round_idx``, in their order: one after another,
+    each computed when it is asked for, or in cohort-parallel chunks (``client.parallel > 1``:
+    :mod:`fedpriv.cohort_parallel`; all of them at once), which give each user the same delta up to
+    float rounding (the same draws per user)."""
     if task.trainer is None:
-        return [client_update(task, params, user, round_idx, rng, diagnostics) for user in users]
+        for user in users:
+            yield client_update(task, params, user, round_idx, rng, diagnostics)
+        return
     results = task.trainer.updates(params, [task.units[u] for u in users],
                                    [rng.draws(round_idx, u) for u in users], diagnostics)
-    return [ClientUpdate(user=u, delta=delta.cpu(), metrics=metrics) for u, (delta, metrics) in zip(users, results)]
+    for u, (delta, metrics) in zip(users, results):
+        yield ClientUpdate(user=u, delta=delta.cpu(), metrics=metrics)
+
+
+def client_updates(task: Task, params: torch.Tensor, users: list[int], round_idx: int, rng: ClientRandomness,
+                   diagnostics: bool = False) -> list[ClientUpdate]:
+    """:func:`iter_client_updates`, all of them (a node's reply carries them together)."""
+    return list(iter_client_updates(task, params, users, round_idx, rng, diagnostics))
 
 
 class StreamedReplies:
@@ -50,35 +63,29 @@ class StreamedReplies:
         self.task, self.params, self.users = task, params, sorted(users)
         self.round_idx, self.rng, self.diagnostics = round_idx, rng, diagnostics
 
-    def _updates(self):
-        if self.task.trainer is not None:
-            yield from client_updates(self.task, self.params, self.users, self.round_idx, self.rng, self.diagnostics)
-            return
-        for user in self.users:
-            yield client_update(self.task, self.params, user, self.round_idx, self.rng, self.diagnostics)
-
     def add_to(self, agg: RoundAggregate, expected: set[int], round_idx: int) -> tuple[set[int], list[float]]:
         if round_idx != self.round_idx:
             raise ValueError(f"replies of round {self.round_idx + 1} added to round {round_idx + 1}")
-        seen: set[int] = set()
         losses: list[float] = []
-        for update in self._updates():
-            if update.user not in expected:  # never: the users are the round's cohort
-                agg.rejected += 1
-                continue
-            seen.add(update.user)
-            agg.add(update.delta)
-            if "train_loss" in update.metrics:
-                losses.append(update.metrics["train_loss"])
-        return seen, losses
+
+        def noting_losses() -> Iterator[ClientUpdate]:
+            for update in iter_client_updates(self.task, self.params, self.users, self.round_idx, self.rng,
+                                              self.diagnostics):
+                if "train_loss" in update.metrics:
+                    losses.append(update.metrics["train_loss"])
+                yield update
+
+        return add_updates(agg, expected, noting_losses()), losses
 
 
-def in_process_round_fn(task: Task, rng: ClientRandomness, diagnostics: bool) -> RoundFn:
-    """``backend=local``'s round: the cohort's clients run here and stream into the aggregate
-    (:class:`StreamedReplies`); no message, no wire encoding. ``rng`` and ``diagnostics`` are the
-    ClientApp's (:func:`fedpriv.randomness.ClientRandomness.for_config`,
-    :func:`fedpriv.config.client_diagnostics_enabled`), so the clients compute what they compute
-    behind Flower."""
+def in_process_round_fn(task: Task, cfg: dict) -> RoundFn:
+    """``backend=local``'s round for the run ``cfg``: the cohort's clients run here and stream into
+    the aggregate (:class:`StreamedReplies`); no message, no wire encoding. Their randomness and
+    diagnostics are the ClientApp's for ``cfg`` (:meth:`ClientRandomness.for_config`,
+    :func:`fedpriv.config.client_diagnostics_enabled`), so they compute what they compute behind
+    Flower."""
+    cfg = resolve_config(cfg)
+    rng, diagnostics = ClientRandomness.for_config(cfg), client_diagnostics_enabled(cfg)
 
     def round_fn(inputs: RoundInputs) -> StreamedReplies:
         return StreamedReplies(task, inputs.params, [int(u) for u in inputs.cohort], inputs.round_idx, rng,

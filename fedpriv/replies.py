@@ -9,7 +9,7 @@ to the round's aggregate through the one method :meth:`Replies.add_to`; the serv
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -62,14 +62,22 @@ class ClientReplies:
         self.updates = list(updates)
 
     def add_to(self, agg: RoundAggregate, expected: set[int], round_idx: int) -> tuple[set[int], list[float]]:
-        seen: set[int] = set()
-        for update in sorted(self.updates, key=lambda u: u.user):
-            if update.user not in expected or update.user in seen:
-                agg.rejected += 1
-                continue
-            seen.add(update.user)  # it replied: a malformed reply is rejected, not dropped
-            if update.delta is None:
-                agg.rejected += 1
-            else:
-                agg.add(update.delta)
+        seen = add_updates(agg, expected, sorted(self.updates, key=lambda u: u.user))
         return seen, [u.metrics["train_loss"] for u in self.updates if "train_loss" in u.metrics]
+
+
+def add_updates(agg: RoundAggregate, expected: set[int], updates: Iterable[ClientUpdate]) -> set[int]:
+    """Add ``updates`` to ``agg`` one at a time, in the order given (callers give user order);
+    returns the users of ``expected`` that replied. Replies from users outside ``expected`` and
+    duplicates are rejected; a malformed one (``delta=None``) is rejected but its user replied."""
+    seen: set[int] = set()
+    for update in updates:
+        if update.user not in expected or update.user in seen:
+            agg.rejected += 1
+            continue
+        seen.add(update.user)  # it replied: a malformed reply is rejected, not dropped
+        if update.delta is None:
+            agg.rejected += 1
+        else:
+            agg.add(update.delta)
+    return seen

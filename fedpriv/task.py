@@ -76,7 +76,7 @@ def task_key(cfg: Mapping[str, Any]) -> str:
     return json.dumps(key, sort_keys=True, default=str)
 
 
-def cohort_parallel(client, device: torch.device) -> bool:
+def cohort_parallel(client: schema.Client, device: torch.device) -> bool:
     """Whether clients train in cohort-parallel chunks: ``client.parallel > 1`` on an accelerator,
     or on the CPU with ``client.parallel_on_cpu``. On the CPU the chunks measured 2.6× (default
     experiment) to 6.9× (StackOverflow-size round) slower than the per-client loop (docs/BENCHMARKS.md

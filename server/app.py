@@ -17,8 +17,6 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedpriv.backends import client_app_factory
 from fedpriv.clients import in_process_round_fn
-from fedpriv.config import client_diagnostics_enabled, resolve_config
-from fedpriv.randomness import ClientRandomness
 from fedpriv.replies import ClientReplies, RoundFn, RoundInputs
 from fedpriv.runner import RunSession, train
 from server.strategy import CohortStrategy
@@ -98,8 +96,7 @@ def run_local(session: RunSession) -> dict:
     batched = task.algorithm.batched_round(task.client_model, task.local, task.data.vocab.pad_id, task.units)
     if batched is not None:
         return train(session, batched)
-    cfg = resolve_config(session.cfg)
-    return train(session, in_process_round_fn(task, ClientRandomness.for_config(cfg), client_diagnostics_enabled(cfg)))
+    return train(session, in_process_round_fn(task, session.cfg))
 
 
 def _not_run_simulation_deprecation(record: logging.LogRecord) -> bool:
