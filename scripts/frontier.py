@@ -1,7 +1,7 @@
 """Issue 30's privacy–utility frontier: accuracy at ε ∈ {1, 2, 4, 8} (δ = 1e-5) on the synthetic
 default (DP-FedAvg, LSTM, 220 rounds, cohort 150 of 10,000) for each mechanism with the samplers it
-is accounted with, each with the fixed clip 0.5 and with adaptive clipping (normalized step, the
-default), the better of the two per point.
+is accounted with, each with the fixed clip 0.5, the fixed clip 1.0 and adaptive clipping (normalized
+step, the default), the best of those measured per point.
 
     python scripts/frontier.py [--out outputs/frontier] [--only NAME ...] [--jobs 2]   # run (resumable)
     python scripts/frontier.py --table [--plot docs/frontier.png] [--json docs/results/frontier.json]
@@ -39,7 +39,7 @@ CONFIGS: dict[str, list[str]] = {
     "blt-bib": ["mechanism=blt", *MC],
 }
 EPSILONS = (8, 4, 2, 1)
-CLIPPINGS = {"fixed": [], "adaptive": ["privacy.clipping=adaptive"]}
+CLIPPINGS = {"fixed": [], "fixed1": ["privacy.clip_norm=1.0"], "adaptive": ["privacy.clipping=adaptive"]}
 DIVERGED_LOSS = 20.0
 
 
@@ -79,7 +79,8 @@ def best(rows: list[dict]) -> dict[tuple[str, int], dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| configuration | ε | fixed 0.5 | adaptive (normalized) | σ | best |", "|---|---|---|---|---|---|"]
+    lines = ["| configuration | ε | fixed 0.5 | fixed 1.0 | adaptive (normalized) | σ | best |",
+             "|---|---|---|---|---|---|---|"]
     by = {(r["config"], r["epsilon"], r["clipping"]): r for r in rows}
     for eps in EPSILONS:
         for config in CONFIGS:
@@ -90,7 +91,7 @@ def table(rows: list[dict]) -> str:
             r = best(rows).get((config, eps))
             if r is None:
                 continue
-            lines.append(f"| {config} | {eps} | {cells[0]} | {cells[1]} | {r['noise_multiplier']:.3f} | "
+            lines.append(f"| {config} | {eps} | {' | '.join(cells)} | {r['noise_multiplier']:.3f} | "
                          f"{r['accuracy']:.4f} |")
     return "\n".join(lines)
 
