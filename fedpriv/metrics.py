@@ -60,12 +60,27 @@ def sequence_token_losses(model: nn.Module, rows: torch.Tensor, pad_id: int,
     return ce.sum(dim=1), (y != pad_id).sum(dim=1)
 
 
+EVAL_ROWS = 256  # rows per evaluation batch, at most
+EVAL_LOGITS_BYTES = 64 << 20  # at most this much of float32 logits per evaluation batch
+
+
+def eval_batch_rows(seq_len: int, vocab_size: int) -> int:
+    """Rows per evaluation batch: :data:`EVAL_ROWS`, fewer where a batch's logits (at most
+    ``rows · seq_len · vocab_size`` float32, and as much again for the log-softmax) would pass
+    :data:`EVAL_LOGITS_BYTES`: evaluation's memory then does not grow with the vocabulary
+    (10k words: 83 rows, 64 MB of logits, where 256 rows held 205 MB)."""
+    return max(1, min(EVAL_ROWS, EVAL_LOGITS_BYTES // (4 * max(seq_len, 1) * vocab_size)))
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: int = 256,
+def evaluate(model: nn.Module, rows: np.ndarray, vocab: Vocabulary, batch_size: int | None = None,
              word_of: np.ndarray | None = None) -> dict[str, float]:
     """Accuracy (both variants), loss and perplexity of ``model`` on ``rows`` [N, seq_len+1]; with
     ``word_of`` (the word index of each target, subword tokenizers) also ``word_accuracy``: the
-    share of words all of whose tokens are predicted right (:func:`~fedpriv.text.tokenizers.next_word_accuracy`)."""
+    share of words all of whose tokens are predicted right (:func:`~fedpriv.text.tokenizers.next_word_accuracy`).
+    ``batch_size``: rows per batch (None: :func:`eval_batch_rows`)."""
+    if batch_size is None:
+        batch_size = eval_batch_rows(np.shape(rows)[1] - 1, vocab.size)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device

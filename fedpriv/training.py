@@ -51,10 +51,10 @@ def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray
         if bk is None:
             raise ValueError("client.dp=example needs a BookKeeping engine on the client model")
         dp_sgd_steps(model, bk, rows, cfg.lr, cfg.dp, draws, pad_id)
-        return get_flat_params(model) - global_params, {}
+        return get_flat_params(model).sub_(global_params), {}
     losses: list[torch.Tensor] | None = [] if diagnostics else None
     steps = _sgd_steps(model, rows, cfg, draws.order, pad_id, losses)
-    delta = get_flat_params(model) - global_params
+    delta = get_flat_params(model).sub_(global_params)  # in the fresh copy: no second model-sized tensor
     if losses is None:
         return delta, {}
     return delta, {"train_loss": float(torch.stack(losses).mean()) if losses else 0.0,

@@ -2,15 +2,18 @@
 
 Compares, in one process:
   * compute  — the summed time of the 100 client updates alone (local SGD, no transport);
-  * local    — a full round through the in-process Flower grid (ClientApp, message
-               encode/decode, clipping, noise, server optimizer): what ``backend=local`` ran until
-               it streamed its clients into the sum (fedpriv.clients.in_process_round_fn, not
-               timed here yet);
+  * local    — a full round on ``backend=local``: the clients stream into the round's sum
+               (fedpriv.clients.in_process_round_fn; no message), then clipping, noise, server
+               optimizer, EMA;
+  * grid     — the same round through the in-process Flower grid (ClientApp, one message per
+               node, encode/decode): what ``backend=local`` ran before it streamed its clients;
   * flower   — rounds on ``backend=flower`` (Flower's simulation engine, Ray, 2 workers).
-compute and local are interleaved round by round (this machine's speed drifts); flower runs
-afterwards in the same process (Ray start-up excluded: its first round is dropped).
+Every round runs compute and one full round (local and grid alternate, each round the server's
+state advances once), in alternating order; each full round is divided by its own round's compute
+and the medians of those ratios are reported (this machine's speed drifts). flower runs afterwards
+in the same process (Ray start-up excluded: its first round is dropped).
 
-    python scripts/bench_round.py [--rounds 5] [--steps 1] [--json PATH]
+    python scripts/bench_round.py [--rounds 6] [--steps 1] [--json PATH]
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 def compose(run_dir: Path, args: argparse.Namespace, *extra: str) -> dict:
     from fedpriv.compose import compose_config
 
-    overrides = ["rounds=%d" % (args.rounds + 1), "cohort_size=100", "sampling=fixed", "progress=false",
+    overrides = ["rounds=%d" % (args.rounds + 2), "cohort_size=100", "sampling=fixed", "progress=false",
                  "eval_every=1000", "privacy.noise_multiplier=1.0", "privacy.clip_norm=1.0",
                  "data.synthetic.num_users=1000", "data.synthetic.vocab_size=10000",
                  "data.synthetic.num_test=100", "data.synthetic.num_public=100",
@@ -41,7 +44,7 @@ def compose(run_dir: Path, args: argparse.Namespace, *extra: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per system")
+    parser.add_argument("--rounds", type=int, default=6, help="timed rounds (half local, half grid)")
     parser.add_argument("--steps", type=int, default=1, help="local steps per client (0: one full epoch)")
     parser.add_argument("--skip-flower", action="store_true")
     parser.add_argument("--json", type=Path)
@@ -52,7 +55,7 @@ def main() -> None:
     from client.app import make_client_app
     from fedpriv.randomness import ClientRandomness
     from fedpriv.rundir import json_text, write_json
-    from fedpriv.clients import client_update
+    from fedpriv.clients import client_update, in_process_round_fn
     from fedpriv.runner import prepare
     from server.app import grid_round_fn, run_flower_simulation
     from server.grid import LocalGrid
@@ -61,12 +64,16 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_round_"))
     session = prepare(compose(tmp / "local", args))
     task, server = session.task, session.server
-    round_fn = grid_round_fn(LocalGrid(make_client_app(session.cfg)), 1, None)
+    round_fns = {"local": in_process_round_fn(task, session.cfg),
+                  "grid": grid_round_fn(LocalGrid(make_client_app(session.cfg)), 1, None)}
     rng = ClientRandomness.for_config(session.cfg)
-    times: dict[str, list[float]] = {"compute": [], "local": []}
-    for r in range(args.rounds + 1):  # round 0 warms up both paths
+    times: dict[str, list[float]] = {"compute": [], "local": [], "grid": []}
+    ratios: dict[str, list[float]] = {"local": [], "grid": []}
+    for r in range(args.rounds + 2):  # rounds 0 and 1 warm up both paths
         cohort = server.cohort(r)
-        for kind in (("compute", "local") if r % 2 else ("local", "compute")):
+        system = ("local", "grid")[r % 2]
+        spent = {}
+        for kind in (("compute", system) if (r // 2) % 2 else (system, "compute")):
             if kind == "compute":
                 total = 0.0
                 for u in cohort:
@@ -75,12 +82,16 @@ def main() -> None:
                     total += time.perf_counter() - t0
             else:
                 t0 = time.perf_counter()
-                server.apply_round(r, cohort, round_fn(server.round_inputs(r, cohort)))
+                server.apply_round(r, cohort, round_fns[kind](server.round_inputs(r, cohort)))
                 total = time.perf_counter() - t0
-            if r:
+            spent[kind] = total
+        if r >= 2:
+            for kind, total in spent.items():
                 times[kind].append(total)
+            ratios[system].append(spent[system] / spent["compute"])
     result = {k: statistics.median(v) for k, v in times.items()}
-    result["local_overhead"] = result["local"] / result["compute"] - 1
+    result.update({f"{k}_ratio_to_compute": statistics.median(v) for k, v in ratios.items()})
+    result["ratios"] = ratios
     if not args.skip_flower:
         fl = prepare(compose(tmp / "flower", args, "backend=flower"))
         run_flower_simulation(fl)

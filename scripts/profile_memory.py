@@ -1,12 +1,14 @@
 """Where a run's memory goes: resident memory (``VmRSS``) sampled every 10 ms while a run goes
 through its stages, reported as the peak per stage and the growth timeline.
 
-    python scripts/profile_memory.py [OVERRIDES ...] [--every-mb 40]     # e.g. rounds=3
+    python scripts/profile_memory.py [OVERRIDES ...] [--every-mb 40] [--users-every K]   # e.g. rounds=3
 
 Stages: imports, compose, prepare (data, model, calibration), then within the rounds the client
 updates (``fedpriv.clients.client_update``), the server's round (``DPFedAvg.apply_round``: clip,
 sum, noise, optimizer), the checkpoint, the published files and evaluation; what runs outside
-those (the round function's own work) is "rounds (other)". Linux only (reads /proc/self/status).
+those (the round function's own work) is "rounds (other)". ``--users-every K`` also prints RSS after
+every K client updates against the number of distinct users read so far: memory that grows with the
+users read (an unbounded cache) shows there. Linux only (reads /proc/self/status).
 The run goes to a temporary directory; nothing is kept.
 """
 
@@ -64,11 +66,28 @@ class Sampler:
 
         setattr(owner, name, tagged)
 
+    def count_users(self, owner, name: str, every: int) -> None:
+        """After every ``every`` calls of ``owner.name(task, params, user, ...)``: (calls, distinct
+        users so far, RSS MB) into ``self.users``."""
+        inner, seen, calls, self.users = getattr(owner, name), set(), [0], []
+
+        @functools.wraps(inner)
+        def counted(task, params, user, *args, **kwargs):
+            out = inner(task, params, user, *args, **kwargs)
+            seen.add(user)
+            calls[0] += 1
+            if calls[0] % every == 0:
+                self.users.append((calls[0], len(seen), rss_mb()))
+            return out
+
+        setattr(owner, name, counted)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--every-mb", type=float, default=40.0, help="timeline: moves larger than this")
+    parser.add_argument("--users-every", type=int, help="RSS after every K client updates, with the users read")
     args = parser.parse_args()
     sampler = Sampler(args.every_mb)
     import fedpriv.clients as clients
@@ -82,6 +101,8 @@ def main() -> None:
                                (runner, "_checkpoint", "checkpoint"), (runner, "_publish", "publish"),
                                (runner, "evaluate_params", "evaluate")):
         sampler.tag(owner, name, label)
+    if args.users_every:
+        sampler.count_users(clients, "client_update", args.users_every)
     with tempfile.TemporaryDirectory() as tmp:
         sampler.stage = "compose"
         cfg = compose_config([*args.overrides, "progress=false"], Path(tmp) / "run")
@@ -97,6 +118,10 @@ def main() -> None:
     for stage, peak in sampler.peaks.items():
         print(f"  {stage:16s} {peak:7.0f} MB")
     print(f"peak {max(sampler.peaks.values()):.0f} MB")
+    if args.users_every:
+        print("client updates, distinct users read, RSS MB:")
+        for calls, users, rss in sampler.users:
+            print(f"  {calls:8d} {users:8d} {rss:7.0f}")
 
 
 if __name__ == "__main__":
