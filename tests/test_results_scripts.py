@@ -29,10 +29,12 @@ def test_frontier_configurations_are_runs_fedpriv_accepts(tmp_path):
         preflight(compose_cfg("+experiment=smoke", *overrides, "privacy.mc.samples=20000",
                               run_dir=tmp_path / config))
     rows = [{"config": "gaussian-bib", "epsilon": 2, "clipping": c, "accuracy": a, "loss": 4.0,
-             "noise_multiplier": 1.0, "claimed_epsilon": 2.0, "diverged": False}
-            for c, a in (("fixed", 0.15), ("adaptive", 0.16))]
-    assert frontier.best(rows)[("gaussian-bib", 2)]["clipping"] == "adaptive"
-    assert "| gaussian-bib | 2 | 0.1500 | 0.1600 | 1.000 | 0.1600 |" in frontier.table(rows)
+             "noise_multiplier": 1.0, "claimed_epsilon": 2.0, "diverged": d}
+            for c, a, d in (("fixed", 0.15, False), ("adaptive", 0.16, False), ("fixed1", 0.17, True))]
+    assert frontier.best(rows)[("gaussian-bib", 2)]["clipping"] == "adaptive"  # a diverged run is never the best
+    assert "| gaussian-bib | 2 | — | 0.1500 | 0.1700 (diverged) | 0.1600 | 1.000 | 0.1600 |" in frontier.table(rows)
+    assert frontier.best(rows[2:])[("gaussian-bib", 2)]["clipping"] == "fixed1"  # unless nothing else ran
+    assert 8.0 < frontier.UNIFORM_LOSS < 8.02  # ln 3004: a model worse than a uniform guess diverged
 
 
 def test_memory_profile_attributes_a_stage_and_restores_the_outer_one():
