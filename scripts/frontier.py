@@ -40,8 +40,13 @@ CONFIGS: dict[str, list[str]] = {
     "blt-bib": ["mechanism=blt", *MC],
 }
 EPSILONS = (8, 4, 2, 1)
-CLIPPINGS = {"fixed0.25": ["privacy.clip_norm=0.25"], "fixed": [], "fixed1": ["privacy.clip_norm=1.0"],
-             "adaptive": ["privacy.clipping=adaptive"]}
+# run-name suffix → (table column, overrides)
+CLIPPINGS: dict[str, tuple[str, list[str]]] = {
+    "fixed0.25": ("fixed 0.25", ["privacy.clip_norm=0.25"]),
+    "fixed": ("fixed 0.5", []),
+    "fixed1": ("fixed 1.0", ["privacy.clip_norm=1.0"]),
+    "adaptive": ("adaptive (normalized)", ["privacy.clipping=adaptive"]),
+}
 UNIFORM_LOSS = math.log(3000 + 4)  # test loss of a uniform guess over the synthetic default's 3,004 ids
 
 
@@ -50,7 +55,7 @@ def runs() -> dict[str, list[str]]:
     out = {}
     for eps in EPSILONS:
         for config, overrides in CONFIGS.items():
-            for clipping, extra in CLIPPINGS.items():
+            for clipping, (_, extra) in CLIPPINGS.items():
                 out[f"{config}-eps{eps}-{clipping}"] = [*overrides, f"privacy.target_epsilon={eps}", *extra]
     return out
 
@@ -81,16 +86,17 @@ def best(rows: list[dict]) -> dict[tuple[str, int], dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| configuration | ε | fixed 0.25 | fixed 0.5 | fixed 1.0 | adaptive (normalized) | σ | best |",
-             "|---|---|---|---|---|---|---|---|"]
+    columns = ["configuration", "ε", *(label for label, _ in CLIPPINGS.values()), "σ", "best"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     by = {(r["config"], r["epsilon"], r["clipping"]): r for r in rows}
+    top = best(rows)
     for eps in EPSILONS:
         for config in CONFIGS:
             cells = []
             for clipping in CLIPPINGS:
                 r = by.get((config, eps, clipping))
                 cells.append("—" if r is None else f"{r['accuracy']:.4f}" + (" (diverged)" if r["diverged"] else ""))
-            r = best(rows).get((config, eps))
+            r = top.get((config, eps))
             if r is None:
                 continue
             lines.append(f"| {config} | {eps} | {' | '.join(cells)} | {r['noise_multiplier']:.3f} | "
