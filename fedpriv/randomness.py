@@ -24,8 +24,9 @@ keystream, :class:`fedpriv.clipping.noise.GaussianKeystream`) are read, so the s
 replay them; and a ``torch.Generator`` for the minibatch order of plain local SGD, which no
 guarantee relies on.
 
-Floating point: normals come from the Box–Muller transform of 53-bit uniforms in float64; like
-every floating-point Gaussian sampler this does not address the least-significant-bit attack of
+Floating point: the mechanisms' normals come from the Box–Muller transform in float32 of a 64-bit
+radius word and a 32-bit angle word (:class:`NoiseStream`; ``|z| ≤ 9.49``); like every
+floating-point Gaussian sampler this does not address the least-significant-bit attack of
 Mironov, "On Significance of the Least Significant Bits for Differential Privacy" (docs/PRIVACY.md).
 """
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedpriv.clipping.noise import GaussianKeystream
 from fedpriv.research_key import paired, research_key
 from fedpriv.schema import secure_mode
 
@@ -78,18 +79,6 @@ def uniforms(key: bytes, label: str, index: tuple[int, ...], n: int) -> np.ndarr
 def uint64s(key: bytes, label: str, index: tuple[int, ...], n: int) -> np.ndarray:
     """``n`` uniform 64-bit words."""
     return np.frombuffer(keystream(key, label, index, 8 * n), dtype="<u8").copy()
-
-
-def normals(key: bytes, label: str, index: tuple[int, ...], shape: tuple[int, ...],
-            dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Standard normals of ``shape`` by Box–Muller from 53-bit uniforms (computed in float64)."""
-    n = math.prod(shape)
-    pairs = (n + 1) // 2
-    u = torch.from_numpy(uniforms(key, label, index, 2 * pairs)).view(2, pairs)
-    radius = torch.sqrt(-2.0 * torch.log1p(-u[0]))  # 1 − u ∈ (0, 1]: the log is finite
-    angle = (2.0 * math.pi) * u[1]
-    out = torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:n]
-    return out.view(shape).to(dtype)
 
 
 def mode_label(described: Mapping[str, Any]) -> str:
@@ -163,7 +152,9 @@ class RunRandomness:
 
 
 class NoiseStream:
-    """Gaussian noise for a mechanism: draw ``k`` is ``normals(key, "noise", (k,), shape)``.
+    """Gaussian noise for a mechanism: draw ``k`` is the normals of a ChaCha20 keystream
+    (:class:`~fedpriv.clipping.noise.GaussianKeystream`, 64-bit radius words: ``|z| ≤ 9.49``,
+    on every core) under the draw's own key ``SHAKE-256(key ‖ "noise" ‖ k)`` (32 bytes).
 
     The state is the number of draws so far (checkpointed), so a resumed run continues the same
     stream; the key comes from :class:`RunRandomness` and is never part of the state.
@@ -181,9 +172,9 @@ class NoiseStream:
         return RunRandomness(key_from_seed(seed), RESEARCH).noise()
 
     def normal(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
-        out = normals(self._key, "noise", (self.draws,), tuple(shape))
+        draw_key = keystream(self._key, "noise", (self.draws,), KEY_BYTES)
         self.draws += 1
-        return out
+        return GaussianKeystream(draw_key, wide_tail=True).normal(tuple(shape))
 
     def state_dict(self) -> dict:
         return {"draws": self.draws}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -80,10 +81,11 @@ def test_noise_blocks_never_collide_whatever_their_index():
     assert stream.blocks_drawn == 2
 
 
-def test_keystream_normals_are_standard_normal():
+@pytest.mark.parametrize("wide_tail", [False, True])
+def test_keystream_normals_are_standard_normal(wide_tail):
     """Box–Muller of the ChaCha20 words: mean 0, variance 1, the normal's tails and independence
-    of neighbours (the cos and sin halves of one block included)."""
-    z = GaussianKeystream(b"\x02" * 32).normal((2_000_000,)).double()
+    of neighbours (the cos and sin halves of one block included), for both radius resolutions."""
+    z = GaussianKeystream(b"\x02" * 32, wide_tail=wide_tail).normal((2_000_000,)).double()
     assert abs(float(z.mean())) < 0.003 and abs(float(z.std()) - 1.0) < 0.003
     assert float((z.abs() > 3).double().mean()) == pytest.approx(0.0026998, rel=0.06)
     assert float((z.abs() > 4).double().mean()) == pytest.approx(6.334e-5, rel=0.35)
@@ -91,6 +93,52 @@ def test_keystream_normals_are_standard_normal():
     half = (1 << 20) // 2
     assert abs(_corr(z[:half], z[half:2 * half])) < 0.005  # r·cosθ vs r·sinθ of the same pairs
     assert abs(_corr(z[:half] ** 2, z[half:2 * half] ** 2)) < 0.01  # independent, not only uncorrelated
+
+
+class _ConstantKeystream:
+    """A stand-in cipher whose keystream is one repeated byte (to reach Box–Muller's extremes)."""
+
+    def __init__(self, byte: int) -> None:
+        self.byte = byte
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+    def encryptor(self):
+        return self
+
+    def update_into(self, data, buf):
+        buf[:len(data)] = bytes([self.byte]) * len(data)
+
+
+@pytest.mark.parametrize("wide_tail, bound", [(False, (2 * 33 * math.log(2)) ** 0.5),
+                                              (True, (2 * 65 * math.log(2)) ** 0.5)])
+def test_keystream_radius_bounds(monkeypatch, wide_tail, bound):
+    """The largest normal each resolution can produce (an all-zero radius word: u = 2^-33 or
+    2^-65) is 6.76 or 9.49, and an all-ones word gives a radius of 0 (u = 1, never above)."""
+    import fedpriv.clipping.noise as noise
+
+    monkeypatch.setattr(noise, "Cipher", _ConstantKeystream(0))
+    z = GaussianKeystream(b"\x03" * 32, wide_tail=wide_tail).normal((6,))
+    assert torch.allclose(z[:3], torch.full((3,), bound), rtol=1e-5) and torch.equal(z[3:], torch.zeros(3))
+    monkeypatch.setattr(noise, "Cipher", _ConstantKeystream(0xFF))
+    z = GaussianKeystream(b"\x03" * 32, wide_tail=wide_tail).normal((6,))
+    assert torch.all(torch.isfinite(z)) and float(z.abs().max()) == 0.0
+
+
+def test_mechanism_noise_is_a_wide_keystream_under_each_draws_own_key():
+    """The server mechanisms' draw k is the wide-tailed ChaCha20 keystream under SHAKE-256(key ‖
+    "noise" ‖ k): a resumed stream (its draw count restored) continues it; draws are unrelated."""
+    from fedpriv.randomness import KEY_BYTES, NoiseStream, keystream
+
+    key = b"\x07" * 32
+    stream = NoiseStream(key)
+    first, second = stream.normal((3000,)), stream.normal((3000,))
+    expected = GaussianKeystream(keystream(key, "noise", (1,), KEY_BYTES), wide_tail=True).normal((3000,))
+    assert torch.equal(second, expected) and abs(_corr(first, second)) < 0.1
+    resumed = NoiseStream(key)
+    resumed.load_state_dict({"draws": 1})
+    assert torch.equal(resumed.normal((3000,)), second)
 
 
 def test_example_masks_are_keyed_poisson_draws():
