@@ -539,6 +539,18 @@ def test_noise_runs_no_torch_op_on_a_pool_thread(monkeypatch, dtype) -> None:
     assert abs(float(draws[0].float().std()) - 0.5) < 0.01
 
 
+def test_noise_into_a_tensor_in_autograd_goes_through_torch() -> None:
+    """A write through numpy would bypass autograd's version counter: noise added into a tensor
+    saved for backward must still make that backward fail (as any in-place change does)."""
+    weight = torch.ones(3, requires_grad=True)
+    saved = torch.ones(3, requires_grad=True) * 1.0
+    out = (saved * weight).sum()  # saves `saved` for weight's gradient
+    with torch.no_grad():
+        GaussianKeystream(b"q" * 32).add_([saved], 1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()
+
+
 def test_seeded_noise_is_reproducible_and_zero_noise_is_deterministic() -> None:
     model, loss_fn, data = make_case("lstm")
     results = []

@@ -26,7 +26,7 @@ The pool threads add into host tensors with numpy, never with a torch op: a para
 called from another thread starts another OpenMP team, and after one such draw the process's
 torch training ran 1.35× slower (measured: 100 LSTM client updates, 4.1 s → 5.6 s on 2 cores);
 device tensors are copied and added by torch there (no OpenMP), and a host dtype numpy lacks
-(bfloat16) is added on the calling thread, block by block.
+(bfloat16), like a tensor that requires grad, is added on the calling thread, block by block.
 
 torch's own float32 ``normal_`` stops near 5.8. Like every floating-point sampler this leaves
 Mironov's least-significant-bit attack open ("On Significance of the Least Significant Bits for
@@ -125,8 +125,10 @@ def _fill_block(key: bytes, block: int, size: int, wide_tail: bool = False) -> t
 
 
 def _host_array(flat: Tensor) -> Optional[np.ndarray]:
-    """A numpy view sharing ``flat``'s memory when it is a host tensor of a dtype numpy adds into."""
-    if flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64, torch.float16):
+    """A numpy view sharing ``flat``'s memory when it is a host tensor of a dtype numpy adds into
+    and outside autograd (a write through numpy bypasses autograd's check of in-place changes)."""
+    if (flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64, torch.float16)
+            and not flat.requires_grad):
         return flat.detach().numpy()
     return None
 
@@ -188,7 +190,7 @@ class GaussianKeystream:
                     flats[k][lo:hi].add_(torch.from_numpy(half).to(flats[k].device), alpha=std)
 
         if any(a is None and f.device.type == "cpu" for a, f in zip(arrays, flats)):
-            for j in range(len(blocks)):  # a host dtype numpy lacks (bfloat16): torch adds on this thread
+            for j in range(len(blocks)):  # bfloat16, or a tensor in autograd: torch adds on this thread
                 draw(j)
         else:
             run_blocks(draw, len(blocks))
