@@ -20,6 +20,7 @@ from fedpriv.config import client_diagnostics_enabled, resolve_config
 from fedpriv.randomness import ClientRandomness
 from fedpriv.clients import client_updates
 from fedpriv.task import load_task
+from fedpriv.allocator import retain_freed_memory
 
 
 def train_reply(cfg: dict, msg: Message, rng: ClientRandomness) -> Message:
@@ -36,6 +37,7 @@ def make_client_app(cfg: dict) -> ClientApp:
     """A ClientApp for the experiment ``cfg`` (plain dict of the Hydra config)."""
     cfg = resolve_config(cfg)
     rng = ClientRandomness.for_config(cfg)
+    retain_freed_memory()  # clients reallocate the same large tensors every step (fedpriv.allocator)
     app = ClientApp()
 
     @app.train()

@@ -41,6 +41,7 @@ from fedpriv.rundir import CHECKPOINT_FORMAT, RunDirectory
 from fedpriv.schema import RunConfig
 from fedpriv.sampling import make_sampler
 from fedpriv.task import Task, load_task
+from fedpriv.allocator import retain_freed_memory
 
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
     ``privacy.secure_rng=null`` are resolved here, so config.yaml names what the run does.
     """
     spec = _typed(cfg)
+    retain_freed_memory()  # the run reallocates the same large tensors every step (fedpriv.allocator)
     own = run is None
     run = run if run is not None else RunDirectory(cfg["run_dir"]).lock()
     try:

@@ -1,6 +1,6 @@
 """DP-FedSGD round: one batched Book-Keeping pass vs the per-client loop, in users per second.
 
-    python scripts/bench_fedsgd.py [--rounds 5] [--cohort 100] [--json PATH] [overrides ...]
+    python scripts/bench_fedsgd.py [--rounds 5] [--cohort 100] [--system-malloc] [--json PATH] [overrides ...]
 
 Both compute the same clipped sum Σ_u min(1, C/‖Δ_u‖) Δ_u of one-step deltas (checked every
 round) for the cohorts of rounds 0..R-1 of the default experiment (synthetic data, LSTM) with
@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fedpriv.aggregation import clip_factor  # noqa: E402
+from fedpriv.allocator import retain_freed_memory  # noqa: E402
 from fedpriv.cohort import CohortClipper  # noqa: E402
 from fedpriv.compose import compose_config  # noqa: E402
 from fedpriv.randomness import ClientRandomness, key_from_seed  # noqa: E402
@@ -39,10 +40,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--user-rows", type=int, default=None,
                         help="keep only each user's first K sentences (small-data users, e.g. keyboards)")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="leave glibc's malloc as it is (runs tune it: fedpriv.allocator)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    retained = False if args.system_malloc else retain_freed_memory()
     cfg = compose_config(["algorithm=dp_fedsgd", *args.overrides])
     task = load_task(cfg)
     if args.user_rows:
@@ -88,9 +92,10 @@ def main() -> None:
               "one_pass_users_per_s": args.cohort / med_one, "loop_users_per_s": args.cohort / med_loop,
               "speedup": med_loop / med_one, "mode": cfg["algorithm"]["clipping_mode"],
               "flat_output_layer": clipper.flat, "one_pass_full_layout_s": med_full,
-              "full_layout_speedup": med_loop / med_full}
+              "full_layout_speedup": med_loop / med_full, "retained_freed_memory": retained}
     print(f"{result['model']}, cohort {args.cohort} (median {result['median_rows_per_cohort']:.0f} rows), "
-          f"{args.rounds} rounds, {args.threads} threads")
+          f"{args.rounds} rounds, {args.threads} threads, "
+          f"{'freed memory retained (fedpriv.allocator)' if retained else 'system malloc'}")
     print(f"one-pass BK ({result['mode']}): {med_one:.3f} s/round = {result['one_pass_users_per_s']:.0f} users/s")
     print(f"one-pass, head on [B, T]: {med_full:.3f} s/round = {args.cohort / med_full:.0f} users/s")
     print(f"per-client loop:          {med_loop:.3f} s/round = {result['loop_users_per_s']:.0f} users/s")
