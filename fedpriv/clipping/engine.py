@@ -57,6 +57,7 @@ from fedpriv.clipping.subclass_rules import subclass_rule
 
 MODES = ("ghost", "instantiate", "mixopt")
 _INSTANTIATE_BUDGET = 1 << 24  # floats of per-unit gradients held at once on the grouped path
+_KEEP_BUDGET = 1 << 25  # floats of per-unit gradients kept from the norms for the clipped sums (128 MB)
 
 
 def _type_name(kind: type) -> str:
@@ -446,6 +447,8 @@ class BookKeeping:
         sq_norms = torch.zeros(units, dtype=dtype, device=device)
         plans: list[tuple[nn.Parameter, list[Contribution]]] = []
         methods: dict[str, str] = {}
+        per_unit: set[int] = set()  # parameters whose parts are their units' kept gradients
+        kept = 0
         for name, p in self._params:
             with record_function(f"bk.norms.{self._kind.get(id(p), 'unknown')}"):
                 parts = _merge(contributions.pop(id(p), []))
@@ -453,7 +456,14 @@ class BookKeeping:
                 if not parts:
                     methods[name] = "unused"
                 elif by_unit is not None:
-                    methods[name] = self._add_group_norms(p, parts, by_unit, sq_norms)
+                    # the units' instantiated gradients are kept for the clipped sum when they fit
+                    keep = (torch.empty((by_unit.num_units, p.numel()), dtype=p.dtype, device=p.device)
+                            if kept + by_unit.num_units * p.numel() <= _KEEP_BUDGET else None)
+                    methods[name] = self._add_group_norms(p, parts, by_unit, sq_norms, keep)
+                    if keep is not None and methods[name] == "instantiate":  # every unit's row written
+                        kept += keep.numel()
+                        parts = [Dense(keep.view((by_unit.num_units,) + tuple(p.shape)))]
+                        per_unit.add(id(p))
                 elif self._use_ghost(p, parts, _steps(parts)):
                     methods[name] = "ghost"
                     sq_norms += _ghost_sq_norms(parts)
@@ -473,7 +483,10 @@ class BookKeeping:
             grad = None
             with record_function(f"bk.clipped_sum.{self._kind.get(id(p), 'unknown')}"):
                 by_position = position_units.get(id(p))
-                factors = (coef if by_position is None else scales[by_position.unit]).to(p.dtype)
+                if id(p) in per_unit:
+                    factors = scales.to(p.dtype)
+                else:
+                    factors = (coef if by_position is None else scales[by_position.unit]).to(p.dtype)
                 for c in parts:
                     grad = weighted_sum(c, factors, p.shape, out=grad)
                 if grad is None:
@@ -488,10 +501,14 @@ class BookKeeping:
         self.last_methods = methods
 
     def _add_group_norms(self, p: nn.Parameter, parts: list[Contribution], grouping: Grouping,
-                         sq_norms: Tensor) -> str:
+                         sq_norms: Tensor, keep: Optional[Tensor] = None) -> str:
         """Add each unit's squared norm for ``p`` to ``sq_norms``, one batch per bucket of
         equal-size units (no padding to the largest unit); ghost or instantiated per bucket by
-        its units' position count. Returns "ghost", "instantiate", or "mixed" across buckets."""
+        its units' position count. Returns "ghost", "instantiate", or "mixed" across buckets.
+        ``keep`` ([units, numel]): each instantiated unit's gradient is written to its row (a
+        unit in no bucket gets a zero row), so the clipped sum need not form it again."""
+        if keep is not None and sum(len(units) for units, _ in grouping.buckets) < grouping.num_units:
+            keep.zero_()
         used = set()
         for units, members in grouping.buckets:
             view = [bucket_view(c, members) for c in parts]
@@ -503,7 +520,10 @@ class BookKeeping:
             step = max(1, _INSTANTIATE_BUDGET // p.numel())  # bound the [k, numel] buffer
             for start in range(0, len(units), step):
                 part = [bucket_view(c, members[start:start + step]) for c in parts]
-                sq_norms[units[start:start + step]] += _instantiate(part, p.shape).flatten(1).pow(2).sum(1)
+                rows = _instantiate(part, p.shape).flatten(1)
+                sq_norms[units[start:start + step]] += rows.pow(2).sum(1)
+                if keep is not None:
+                    keep[units[start:start + step]] = rows
         return used.pop() if len(used) == 1 else ("mixed" if used else "unused")
 
     def _use_ghost(self, p: nn.Parameter, parts: list[Contribution], steps: int) -> bool:
