@@ -11,10 +11,13 @@ the top pad to 256 MiB (``mallopt``), so freed blocks go back to the heap and th
 them resident. Peak memory is what it was (freed memory is kept, not added); the resident size
 stays near the peak instead of shrinking between steps.
 
-It changes no value anywhere (only where the allocator finds memory). The CLI
-(``python -m fedpriv.simulate``) and the benchmark scripts call it at start; it does nothing where
-the C library is not glibc, or where the user set any ``MALLOC_*`` tuning variable of their own
-(theirs win), or with ``FEDPRIV_SYSTEM_MALLOC=1``.
+It changes no value anywhere (only where the allocator finds memory). Runs apply it
+(:func:`fedpriv.runner.prepare`, which ``python -m fedpriv.simulate``, deployments and the round
+benchmarks go through, and the ClientApp), and so does ``scripts/bench_fedsgd.py``; it does nothing
+where the C library is not glibc, where the user tuned malloc themselves (any ``MALLOC_*``
+variable, or ``glibc.malloc.*`` in ``GLIBC_TUNABLES``: theirs win), or with
+``FEDPRIV_SYSTEM_MALLOC=1``. glibc before 2.35 refuses an mmap threshold above 32 MiB; there the
+threshold is set to 32 MiB (tensors above it still come fresh) and the other two as above.
 """
 
 from __future__ import annotations
@@ -38,14 +41,34 @@ def _glibc() -> ctypes.CDLL | None:
         libc = ctypes.CDLL(name)
     except OSError:
         return None
-    return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt") else None
+    if not (hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt")):
+        return None
+    libc.gnu_get_libc_version.restype = ctypes.c_char_p
+    return libc
+
+
+def glibc_version() -> tuple[int, int] | None:
+    """(major, minor) of the running glibc, or None where the C library is another."""
+    libc = _glibc()
+    if libc is None:
+        return None
+    major, minor = libc.gnu_get_libc_version().decode().split(".")[:2]
+    return int(major), int(minor)
+
+
+def _users_own() -> bool:
+    return (os.environ.get(OPT_OUT) == "1" or any(k.startswith("MALLOC_") for k in os.environ)
+            or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""))
 
 
 def retain_freed_memory() -> bool:
-    """Tune glibc's malloc to keep freed memory (module docstring); True if it was applied."""
-    if os.environ.get(OPT_OUT) == "1" or any(k.startswith("MALLOC_") for k in os.environ):
+    """Tune glibc's malloc to keep freed memory (module docstring); True if every setting took."""
+    if _users_own():
         return False
-    libc = _glibc()
-    if libc is None:
+    libc, version = _glibc(), glibc_version()
+    if libc is None or version is None:
         return False
-    return all(libc.mallopt(param, value) == 1 for param, value in SETTINGS.items())
+    settings = dict(SETTINGS)
+    if version < (2, 35):  # older glibc caps the mmap threshold (HEAP_MAX_SIZE / 2 = 32 MiB)
+        settings[M_MMAP_THRESHOLD] = 32 << 20
+    return all([libc.mallopt(param, value) == 1 for param, value in settings.items()])  # each applied

@@ -405,16 +405,25 @@ def test_group_clipping_lstm_user_level() -> None:
                                 lstm_forward=forward)
 
 
+@pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("case", ["tied", "transformer"])
-def test_group_clipping_in_small_instantiate_batches(case: str, monkeypatch) -> None:
-    """Units of several sizes (buckets), instantiated a few units at a time, tied weights."""
+def test_group_clipping_in_small_instantiate_batches(case: str, keep: bool, monkeypatch) -> None:
+    """Units of several sizes (buckets), instantiated a few units at a time, tied weights; the
+    clipped sum from the units' kept gradients, or (no room to keep them) formed again."""
     import fedpriv.clipping.engine as engine
 
     monkeypatch.setattr(engine, "_INSTANTIATE_BUDGET", 1)  # one unit per batch
+    if not keep:
+        monkeypatch.setattr(engine, "_KEEP_BUDGET", 0)
+    formed = []
+    original = engine.weighted_sum
+    monkeypatch.setattr(engine, "weighted_sum",
+                        lambda c, *a, **k: formed.append(type(c).__name__) or original(c, *a, **k))
     model, loss_fn, data = make_case(case)
     size = data[0].shape[0]
     groups = torch.tensor([(i * 7) % 3 if i % 2 else 9 for i in range(size)])
     check_against_reference(model, loss_fn, data, "instantiate", groups=groups)
+    assert ("Outer" in formed) != keep  # every weight's sum from its kept rows, or formed again
 
 
 def test_tied_weights_are_one_parameter_with_cross_term() -> None:
@@ -520,7 +529,19 @@ def test_noise_runs_no_torch_op_on_a_pool_thread(monkeypatch, dtype) -> None:
         callers.add(threading.get_ident())
         return original(self, *args, **kwargs)
 
+    def recording(name):
+        original_op = getattr(torch.Tensor, name)
+
+        def op(self, *args, **kwargs):
+            callers.add(threading.get_ident())
+            return original_op(self, *args, **kwargs)
+        return op
+
     monkeypatch.setattr(torch.Tensor, "add_", recording_add_)
+    for name in ("mul_", "copy_", "to", "__iadd__", "__imul__"):
+        monkeypatch.setattr(torch.Tensor, name, recording(name))
+    original_from_numpy = torch.from_numpy
+    monkeypatch.setattr(torch, "from_numpy", lambda a: callers.add(threading.get_ident()) or original_from_numpy(a))
     before = torch.get_num_threads()
     draws = []
     try:
@@ -537,6 +558,19 @@ def test_noise_runs_no_torch_op_on_a_pool_thread(monkeypatch, dtype) -> None:
     GaussianKeystream(b"p" * 32).add_([reference[:noise_module.BLOCK + 5], reference[noise_module.BLOCK + 5:]], 0.5)
     assert torch.allclose(draws[0].float(), reference, rtol=1e-2, atol=1e-2)
     assert abs(float(draws[0].float().std()) - 0.5) < 0.01
+
+
+def test_noise_written_through_numpy_bumps_the_autograd_version() -> None:
+    """A tensor outside autograd that a graph saved (an input of a product) gets its noise through
+    numpy; its version is bumped, so that backward fails as after any in-place change."""
+    weight = torch.ones(3, requires_grad=True)
+    data = torch.ones(3)
+    out = (data * weight).sum()  # saves `data` for weight's gradient
+    version = data._version
+    GaussianKeystream(b"v" * 32).add_([data], 1.0)
+    assert data._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()
 
 
 def test_noise_into_a_tensor_in_autograd_goes_through_torch() -> None:
@@ -833,10 +867,17 @@ def flat_lm_loss(forward: Callable, tokens: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", ["lstm", "padded_lstm", "transformer", "padded_transformer"])
 @pytest.mark.parametrize("grouped", [False, True])
-def test_output_layer_on_flattened_positions_matches_torch_func(case: str, mode: str, grouped: bool) -> None:
+@pytest.mark.parametrize("keep", [True, False])
+def test_output_layer_on_flattened_positions_matches_torch_func(case: str, mode: str, grouped: bool, keep: bool,
+                                                                monkeypatch) -> None:
     """The head run only on non-pad targets (flat_positions) gives torch.func's per-sample (or
     per-group) norms and clipped sums of the full-layout loss; a row with no target at all is in
-    it (its unit has no flattened position)."""
+    it (its unit has no flattened position). ``keep``: instantiated units' gradients are kept for
+    the clipped sum (False: no room, formed again)."""
+    import fedpriv.clipping.engine as engine
+
+    if not keep:
+        monkeypatch.setattr(engine, "_KEEP_BUDGET", 0)
     model, _, (data,) = make_case(case)
     data = data.clone()
     data[0, 1:] = PAD  # row 0: no target

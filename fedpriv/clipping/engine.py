@@ -57,7 +57,7 @@ from fedpriv.clipping.subclass_rules import subclass_rule
 
 MODES = ("ghost", "instantiate", "mixopt")
 _INSTANTIATE_BUDGET = 1 << 24  # floats of per-unit gradients held at once on the grouped path
-_KEEP_BUDGET = 1 << 25  # floats of per-unit gradients kept from the norms for the clipped sums (128 MB)
+_KEEP_BUDGET = 1 << 25  # elements of per-unit gradients kept for the clipped sums (128 MB in float32)
 
 
 def _type_name(kind: type) -> str:
@@ -457,12 +457,11 @@ class BookKeeping:
                     methods[name] = "unused"
                 elif by_unit is not None:
                     # the units' instantiated gradients are kept for the clipped sum when they fit
-                    keep = (torch.empty((by_unit.num_units, p.numel()), dtype=p.dtype, device=p.device)
-                            if kept + by_unit.num_units * p.numel() <= _KEEP_BUDGET else None)
-                    methods[name] = self._add_group_norms(p, parts, by_unit, sq_norms, keep)
-                    if keep is not None and methods[name] == "instantiate":  # every unit's row written
-                        kept += keep.numel()
-                        parts = [Dense(keep.view((by_unit.num_units,) + tuple(p.shape)))]
+                    room = kept + by_unit.num_units * p.numel() <= _KEEP_BUDGET
+                    methods[name], rows = self._add_group_norms(p, parts, by_unit, sq_norms, keep=room)
+                    if rows is not None:  # every unit's row: the sum needs no second formation
+                        kept += rows.numel()
+                        parts = [Dense(rows.view((by_unit.num_units,) + tuple(p.shape)))]
                         per_unit.add(id(p))
                 elif self._use_ghost(p, parts, _steps(parts)):
                     methods[name] = "ghost"
@@ -501,14 +500,13 @@ class BookKeeping:
         self.last_methods = methods
 
     def _add_group_norms(self, p: nn.Parameter, parts: list[Contribution], grouping: Grouping,
-                         sq_norms: Tensor, keep: Optional[Tensor] = None) -> str:
+                         sq_norms: Tensor, keep: bool = False) -> tuple[str, Optional[Tensor]]:
         """Add each unit's squared norm for ``p`` to ``sq_norms``, one batch per bucket of
         equal-size units (no padding to the largest unit); ghost or instantiated per bucket by
-        its units' position count. Returns "ghost", "instantiate", or "mixed" across buckets.
-        ``keep`` ([units, numel]): each instantiated unit's gradient is written to its row (a
-        unit in no bucket gets a zero row), so the clipped sum need not form it again."""
-        if keep is not None and sum(len(units) for units, _ in grouping.buckets) < grouping.num_units:
-            keep.zero_()
+        its units' position count. Returns "ghost", "instantiate", or "mixed" across buckets, and
+        with ``keep`` and every bucket instantiated the units' gradients [units, numel] (a unit in
+        no bucket: a zero row), so that the clipped sum need not form them again."""
+        rows_of: Optional[Tensor] = None
         used = set()
         for units, members in grouping.buckets:
             view = [bucket_view(c, members) for c in parts]
@@ -522,9 +520,14 @@ class BookKeeping:
                 part = [bucket_view(c, members[start:start + step]) for c in parts]
                 rows = _instantiate(part, p.shape).flatten(1)
                 sq_norms[units[start:start + step]] += rows.pow(2).sum(1)
-                if keep is not None:
-                    keep[units[start:start + step]] = rows
-        return used.pop() if len(used) == 1 else ("mixed" if used else "unused")
+                if keep and "ghost" not in used:
+                    if rows_of is None:
+                        covered = sum(len(u) for u, _ in grouping.buckets) == grouping.num_units
+                        rows_of = (torch.empty if covered else torch.zeros)(
+                            (grouping.num_units, p.numel()), dtype=rows.dtype, device=rows.device)
+                    rows_of[units[start:start + step]] = rows
+        method = used.pop() if len(used) == 1 else ("mixed" if used else "unused")
+        return method, (rows_of if method == "instantiate" else None)
 
     def _use_ghost(self, p: nn.Parameter, parts: list[Contribution], steps: int) -> bool:
         """Ghost norm for ``p``? Never for Dense parts; for ``mixopt`` iff ``2·T² < numel``

@@ -14,19 +14,21 @@ uniform ``u ∈ (0, 1]`` has two resolutions:
 * ``wide_tail=True`` (the server mechanisms' noise, :class:`fedpriv.randomness.NoiseStream`): a
   64-bit word ``w``, ``u = fl32(w)·2⁻⁶⁴ + 2⁻⁶⁵`` (the float32 conversion keeps 24 significant bits
   at every scale, so small ``u`` keep their relative precision), so ``|z| ≤ √(2·65·ln 2) ≈ 9.49``;
-  the block reads P 64-bit radius words, then P angle words. About 1.4× the narrow draw's time.
+  the block reads P 64-bit radius words, then P angle words. About 1.5× (2 threads) to 1.7×
+  (1 thread) the narrow draw's time.
 
 Both: ChaCha20 is a stream cipher: without the key its output is indistinguishable from uniform
 bits, so the noise is as secret as the key (256 bits; nothing about it is stored or sent). Blocks
 use distinct nonces, so no two blocks of one stream ever share keystream, and the stream does not
 pass through any 32- or 64-bit seed. The draw is the same on any number of threads: block ``j``
 depends only on ``(key, j)``; the blocks go to a thread pool of ``torch.get_num_threads()``
-workers (numpy's ufuncs and the cipher release the GIL), and each writes a disjoint slice.
+workers (numpy's ufuncs release the GIL; the cipher holds it), and each writes a disjoint slice.
 The pool threads add into host tensors with numpy, never with a torch op: a parallel torch op
 called from another thread starts another OpenMP team, and after one such draw the process's
 torch training ran 1.35× slower (measured: 100 LSTM client updates, 4.1 s → 5.6 s on 2 cores);
 device tensors are copied and added by torch there (no OpenMP), and a host dtype numpy lacks
-(bfloat16), like a tensor that requires grad, is added on the calling thread, block by block.
+(bfloat16), like a tensor that requires grad, is added on the calling thread, block by block. A
+tensor written through numpy has its autograd version bumped, as an in-place op would.
 
 torch's own float32 ``normal_`` stops near 5.8. Like every floating-point sampler this leaves
 Mironov's least-significant-bit attack open ("On Significance of the Least Significant Bits for
@@ -189,11 +191,14 @@ class GaussianKeystream:
                 else:
                     flats[k][lo:hi].add_(torch.from_numpy(half).to(flats[k].device), alpha=std)
 
-        if any(a is None and f.device.type == "cpu" for a, f in zip(arrays, flats)):
-            for j in range(len(blocks)):  # bfloat16, or a tensor in autograd: torch adds on this thread
-                draw(j)
-        else:
-            run_blocks(draw, len(blocks))
+        here = [j for j, (k, _, _) in enumerate(blocks) if arrays[k] is None and flats[k].device.type == "cpu"]
+        pooled = sorted(set(range(len(blocks))) - set(here))
+        run_blocks(lambda i: draw(pooled[i]), len(pooled))
+        for j in here:  # bfloat16, or a tensor in autograd: torch adds on this thread
+            draw(j)
+        for t, array in zip(tensors, arrays):
+            if array is not None:  # written through numpy: tell autograd it changed, as an in-place op would
+                torch.autograd.graph.increment_version(t)
 
     def normal(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype = torch.float32) -> Tensor:
         """A fresh tensor of standard normals (the next blocks of the stream)."""

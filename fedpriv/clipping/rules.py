@@ -89,7 +89,7 @@ def linear_contributions(module: nn.Linear, x: Tensor, g: Tensor) -> Contributio
     out: Contributions = []
     if _trainable(module.weight):
         out.append((module.weight, Outer(left, x.reshape(b, -1, x.shape[-1]))))
-    if _trainable(module.bias):  # one position per sample (flattened positions): a view, no reduction
+    if _trainable(module.bias):  # one position per sample (flattened positions): a view, not a sum
         out.append((module.bias, Dense(left[:, 0] if left.shape[1] == 1 else left.sum(1))))
     return out
 
@@ -189,7 +189,7 @@ def conv_contributions(module: nn.Module, x: Tensor, g: Tensor) -> Contributions
             kernel, dilation, stride = (1,) + kernel, (1,) + dilation, (1,) + stride
         cols = F.unfold(xp, kernel, dilation=dilation, stride=stride)  # [B, C_in·Πk, L]
         out.append((module.weight, Outer(left, cols.transpose(1, 2))))
-    if _trainable(module.bias):  # one position per sample (flattened positions): a view, no reduction
+    if _trainable(module.bias):  # a single output position per sample: a view, not a sum
         out.append((module.bias, Dense(left[:, 0] if left.shape[1] == 1 else left.sum(1))))
     return out
 
