@@ -47,13 +47,15 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
+def _version(libc: ctypes.CDLL) -> tuple[int, int]:
+    major, minor = libc.gnu_get_libc_version().decode().split(".")[:2]
+    return int(major), int(minor)
+
+
 def glibc_version() -> tuple[int, int] | None:
     """(major, minor) of the running glibc, or None where the C library is another."""
     libc = _glibc()
-    if libc is None:
-        return None
-    major, minor = libc.gnu_get_libc_version().decode().split(".")[:2]
-    return int(major), int(minor)
+    return None if libc is None else _version(libc)
 
 
 def _users_own() -> bool:
@@ -65,10 +67,10 @@ def retain_freed_memory() -> bool:
     """Tune glibc's malloc to keep freed memory (module docstring); True if every setting took."""
     if _users_own():
         return False
-    libc, version = _glibc(), glibc_version()
-    if libc is None or version is None:
+    libc = _glibc()
+    if libc is None:
         return False
     settings = dict(SETTINGS)
-    if version < (2, 35):  # older glibc caps the mmap threshold (HEAP_MAX_SIZE / 2 = 32 MiB)
+    if _version(libc) < (2, 35):  # older glibc caps the mmap threshold (HEAP_MAX_SIZE / 2 = 32 MiB)
         settings[M_MMAP_THRESHOLD] = 32 << 20
     return all([libc.mallopt(param, value) == 1 for param, value in settings.items()])  # each applied

@@ -191,8 +191,9 @@ class GaussianKeystream:
                 else:
                     flats[k][lo:hi].add_(torch.from_numpy(half).to(flats[k].device), alpha=std)
 
-        here = [j for j, (k, _, _) in enumerate(blocks) if arrays[k] is None and flats[k].device.type == "cpu"]
-        pooled = sorted(set(range(len(blocks))) - set(here))
+        on_host_by_torch = [arrays[k] is None and flats[k].device.type == "cpu" for k, _, _ in blocks]
+        here = [j for j, by_torch in enumerate(on_host_by_torch) if by_torch]
+        pooled = [j for j, by_torch in enumerate(on_host_by_torch) if not by_torch]
         run_blocks(lambda i: draw(pooled[i]), len(pooled))
         for j in here:  # bfloat16, or a tensor in autograd: torch adds on this thread
             draw(j)

@@ -79,6 +79,12 @@ def _trainable(p: Optional[nn.Parameter]) -> bool:
     return p is not None and p.requires_grad
 
 
+def _sum_positions(left: Tensor) -> Tensor:
+    """``Σ_t g_t`` per sample of ``left`` [B, T, d] (a bias's gradient); with one position per
+    sample (flattened positions, a single output position) a view, not a copy."""
+    return left[:, 0] if left.shape[1] == 1 else left.sum(1)
+
+
 # ----------------------------------------------------------------------------- Linear
 
 
@@ -89,8 +95,8 @@ def linear_contributions(module: nn.Linear, x: Tensor, g: Tensor) -> Contributio
     out: Contributions = []
     if _trainable(module.weight):
         out.append((module.weight, Outer(left, x.reshape(b, -1, x.shape[-1]))))
-    if _trainable(module.bias):  # one position per sample (flattened positions): a view, not a sum
-        out.append((module.bias, Dense(left[:, 0] if left.shape[1] == 1 else left.sum(1))))
+    if _trainable(module.bias):
+        out.append((module.bias, Dense(_sum_positions(left))))
     return out
 
 
@@ -189,8 +195,8 @@ def conv_contributions(module: nn.Module, x: Tensor, g: Tensor) -> Contributions
             kernel, dilation, stride = (1,) + kernel, (1,) + dilation, (1,) + stride
         cols = F.unfold(xp, kernel, dilation=dilation, stride=stride)  # [B, C_in·Πk, L]
         out.append((module.weight, Outer(left, cols.transpose(1, 2))))
-    if _trainable(module.bias):  # a single output position per sample: a view, not a sum
-        out.append((module.bias, Dense(left[:, 0] if left.shape[1] == 1 else left.sum(1))))
+    if _trainable(module.bias):
+        out.append((module.bias, Dense(_sum_positions(left))))
     return out
 
 
