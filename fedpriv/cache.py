@@ -30,9 +30,10 @@ def load_entry(path: Path, key: str) -> dict | None:
     return stored if isinstance(stored, dict) and stored.get("key") == key else None
 
 
-def save_entry(path: Path, key: str, entry: dict) -> None:
-    """Store ``{"key": key, **entry}`` at ``path`` atomically (a reader never sees half a file)."""
+def save_entry(path: Path, key: str, entry: dict, *, private: bool = False) -> None:
+    """Store ``{"key": key, **entry}`` at ``path`` atomically (a reader never sees half a file);
+    ``private``: owner-only (0600), also where it replaces an older, readable file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save({"key": key, **entry}, buffer)
-    write_atomic(path, buffer.getvalue())
+    write_atomic(path, buffer.getvalue(), private=private)

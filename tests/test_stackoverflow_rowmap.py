@@ -1,13 +1,17 @@
 """The user -> rowid-range map of a StackOverflow file without a client index
 (fedpriv/data/stackoverflow_rowmap.py): same users and rows as the indexed path, cached by the
-file's identity, never writing the data file, a corrupt cache entry rebuilt."""
+file's identity, never writing the data file, a corrupt cache entry rebuilt, a stale or poisoned one
+unable to put train rows in the test set, the entry owner-only."""
 
 from __future__ import annotations
 
+from contextlib import closing
+import dataclasses
 import os
 import pickle
 import random
 import sqlite3
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +19,10 @@ import pytest
 import torch
 
 from fedpriv.cache import save_entry
-from fedpriv.data import stackoverflow_rowmap
+from fedpriv.data import stackoverflow, stackoverflow_rowmap
 from fedpriv.data.stackoverflow import load_stackoverflow
 from fedpriv.data.stackoverflow_writer import write_examples
+from fedpriv.errors import ConfigError
 
 WORDS = ["i", "how", "to", "a", "list", "sort", "do", "it", "in", "python"]
 WORD_COUNTS = "".join(f"{w}\t{100 - k}\n" for k, w in enumerate(WORDS))
@@ -160,7 +165,8 @@ def test_the_data_file_is_never_written(tmp_path: Path, cache: Path) -> None:
     assert (path.read_bytes(), os.stat(path).st_mtime_ns, sorted(p.name for p in path.parent.iterdir())) == before
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "bad_offsets", "unsorted_ids", "wrong_max_rowid"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "bad_offsets", "unsorted_ids", "wrong_max_rowid",
+                                    "overlapping_test_runs"])
 def test_a_corrupt_cache_entry_is_ignored_and_rebuilt(tmp_path: Path, cache: Path, builds: list[int],
                                                       damage: str) -> None:
     path = _write(tmp_path, _rows())
@@ -176,6 +182,9 @@ def test_a_corrupt_cache_entry_is_ignored_and_rebuilt(tmp_path: Path, cache: Pat
             stored["offsets"] = stored["offsets"].flip(0)
         elif damage == "unsorted_ids":
             stored["train_ids"] = stored["train_ids"][::-1]
+        elif damage == "overlapping_test_runs":  # one run twice: its rows could be drawn twice
+            for name in ("test_starts", "test_ends", "test_counts"):
+                stored[name] = stored[name][[0, 0, *range(1, len(stored[name]))]]
         else:
             stored["max_rowid"] += 1
         save_entry(entry_path, stored.pop("key"), stored)
@@ -194,3 +203,99 @@ def test_an_unwritable_cache_still_loads(tmp_path: Path, monkeypatch: pytest.Mon
     indexed = _write(tmp_path / "indexed", _rows(), index=True)
     _same(_load(path), _load(indexed))
     assert len(builds) == 1
+
+
+# --- a stale or poisoned entry (the right key, the wrong ranges) ---------------------------------
+
+
+def _poison(entry_path: Path, **arrays) -> None:
+    """Rewrite the cache entry's ``arrays`` under its own key: a stale or hostile entry that the key
+    cannot tell from an honest one."""
+    stored = torch.load(entry_path, weights_only=True)
+    stored.update({name: torch.as_tensor(values, dtype=torch.int64) for name, values in arrays.items()})
+    save_entry(entry_path, stored.pop("key"), stored)
+
+
+def _train_run(path: Path, client: str) -> tuple[int, int, int]:
+    """(first rowid, last rowid, rows present) of ``client``'s first train run in the file."""
+    with closing(sqlite3.connect(path)) as conn:
+        m = stackoverflow_rowmap.build_row_map(conn)
+        k = m.train_ids.index(client)
+        start, end = int(m.starts[m.offsets[k]]), int(m.ends[m.offsets[k]])
+        rows = conn.execute("SELECT COUNT(*) FROM examples WHERE rowid BETWEEN ? AND ?", (start, end)).fetchone()[0]
+    return start, end, rows
+
+
+@pytest.mark.parametrize("layout", ["dense", "gaps"])
+def test_a_poisoned_map_cannot_turn_a_users_train_rows_into_the_test_set(tmp_path: Path, cache: Path,
+                                                                         builds: list[int], layout: str) -> None:
+    plain, indexed = _write(tmp_path / "plain", _rows()), _write(tmp_path / "indexed", _rows(), index=True)
+    if layout == "gaps":
+        for path in (plain, indexed):
+            with sqlite3.connect(path) as con:
+                con.execute("DELETE FROM examples WHERE rowid % 5 = 0")
+    start, end, rows = _train_run(plain, "u1")  # u1: 8 train rows, no test rows
+    assert (rows < end - start + 1) == (layout == "gaps")  # the dense and the gap reading of a test run
+    honest = _load(indexed)
+    _load(plain)
+    [entry_path] = cache.glob("stackoverflow/rowmap-*.pt")
+    _poison(entry_path, test_starts=[start], test_ends=[end], test_counts=[rows])
+    passes = len(builds)
+    data = _load(plain)  # without the split filter: the "held-out" set would be u1's training sentences
+    assert len(builds) == passes + 1  # the mismatch was seen and the map made again
+    np.testing.assert_array_equal(data.test, honest.test)
+    _load(plain)  # the rebuilt entry replaced the poisoned one
+    assert len(builds) == passes + 1
+
+
+def test_a_map_that_a_new_pass_cannot_fix_is_refused(tmp_path: Path, cache: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, _rows())
+    with closing(sqlite3.connect(path)) as conn:
+        honest = stackoverflow_rowmap.build_row_map(conn)
+    start, end, rows = _train_run(path, "u1")
+    wrong = dataclasses.replace(honest, test_starts=np.array([start]), test_ends=np.array([end]),
+                                test_counts=np.array([rows]))
+    monkeypatch.setattr(stackoverflow_rowmap, "build_row_map", lambda conn: wrong)  # as if the file kept changing
+    with pytest.raises(ConfigError, match="test rows") as err:
+        _load(path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_poisoned_map_cannot_route_a_train_read_to_other_rows(tmp_path: Path, cache: Path) -> None:
+    plain, indexed = _write(tmp_path / "plain", _rows()), _write(tmp_path / "indexed", _rows(), index=True)
+    honest = _load(indexed)
+    _load(plain)
+    [entry_path] = cache.glob("stackoverflow/rowmap-*.pt")
+    users = len(honest.users)
+    top = len(_rows())  # every user's one run: the whole table (other users', test and heldout rows)
+    _poison(entry_path, offsets=np.arange(users + 1), starts=[1] * users, ends=[top] * users)
+    _same(_load(plain), honest)  # each read still returns only (train, that user)'s rows
+
+
+def test_reads_through_the_map_are_rowid_seeks_whatever_other_index_the_file_has(tmp_path: Path) -> None:
+    path = _write(tmp_path, _rows())
+    with sqlite3.connect(path) as con:  # an index the planner would otherwise pick for split_name = ?
+        con.execute("CREATE INDEX by_split ON examples (split_name)")
+        con.execute("ANALYZE")
+    queries = [(stackoverflow_rowmap._READ_RUN, (1, 9, "train", "u1", 5)),
+               (stackoverflow_rowmap._TEST_RUN_ROWIDS, (1, 9)),
+               (stackoverflow._test_read_query(3), (1, 2, 3, "test"))]
+    with closing(sqlite3.connect(path)) as conn:
+        for query, args in queries:
+            plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", args)]
+            assert plan and all("USING INTEGER PRIMARY KEY" in step for step in plan), (query, plan)
+
+
+def test_the_cache_entry_is_owner_only(tmp_path: Path, cache: Path, builds: list[int]) -> None:
+    path = _write(tmp_path, _rows())
+    _load(path)
+    [entry_path] = cache.glob("stackoverflow/rowmap-*.pt")
+    assert stat.S_IMODE(entry_path.stat().st_mode) == 0o600  # it lists every train client and its rows
+    _poison(entry_path, test_counts=[])  # an entry an older version left world-readable, and wrong
+    entry_path.chmod(0o644)
+    _load(path)
+    assert len(builds) == 2 and stat.S_IMODE(entry_path.stat().st_mode) == 0o600  # replaced owner-only
+    entry_path.chmod(0o644)  # a valid entry of an older version: tightened when read
+    _load(path)
+    assert len(builds) == 2 and stat.S_IMODE(entry_path.stat().st_mode) == 0o600

@@ -357,11 +357,20 @@ def _vocabulary_words(
     return _private_vocab_words(conn, client_ids, max_sentences, vocab_size), "private train split"
 
 
+def _test_read_query(n: int) -> str:
+    """The examples of ``n`` rowids, only those of the test split (``+``: by rowid, no other index)."""
+    return (f"SELECT serialized_example_proto FROM examples WHERE rowid IN ({','.join('?' * n)})"
+            " AND +split_name = ? ORDER BY rowid")
+
+
 def _test_blobs(
     conn: sqlite3.Connection, limit: int, seed: int, rowmap: stackoverflow_rowmap.RowMap | None = None
 ) -> list[bytes]:
     """Up to ``limit`` test examples: a seeded uniform subset of the test rowids, in rowid order
-    (listed by a scan of the table, or, the same draw, from ``rowmap``'s test runs)."""
+    (listed by a scan of the table, or, the same draw, from ``rowmap``'s test runs). Only rows of
+    the test split are read, and all the drawn rowids must be such rows: else
+    :class:`~fedpriv.data.stackoverflow_rowmap.RowMapMismatch` (a stale or poisoned map, or a file
+    written to during the load), never train rows in the held-out set."""
     if rowmap is not None:
         rowids = rowmap.test_rowids(conn, limit, seed)
     else:
@@ -372,10 +381,31 @@ def _test_blobs(
     blobs: list[bytes] = []
     for start in range(0, len(rowids), _TEST_FETCH_CHUNK):
         chunk = rowids[start : start + _TEST_FETCH_CHUNK].tolist()
-        marks = ",".join("?" * len(chunk))
-        query = f"SELECT serialized_example_proto FROM examples WHERE rowid IN ({marks}) ORDER BY rowid"
-        blobs.extend(row[0] for row in conn.execute(query, chunk))
+        blobs.extend(row[0] for row in conn.execute(_test_read_query(len(chunk)), [*chunk, _TEST]))
+    if len(blobs) != len(rowids):
+        raise stackoverflow_rowmap.RowMapMismatch(f"{len(rowids) - len(blobs)} of the {len(rowids)} drawn "
+                                                  "test rowids are not rows of the test split")
     return blobs
+
+
+def _checked_test_blobs(
+    conn: sqlite3.Connection, db: Path, limit: int, seed: int, rowmap: stackoverflow_rowmap.RowMap | None
+) -> tuple[list[bytes], stackoverflow_rowmap.RowMap | None]:
+    """(the test examples, the row map they were drawn with): a map that does not match the file is
+    made again with a new pass; a mismatch after that is a one-line :class:`ConfigError`."""
+    try:
+        return _test_blobs(conn, limit, seed, rowmap), rowmap
+    except stackoverflow_rowmap.RowMapMismatch as err:
+        if rowmap is None:
+            raise ConfigError(f"the test rows of {db} changed while they were read ({err}): is something "
+                              "writing to the file? Load it again when nothing is") from None
+        logger.warning("the cached row map of %s does not match the file (%s): mapping it again", db, err)
+    rowmap = stackoverflow_rowmap.row_map(db, conn, fresh=True)
+    try:
+        return _test_blobs(conn, limit, seed, rowmap), rowmap
+    except stackoverflow_rowmap.RowMapMismatch as err:
+        raise ConfigError(f"the test rows of {db} do not match a new map of the file either ({err}): is "
+                          "something writing to the file? Load it again when nothing is") from None
 
 
 def load_stackoverflow(
@@ -428,6 +458,8 @@ def load_stackoverflow(
                 db,
             )
         rowmap = None if indexed else stackoverflow_rowmap.row_map(db, conn)
+        # The test rows first: they check the map (and a map found stale is made again).
+        test_blobs, rowmap = _checked_test_blobs(conn, db, max_test_sentences, seed, rowmap)
         if rowmap is None or _has_table(conn, "client_metadata"):
             client_ids = _train_client_ids(conn, max_users)
         else:  # the same list (sorted, non-empty train clients), without a scan
@@ -438,7 +470,7 @@ def load_stackoverflow(
             conn, db, vocab_path, vocab_size, client_ids, max_sentences_per_user, allow_private_vocab
         )
         vocab = Vocabulary.of_words(words)
-        test = _rows(_test_blobs(conn, max_test_sentences, seed, rowmap), _word_lookup(vocab), vocab, seq_len)
+        test = _rows(test_blobs, _word_lookup(vocab), vocab, seq_len)
     runs = None if rowmap is None else rowmap.user_runs(client_ids)
     users = SqliteUsers(db, client_ids, vocab, seq_len, max_sentences_per_user, runs=runs)
     return FederatedDataset(

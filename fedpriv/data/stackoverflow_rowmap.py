@@ -22,8 +22,19 @@ Cache identity: the entry is named after the file's resolved path and keyed by (
 device, inode, size, mtime_ns) plus a format version: any rewrite or replacement of the file
 rebuilds the map (and overwrites the entry), and nothing has to be hashed (a content digest of the
 full ~30 GB file would cost more than the pass itself). The entry is checked when loaded; a
-malformed or unreadable one is ignored and rebuilt. A read through the map also filters on
-``client_id`` and ``split_name``, so even a stale map can never return another user's rows.
+malformed or unreadable one is ignored and rebuilt.
+
+A well-formed entry under the right key can still be stale (a file rewritten in place keeping its
+size and mtime) or poisoned (anyone who can write the cache), and its ranges then point at the
+wrong rows: a test run over a user's train rows would publish un-noised test metrics on that
+user's training data. So every read filters on the split as well as the rowid range: a train read
+on ``split_name = 'train' AND client_id = ?``, a test read on ``split_name = 'test'``. A train read
+returns only rows of its own user (perhaps fewer, or some twice); a test read that returns fewer
+rows than the map counts raises :class:`RowMapMismatch`, and the loader then maps the file again
+(refusing, with one line, if the new map does not match either). The extra predicates are written ``+split_name``, which
+keeps SQLite on the rowid B-tree whatever other index the file has. The entry lists every train
+client id and its rows, so it is written owner-only (0600), and an older world-readable entry is
+made owner-only when read.
 """
 
 from __future__ import annotations
@@ -50,10 +61,16 @@ FORMAT = "stackoverflow-rowmap-v1"
 TRAIN, TEST = "train", "test"
 FETCH = 16384  # rows per fetchmany batch: the only rows held in memory during the pass
 
+# ``+column``: the same test, but SQLite uses no index for it, so the rowid range stays the search.
 _READ_RUN = (
     "SELECT serialized_example_proto FROM examples WHERE rowid BETWEEN ? AND ?"
-    " AND split_name = ? AND client_id = ? ORDER BY rowid LIMIT ?"
+    " AND +split_name = ? AND +client_id = ? ORDER BY rowid LIMIT ?"
 )
+_TEST_RUN_ROWIDS = f"SELECT rowid FROM examples WHERE rowid BETWEEN ? AND ? AND +split_name = '{TEST}' ORDER BY rowid"
+
+
+class RowMapMismatch(Exception):
+    """A read through the map found rows the map does not describe (a stale or poisoned entry)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +113,9 @@ class RowMap:
     def test_rowids(self, conn: sqlite3.Connection, limit: int, seed: int) -> np.ndarray:
         """The rowids ``_test_blobs`` draws from a scan of the test split (up to ``limit``, a seeded
         uniform subset, sorted), computed from the test runs: the same draw, no scan. A run whose
-        rowids have gaps is read with one rowid-range query (a seek, not a scan)."""
+        rowids have gaps is read with one rowid-range query (a seek, not a scan) that must find
+        exactly the run's count of test rows (else :class:`RowMapMismatch`). The rowids of a dense
+        run are not read here: the caller's read of the rows checks them (``split_name = 'test'``)."""
         cum = np.concatenate([[0], np.cumsum(self.test_counts)]).astype(np.int64)
         n = int(cum[-1])
         if n > limit:  # Generator.choice(a, ...) is a[choice(len(a), ...)]: draw positions
@@ -108,11 +127,10 @@ class RowMap:
         rowids = self.test_starts[runs] + within
         dense = self.test_ends - self.test_starts + 1 == self.test_counts
         for r in np.unique(runs[~dense[runs]]).tolist():
-            query = "SELECT rowid FROM examples WHERE rowid BETWEEN ? AND ? ORDER BY rowid"
             ids = np.fromiter((row[0] for row in conn.execute(
-                query, (int(self.test_starts[r]), int(self.test_ends[r])))), dtype=np.int64)
+                _TEST_RUN_ROWIDS, (int(self.test_starts[r]), int(self.test_ends[r])))), dtype=np.int64)
             if len(ids) != self.test_counts[r]:
-                raise sqlite3.DatabaseError("the row map does not match the file")
+                raise RowMapMismatch(f"a test run of {self.test_counts[r]} rows holds {len(ids)} test rows")
             mask = runs == r
             rowids[mask] = ids[within[mask]]
         return rowids.astype(np.int64)
@@ -248,7 +266,8 @@ def _from_entry(entry: dict) -> RowMap | None:
         if not len(a["test_starts"]) == len(a["test_ends"]) == len(a["test_counts"]):
             return None
         if ((a["test_ends"] < a["test_starts"]).any() or (a["test_counts"] < 1).any()
-                or (a["test_counts"] > a["test_ends"] - a["test_starts"] + 1).any()):
+                or (a["test_counts"] > a["test_ends"] - a["test_starts"] + 1).any()
+                or (a["test_starts"][1:] <= a["test_ends"][:-1]).any()):  # in rowid order, disjoint
             return None
         bounds = np.concatenate([[0], cuts_np]).tolist()
         ids = tuple(joined[bounds[j]:bounds[j + 1]] for j in range(k))
@@ -259,14 +278,24 @@ def _from_entry(entry: dict) -> RowMap | None:
     return RowMap(train_ids=ids, rows=rows, max_rowid=max_rowid, **a)
 
 
-def row_map(path: Path, conn: sqlite3.Connection) -> RowMap:
+def _owner_only(entry_path: Path) -> None:
+    """Make an entry an older version left readable by others (0644) owner-only, if it is ours."""
+    try:
+        if entry_path.stat().st_mode & 0o077:
+            entry_path.chmod(0o600)
+    except OSError as err:
+        logger.warning("could not make %s owner-only: %s", entry_path, err)
+
+
+def row_map(path: Path, conn: sqlite3.Connection, *, fresh: bool = False) -> RowMap:
     """The map of the file ``path`` (open read-only as ``conn``): from the cache when the file is
-    unchanged, else built in one pass and saved there (unless the file changed during the pass or
-    the cache cannot be written)."""
+    unchanged (unless ``fresh``: the cached one was found not to match), else built in one pass and
+    saved there owner-only (unless the file changed during the pass or the cache cannot be written)."""
     key, entry_path = _identity(path)
-    entry = load_entry(Path(entry_path), key)
+    entry = None if fresh else load_entry(Path(entry_path), key)
     loaded = _from_entry(entry) if entry is not None else None
     if loaded is not None:
+        _owner_only(Path(entry_path))
         top = conn.execute("SELECT MAX(rowid) FROM examples").fetchone()[0] or 0  # a seek: cheap sanity check
         if top == loaded.max_rowid:
             return loaded
@@ -275,7 +304,7 @@ def row_map(path: Path, conn: sqlite3.Connection) -> RowMap:
     built = build_row_map(conn)
     if _identity(path)[0] == key:
         try:
-            save_entry(Path(entry_path), key, _to_entry(built))
+            save_entry(Path(entry_path), key, _to_entry(built), private=True)
         except OSError as err:  # a read-only cache: build again next time
             logger.warning("could not save the row map of %s to %s: %s", path, entry_path, err)
     logger.info("mapped %d rows to %d train users' %d row ranges in %.1f s (%.1f MB)", built.rows,
