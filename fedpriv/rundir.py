@@ -14,6 +14,11 @@ secure mode it holds the run key, so it is secret).
 * **Writes**: every file through :func:`fedpriv.atomic.write_atomic` (tmp + fsync + rename +
   directory fsync). The training loop makes a round's checkpoint durable *before* it publishes any
   output of the round, so a resumed run never redoes (and re-releases) a published round.
+* **Times** (secure mode): every file and directory of the run directory gets the access and
+  modification time :data:`FIXED_TIME` after each round's outputs and after the last write
+  (:meth:`RunDirectory.settle_times`), so the files' times do not tell how long training took
+  (which depends on the cohorts). The inode change time (ctime) cannot be set by a process: a
+  release copies the files (docs/PRIVACY.md).
 * **Reads**: a damaged, truncated or foreign file is a :class:`DamagedFileError` naming the file;
   checkpoints load with ``torch.load(weights_only=True)``, which cannot run code from the file.
 """
@@ -40,6 +45,7 @@ from fedpriv.errors import DamagedFileError, RunDirectoryBusy
 CHECKPOINT_FORMAT = 2
 CHECKPOINT_KEYS = ("format", "round", "server", "ledger", "randomness", "history", "diagnostics", "wall_s",
                    "config")
+FIXED_TIME = 0  # a secure run's file times (the Unix epoch, as TensorBoard's event times): none is recorded
 DIAGNOSTICS_FILE = "diagnostics.jsonl"
 DIAGNOSTICS_NOTE = ("research-only diagnostics of training users: NOT covered by the epsilon of this run, "
                     "not for release")
@@ -271,6 +277,18 @@ class RunDirectory:
         counts again: in secure mode its clients draw fresh noise)."""
         self._private_directory()
         write_atomic(self.client_releases_path, json.dumps({"client_releases": int(count)}).encode(), private=True)
+
+    def settle_times(self) -> None:
+        """Set the access and modification times of the run directory, and of everything below it,
+        to :data:`FIXED_TIME` (symbolic links themselves, never their targets). A secure run calls
+        it after each round's outputs and after its last write (module docstring, "Times")."""
+        for root, dirs, files in os.walk(self.path):
+            for name in dirs + files:
+                try:
+                    os.utime(os.path.join(root, name), (FIXED_TIME, FIXED_TIME), follow_symlinks=False)
+                except FileNotFoundError:
+                    pass  # a temporary file renamed away meanwhile
+        os.utime(self.path, (FIXED_TIME, FIXED_TIME))
 
     # ------------------------------------------------------------ reads
 

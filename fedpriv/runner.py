@@ -365,7 +365,14 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
     try:
         return _train(session, round_fn)
     finally:
+        _settle_times(session)
         session.run.unlock()
+
+
+def _settle_times(session: RunSession) -> None:
+    """A secure run's files get one fixed time: their times would tell how long rounds took."""
+    if session.randomness.secure:
+        session.run.settle_times()
 
 
 def _train(session: RunSession, round_fn: RoundFn) -> dict:
@@ -409,6 +416,7 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
         run.save_checkpoint(_checkpoint(session, r + 1, wall_s))  # durable before anything of round r+1 is out
         _publish(session)
         observe(row)
+        _settle_times(session)
         if "test_accuracy" in row:
             bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", eps=f"{epsilon:.3g}")
     bar.close()
@@ -468,7 +476,8 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
         "ceiling_accuracy": data.ceiling_accuracy,
         "unigram_accuracy": data.unigram_accuracy,
         **({"reference_source": data.reference_source} if data.reference_source else {}),
-        "dataset": data.name, "num_users": data.num_users, "privacy_unit": session.task.algorithm.privacy_unit,
+        "dataset": data.name, **({"num_users": data.num_users} if session.ledger.releases_data_count else {}),
+        "privacy_unit": session.task.algorithm.privacy_unit,
         "model": cfg["model"]["name"], "algorithm": cfg["algorithm"]["name"],
         "optimizer": cfg["optimizer"]["name"], "backend": cfg["backend"]["name"],
         "clip_norm": cfg["privacy"]["clip_norm"], "cohort_size": cfg["cohort_size"],

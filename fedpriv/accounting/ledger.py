@@ -58,9 +58,14 @@ def json_epsilon(epsilon: float) -> float | None:
     return None if math.isinf(epsilon) else float(epsilon)
 
 
-def sampling_dict(sampler: Sampler) -> dict[str, Any]:
-    """privacy.json's ``sampling``; for the Poisson-type samplers also what fixed the rate."""
-    out = {"kind": sampler.kind, "rate": float(sampler.rate), "population": int(sampler.population),
+def sampling_dict(sampler: Sampler, with_data_count: bool = True) -> dict[str, Any]:
+    """privacy.json's ``sampling``; for the Poisson-type samplers also what fixed the rate.
+
+    ``with_data_count=False`` leaves out ``population``, the data's own unit count: what a release
+    under add/remove-one writes, since neighbours there differ in that count (only the public
+    population, which fixed the rate, is written)."""
+    out = {"kind": sampler.kind, "rate": float(sampler.rate),
+           **({"population": int(sampler.population)} if with_data_count else {}),
            "expected_cohort": float(sampler.expected_cohort)}
     if hasattr(sampler, "bins"):
         out["bins"] = int(sampler.bins)
@@ -84,6 +89,13 @@ def _check_round_count(rounds: int | None, what: str) -> int | None:
 
 class PrivacyLedger:
     """ε spent so far by ``mechanism`` under ``sampler``, at fixed ``delta``, with a budget check."""
+
+    @property
+    def releases_data_count(self) -> bool:
+        """Whether a release may state the data's own unit count: only where neighbouring datasets
+        share it (zero-out, replace-one). Under add/remove-one they differ in it, so the count is
+        private and only the config's public population is written."""
+        return self.relation != dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
     @property
     def averaged_noise_to_clip(self) -> float:
@@ -263,7 +275,7 @@ class PrivacyLedger:
             "noise_multiplier": self.noise_multiplier,
             "averaged_noise_to_clip": self.averaged_noise_to_clip,
             "averaged_noise_norm_to_clip": self.averaged_noise_norm_to_clip,
-            "sampling": sampling_dict(self.sampler),
+            "sampling": sampling_dict(self.sampler, with_data_count=self.releases_data_count),
             "rounds": self.rounds_done,
             "last_round": self._round_indices[-1] if self._round_indices else None,
             "planned_rounds": self.planned_rounds,
