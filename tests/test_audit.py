@@ -173,6 +173,42 @@ def test_gaussian_estimate_matches_the_gaussian_mechanism():
     assert fit["epsilon_equal_variance"] == pytest.approx(gaussian_epsilon(1, 1, 0, 1, 1e-5), rel=0.05)
 
 
+def test_a_gaussian_estimate_at_the_search_ceiling_is_printed_as_a_bound():
+    """Edge 5: the audit printed "Gaussian-fit estimate 100" against a claim of 50, and 100 was the
+    search's ceiling — returned as soon as δ(64) > δ, so ε̂ = 78 (μ = 9) read as 100 too. An
+    estimate below the ceiling is found; one at it is printed ">= 100 (saturated)"."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from fedpriv.audit.estimate import EPS_MAX
+    from fedpriv.audit.report import analyse, audit_figure, headline
+
+    accountant = pld_privacy_accountant.PLDAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(1 / 9.0))
+    assert gaussian_epsilon(9.0, 1.0, 0.0, 1.0, 1e-5) == pytest.approx(accountant.get_epsilon(1e-5), abs=1e-4)
+    assert gaussian_epsilon(12.0, 1.0, 0.0, 1.0, 1e-5) == EPS_MAX  # 122 by PLD: beyond the ceiling
+    rng = np.random.default_rng(0)
+    m = 200
+    coins = rng.random(m) < 0.5
+    noise = rng.standard_normal(2 * m)
+
+    def scores(shift: float) -> dict[str, list[float]]:  # inserted canaries shifted by ``shift`` std
+        values = [float(x) for x in np.concatenate([shift * coins, np.zeros(m)]) + noise]
+        return {"max_round": values, "final": values}
+
+    record = {"canaries": m, "coins": [int(c) for c in coins], "delta": 1e-5, "confidence": 0.95,
+              "claimed_epsilon": 50.0, "scores": scores(50.0)}
+    result = analyse(record)
+    assert result["epsilon_estimate"] == EPS_MAX and result["epsilon_estimate_saturated"] is True
+    line = headline(result)
+    assert "Gaussian-fit estimate >= 100 (max_round, saturated)" in line and "estimate 100" not in line
+    assert "estimate >= 100 (saturated)" in audit_figure(record, result)._suptitle.get_text()
+    record["scores"] = scores(2.0)  # no saturation
+    result = analyse(record)
+    assert result["epsilon_estimate"] < EPS_MAX and result["epsilon_estimate_saturated"] is False
+    assert "saturated" not in headline(result)
+
+
 # --- canary units --------------------------------------------------------------------------------
 
 def _canaries(kind="poisson", count=50, dim=3000, support=500, seed=0, **kw):

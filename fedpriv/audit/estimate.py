@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.stats import norm
 
-EPS_MAX = 100.0
+EPS_MAX = 100.0  # the search's ceiling: an estimate equal to it means "at least EPS_MAX" (saturated)
 
 
 def _region(mu1: float, s1: float, mu0: float, s0: float, epsilon: float) -> list[tuple[float, float]]:
@@ -61,16 +61,17 @@ def gaussian_delta(mu1: float, s1: float, mu0: float, s0: float, epsilon: float)
 
 
 def gaussian_epsilon(mu1: float, s1: float, mu0: float, s0: float, delta: float, tol: float = 1e-6) -> float:
-    """The smallest ε with δ(ε) ≤ δ for the two Gaussians (bisection; δ(ε) decreases in ε)."""
+    """The smallest ε with δ(ε) ≤ δ for the two Gaussians (bisection; δ(ε) decreases in ε), or
+    :data:`EPS_MAX` when even δ(EPS_MAX) > δ (the estimate is then only known to exceed it)."""
     if not (s1 > 0 and s0 > 0 and 0 < delta < 1):
         raise ValueError(f"need positive standard deviations and delta in (0, 1), got {s1}, {s0}, {delta}")
     if gaussian_delta(mu1, s1, mu0, s0, 0.0) <= delta:
         return 0.0
     lo, hi = 0.0, 1.0
     while gaussian_delta(mu1, s1, mu0, s0, hi) > delta:
-        lo, hi = hi, 2 * hi
-        if hi > EPS_MAX:
+        if hi >= EPS_MAX:
             return EPS_MAX
+        lo, hi = hi, min(2 * hi, EPS_MAX)
     while hi - lo > tol:
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if gaussian_delta(mu1, s1, mu0, s0, mid) > delta else (lo, mid)

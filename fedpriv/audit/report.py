@@ -24,7 +24,7 @@ import numpy as np
 from fedpriv.audit.bound import (SEARCH_LIMIT, audit_level, best_case_p_value, can_certify, certifiable_ceiling,
                                  certifiable_counts, correct_needed, guess_grid, largest_certifiable_delta,
                                  likely_inserted, one_run_audit, ranked_hits)
-from fedpriv.audit.estimate import estimate_epsilon
+from fedpriv.audit.estimate import EPS_MAX, estimate_epsilon
 from fedpriv.errors import ConfigError, DamagedFileError
 
 SCORES_FILE = "audit_scores.json"
@@ -63,6 +63,7 @@ def analyse(record: dict[str, Any], confidence: float | None = None) -> dict[str
     return {"canaries": m, "guesses": bound.guesses, "correct": bound.correct,
             "epsilon_lower_bound": bound.epsilon_lower_bound,
             "epsilon_estimate": estimates[top]["epsilon_estimate"] if top else None,
+            "epsilon_estimate_saturated": bool(top) and estimates[top]["epsilon_estimate"] >= EPS_MAX,
             "confidence": confidence, "claimed_epsilon": record["claimed_epsilon"], "delta": record["delta"],
             "bound_score": bound.score, "estimate_score": top, "hypotheses": bound.hypotheses,
             "inserted": int(coins.sum()), "estimates": estimates,
@@ -184,12 +185,23 @@ def read_scores(run_dir: str | Path) -> dict[str, Any]:
     return record
 
 
+def estimate_text(estimate: float | None, digits: int = 4, score: str | None = None) -> str:
+    """The Gaussian-fit estimate as printed, with the ``score`` it came from: at the search's
+    ceiling it is a bound, ``>= 100 (saturated)``, never a value; ``none`` when there was no fit."""
+    if estimate is None:
+        return "none"
+    saturated = estimate >= EPS_MAX
+    notes = [n for n in (score, "saturated" if saturated else None) if n]
+    value = f">= {EPS_MAX:g}" if saturated else f"{estimate:.{digits}g}"
+    return value + (f" ({', '.join(notes)})" if notes else "")
+
+
 def headline(result: dict[str, Any]) -> str:
     """One line for people: the claim beside the bound and the estimate."""
     claimed = result["claimed_epsilon"]
     claim = "inf (non-private)" if claimed is None else f"{claimed:.4g}"
     estimate = ("none (fewer than 2 canaries inserted)" if result["epsilon_estimate"] is None
-                else f"{result['epsilon_estimate']:.4g} ({result['estimate_score']})")
+                else estimate_text(result["epsilon_estimate"], score=result["estimate_score"]))
     reason = result.get("zero_bound_reason")
     guesses = ("no guess set rejected epsilon = 0" if reason else
                f"{result['correct']} of {result['guesses']} guesses right on {result['bound_score']} scores")
@@ -220,7 +232,7 @@ def audit_figure(record: dict[str, Any], result: dict[str, Any]):
         ax.legend(fontsize=8)
     claimed = result["claimed_epsilon"]
     claim = "∞" if claimed is None or not math.isfinite(claimed) else f"{claimed:.3g}"
-    estimate = "none" if result["epsilon_estimate"] is None else f"{result['epsilon_estimate']:.3g}"
+    estimate = estimate_text(result["epsilon_estimate"], digits=3)
     title = (f"claimed ε = {claim} (δ = {result['delta']:g});  one-run lower bound "
              f"{result['epsilon_lower_bound']:.3g} ({result['confidence']:.0%});  Gaussian-fit estimate {estimate}")
     if reason:
