@@ -1,0 +1,76 @@
+"""The README's cheap commands print what the README says they print (issue 41, edge 3).
+
+Each case names a command of a README ``bash`` block by its start; the test takes the numbers the
+README's comment quotes for it, runs the command exactly as written, and checks that its output
+gives the same numbers at the precision the README quotes. A README edit or a code change that
+moves a number fails here. Only commands of a few seconds are run (the whole file: about 10 s).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+
+# (start of the command, the README comment's pattern, the output's pattern): the same groups in order
+CASES = {
+    "balls_in_bins_epsilon": (
+        "-m fedpriv.accounting epsilon --noise-multiplier 1.5 --sampling balls_in_bins --bins 66",
+        rf"epsilon = {NUMBER} \(upper bound; estimate {NUMBER}\)",
+        rf"epsilon = {NUMBER} \(upper bound at confidence 0\.999; estimate {NUMBER}\)"),
+    "gboard_tree_epsilon": (
+        "-m fedpriv.accounting epsilon --mechanism tree --noise-multiplier 7.0 --rounds 2000",
+        rf"epsilon = {NUMBER}, sum of sensitivity\^2 {NUMBER} \(exact\)",
+        rf"epsilon = {NUMBER} at .* sum of sensitivity\^2 {NUMBER} \(exact\)"),
+}
+
+
+def readme_commands() -> list[tuple[str, str]]:
+    """(command, its trailing comment) for each line of the README's ``bash`` blocks, with
+    backslash continuations joined."""
+    text = (ROOT / "README.md").read_text()
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            command, _, comment = line.partition("#")
+            if command.strip():
+                out.append((" ".join(command.split()), comment.strip()))
+    return out
+
+
+def _quoted(command_start: str) -> tuple[str, str]:
+    found = [(c, note) for c, note in readme_commands() if command_start in c]
+    assert len(found) == 1, f"the README has {len(found)} commands with {command_start!r}"
+    return found[0]
+
+
+def _agrees(printed: str, quoted: str) -> bool:
+    """``printed`` rounded to the decimals ``quoted`` has equals ``quoted``."""
+    decimals = len(quoted.partition(".")[2])
+    return f"{float(printed):.{decimals}f}" == quoted
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_readme_command_prints_the_numbers_the_readme_quotes(case):
+    start, comment_pattern, output_pattern = CASES[case]
+    command, comment = _quoted(start)
+    quoted = re.search(comment_pattern, comment)
+    assert quoted, f"the README's comment for {start!r} no longer reads {comment_pattern!r}: {comment!r}"
+    argv = shlex.split(command)
+    assert argv[0] == ".venv/bin/python"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    printed = re.search(output_pattern, res.stdout)
+    assert printed, f"{command!r} printed {res.stdout!r}"
+    for got, want in zip(printed.groups(), quoted.groups()):
+        assert _agrees(got, want), f"{command!r} prints {printed.group(0)!r}; the README says {quoted.group(0)!r}"
