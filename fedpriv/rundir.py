@@ -282,13 +282,12 @@ class RunDirectory:
         """Set the access and modification times of the run directory, and of everything below it,
         to :data:`FIXED_TIME` (symbolic links themselves, never their targets). A secure run calls
         it after each round's outputs and after its last write (module docstring, "Times")."""
-        for root, dirs, files in os.walk(self.path):
-            for name in dirs + files:
-                try:
-                    os.utime(os.path.join(root, name), (FIXED_TIME, FIXED_TIME), follow_symlinks=False)
-                except FileNotFoundError:
-                    pass  # a temporary file renamed away meanwhile
-        os.utime(self.path, (FIXED_TIME, FIXED_TIME))
+        paths = [os.path.join(root, name) for root, dirs, files in os.walk(self.path) for name in dirs + files]
+        for path in [*paths, self.path]:  # the directory last: nothing changes it after
+            try:
+                os.utime(path, (FIXED_TIME, FIXED_TIME), follow_symlinks=False)
+            except FileNotFoundError:
+                pass  # a temporary file renamed away meanwhile (or a directory removed under a failed run)
 
     # ------------------------------------------------------------ reads
 
