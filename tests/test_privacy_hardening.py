@@ -124,10 +124,10 @@ def _reply(cfg, users=(0, 1)):
     from fedpriv.task import load_task
 
     params = load_task(cfg).initial_params
+    grid = LocalGrid(make_client_app(cfg))  # first: it sets Flower's task identity that a Message reads
     msg = Message(RecordDict({"arrays": ArrayRecord({"params": encode(params)}),
                               "config": ConfigRecord({"round": 0, "users": list(users)})}),
                   dst_node_id=1, message_type="train", group_id="0")
-    grid = LocalGrid(make_client_app(cfg))
     return grid.send_and_receive([msg])[0].content
 
 
