@@ -24,7 +24,7 @@ import numpy as np
 from torch import nn
 
 from fedpriv import schema
-from fedpriv.clipping import BookKeeping
+from fedpriv.clipping import BookKeeping, UnsupportedLayerError
 from fedpriv.cohort import CohortClipper, CohortSum
 from fedpriv.local_dp import resolve_example_dp
 from fedpriv.replies import RoundInputs
@@ -45,6 +45,9 @@ class PooledExamples(Sequence):
 
 
 BatchedRound = Callable[[RoundInputs], CohortSum]
+
+#: the settings whose rounds clip per sample (Book-Keeping), named in a refusal of a model
+PER_SAMPLE_SETTINGS = "client.dp=example, algorithm=dp_fedsgd and algorithm=dpsgd"
 
 
 class Algorithm:
@@ -69,6 +72,28 @@ class Algorithm:
         return LocalConfig(epochs=client.epochs, batch_size=client.batch_size, lr=float(client.lr),
                            max_steps=client.max_steps)
 
+    @property
+    def per_sample_setting(self) -> str | None:
+        """The setting that makes this algorithm's rounds clip per sample (Book-Keeping), or None."""
+        return None
+
+    def check_model(self, model: nn.Module, alternative: str = "") -> None:
+        """Refuse, before anything is written, a model that per-sample clipping cannot clip when
+        this algorithm needs it: Book-Keeping's own inspection at construction (the engine is
+        detached at once), for the client engine, the one-pass and the central rounds alike.
+        ``alternative``: what else the model option offers (e.g. LoRA), for the message."""
+        setting = self.per_sample_setting
+        if setting is None:
+            return
+        try:
+            BookKeeping(model).detach()
+        except UnsupportedLayerError as err:
+            raise UnsupportedLayerError(
+                f"{setting} clips per sample (as do {PER_SAMPLE_SETTINGS}), which refuses this model: {err}. "
+                "What runs: algorithm=dp_fedavg with client.dp=none, or algorithm=dp_fedsgd "
+                f"algorithm.one_pass=false (each user's whole update clipped, no per-sample clipping){alternative}"
+            ) from None
+
     def client_engine(self, model: nn.Module, local: LocalConfig) -> BookKeeping | None:
         """The per-sample clipping engine hooked on the clients' model, if the local steps need one."""
         return None
@@ -89,6 +114,10 @@ class ExampleLevelFedAvg(FedAvg):
     """DP-FedAvg whose local steps are example-level DP-SGD (the client's replies are already
     privatized deltas; they are still clipped to C per user by the server)."""
 
+    @property
+    def per_sample_setting(self) -> str | None:
+        return "client.dp=example"
+
     def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
         local = super().local_config(client, rounds, accountant)
         return dataclasses.replace(local, dp=resolve_example_dp(client, rounds, accountant))
@@ -108,6 +137,10 @@ class FedSGD(Algorithm):
     @property
     def per_unit_deltas(self) -> bool:  # type: ignore[override]
         return not self._one_pass
+
+    @property
+    def per_sample_setting(self) -> str | None:
+        return f"algorithm={self.name}" if self._one_pass else None
 
     def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
         return LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client.lr), max_steps=1)

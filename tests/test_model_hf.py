@@ -38,6 +38,22 @@ def gpt2_dir(tmp_path_factory):
     return make_hf_dir(tmp_path_factory.mktemp("hf") / "gpt2", gpt2_style=True)
 
 
+@pytest.fixture(scope="module")
+def opt_dir(tmp_path_factory):
+    """OPT: learned positions computed from the attention mask, which per-sample clipping refuses."""
+    from fedpriv.models.make_hf import word_tokenizer
+
+    path = tmp_path_factory.mktemp("hf") / "opt"
+    tok = word_tokenizer(WORDS)
+    config = transformers.OPTConfig(vocab_size=len(tok), hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                    num_attention_heads=4, word_embed_proj_dim=32, max_position_embeddings=128,
+                                    pad_token_id=0, bos_token_id=len(tok) - 2, eos_token_id=len(tok) - 1)
+    torch.manual_seed(0)
+    tok.save_pretrained(path)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path, safe_serialization=True)
+    return path
+
+
 def hf_args(path, *extra: str) -> tuple[str, ...]:
     return ("+experiment=smoke", "progress=false", "model=hf", f"model.path={path}", "data.tokenizer=hf", *extra)
 
@@ -271,6 +287,47 @@ def test_bad_model_hf_input_is_one_error_line(extra, message, llama_dir, tmp_pat
     with pytest.raises(ConfigError, match=message):
         prepare(compose_cfg("+experiment=smoke", "progress=false", *extra, run_dir=tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+PER_SAMPLE = ("client.dp=example", "algorithm=dp_fedsgd", "algorithm=dpsgd")
+
+
+@pytest.mark.parametrize("setting", PER_SAMPLE)
+def test_a_family_per_sample_clipping_refuses_is_refused_on_every_per_sample_path_saying_what_works(
+        setting, opt_dir, tmp_path):
+    """Issue 41, edge 1: OPT under client.dp=example, one-pass dp_fedsgd and central dpsgd is refused
+    by the same check before the run directory is made; the text names the family as unsupported
+    under per-sample clipping and what does run."""
+    from fedpriv.runner import prepare
+
+    with pytest.raises(ConfigError) as err:
+        prepare(compose_cfg(*hf_args(opt_dir, setting), run_dir=tmp_path / "r"))
+    text = str(err.value)
+    assert "\n" not in text and "the Hugging Face family 'opt' is not supported under per-sample clipping" in text
+    assert "embed_positions (OPTLearnedPositionalEmbedding)" in text
+    assert all(s in text for s in PER_SAMPLE) and "register a rule" not in text
+    assert "algorithm=dp_fedavg with client.dp=none" in text and "model.lora_rank" in text
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("algorithm, fixed", [
+    ("dp_fedsgd", ("algorithm=dp_fedavg",)),
+    ("dpsgd", ("algorithm=dpsgd", "model.lora_rank=2", "model.lora_targets=[q_proj,v_proj]")),
+])
+def test_the_one_pass_and_central_refusals_are_one_line_exit_2_and_a_fixed_rerun_works(
+        algorithm, fixed, opt_dir, tmp_path, run_cli):
+    """Issue 41, edge 1: through the CLI, one `error:` line and exit code 2 before anything is written
+    (no config.yaml, metrics.jsonl or privacy.json left to make a fixed re-run ask for resume=true);
+    the fix the message names then runs into the same directory."""
+    out = run_cli("+experiment=smoke", "progress=false", "model=hf", f"model.path={opt_dir}", "data.tokenizer=hf",
+                  f"algorithm={algorithm}", f"run_dir={tmp_path / 'r'}")
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "not supported under per-sample" in lines[0]
+    assert not (tmp_path / "r").exists()
+    _, summary = run(tmp_path, *hf_args(opt_dir, "rounds=1", *fixed))
+    assert summary["final"]["loss"] == summary["final"]["loss"]
+    assert (tmp_path / "r" / "privacy.json").exists()
 
 
 def test_make_hf_and_pretrain_hf_write_a_directory_model_hf_loads(tmp_path):

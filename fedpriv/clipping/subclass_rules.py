@@ -57,7 +57,8 @@ def base_scale(module: Union[nn.Linear, nn.Embedding]) -> Union[float, str]:
                 once = functional_call(module, weights, (x,))
                 twice = functional_call(module, doubled, (x,))
             except Exception as err:  # noqa: BLE001 - a forward that does not take the base layer's input
-                return f"its forward cannot be called as the base layer's ({type(err).__name__}: {err})"
+                return (f"its forward is not the base layer's computation on its input (called as one, it "
+                        f"raised {type(err).__name__}: {err})")
             if not isinstance(once, Tensor) or not isinstance(twice, Tensor):
                 return "its forward does not return one tensor"
             ref = _base(module, x, weights)
@@ -79,6 +80,13 @@ def base_scale(module: Union[nn.Linear, nn.Embedding]) -> Union[float, str]:
     return float(scale)
 
 
+def hf_family(cls: type) -> Optional[str]:
+    """The ``transformers`` model family defining ``cls`` (``transformers.models.opt.modeling_opt``
+    → ``"opt"``), from its module name only (nothing imported), or None."""
+    parts = cls.__module__.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["transformers", "models"] else None
+
+
 def subclass_rule(module: nn.Module) -> Optional[Union[LayerRule, str]]:
     """The rule of an ``nn.Linear``/``nn.Embedding`` subclass without a registered rule (its base
     rule on ``s · g``), the reason it is refused, or None when ``module`` is no such subclass."""
@@ -86,8 +94,11 @@ def subclass_rule(module: nn.Module) -> Optional[Union[LayerRule, str]]:
         return None
     s = base_scale(module)
     if isinstance(s, str):
-        return (f"it subclasses nn.{'Embedding' if isinstance(module, nn.Embedding) else 'Linear'} but {s}; "
-                "register a rule for it with fedpriv.clipping.register_rule")
+        reason = f"it subclasses nn.{'Embedding' if isinstance(module, nn.Embedding) else 'Linear'} but {s}"
+        family = hf_family(type(module))
+        if family is not None:  # a family's own layer: not the user's to register a rule for
+            return f"the Hugging Face family {family!r} is not supported under per-sample clipping: {reason}"
+        return f"{reason}; register a rule for it with fedpriv.clipping.register_rule"
     if isinstance(module, nn.Embedding):
         return LayerRule(lambda m, idx, g: embedding_contributions(m, idx, g * s), ("weight",), lambda m: 1,
                          index_input=True, check=_embedding_problem)

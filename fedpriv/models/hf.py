@@ -261,6 +261,12 @@ class HFModel(ModelOption):
             raise ConfigError(f"{path}.path is required: a local directory holding a Hugging Face causal LM "
                               "(config.json and weights; nothing is downloaded)")
 
+    def per_sample_alternative(self) -> str:
+        if self.lora_rank > 0:
+            return ""
+        return (", or LoRA adapters with any algorithm (model.lora_rank=R, and model.lora_targets=[...] where the "
+                "family has no default), which freeze every base layer")
+
     def build_model(self, vocab_size: int, pad_id: int, seq_len: int) -> HFCausalLM:
         return HFCausalLM.load(self.path, vocab_size, pad_id, self.lora_rank, self.lora_targets, self.lora_alpha)
 

@@ -247,6 +247,11 @@ class ModelOption(Option):
         """Checks of a run that selects this option (an input it cannot build without; its preset
         itself passes :meth:`check`)."""
 
+    def per_sample_alternative(self) -> str:
+        """What else this option offers when per-sample clipping refuses the model it built (text
+        that follows a list of alternatives in the refusal, e.g. ", or ..."); "" for nothing."""
+        return ""
+
     def example_overrides(self, directory) -> list[str]:
         """Config overrides of a tiny runnable instance of this model, writing any input it needs
         (a model directory) under ``directory`` (the contract tests, tests/test_plugins.py)."""
