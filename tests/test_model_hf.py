@@ -140,6 +140,21 @@ def test_book_keeping_on_the_wrapper_equals_the_per_sample_loop(family, lora, mo
         check_against_loop(model, per_row_loss(pad, flat=True), data, mode)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_lora_on_opt_equals_the_per_sample_loop(mode, opt_dir):
+    """OPT's learned positions are refused when trainable; LoRA freezes them, and Book-Keeping on the
+    adapters equals the per-sample loop (what docs/HF_MODELS.md offers as what runs)."""
+    torch.manual_seed(1)
+    model = HFCausalLM.load(opt_dir, len(WORDS) + 4, 0, lora_rank=4, lora_targets=["q_proj", "v_proj"])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0, 0.1)
+    data = (rows_of(len(WORDS) + 4, 0, seed=3),)
+    check_against_loop(model, per_row_loss(0), data, mode)
+    check_against_loop(model, per_row_loss(0, flat=True), data, mode)
+
+
 # ----------------------------------------------------------------------------- runs
 
 
