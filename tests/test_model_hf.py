@@ -193,6 +193,60 @@ def test_the_issue_command_trains_and_releases_a_hugging_face_directory(llama_di
     assert "user-level epsilon 50 at delta 0.001" in card and "research mode" in card
 
 
+@pytest.mark.parametrize("typed", ["absolute", "relative"])
+def test_the_released_adapter_loads_the_standard_ways_from_anywhere(typed, llama_dir, tmp_path, monkeypatch):
+    """Issue 41, edge 4 and L4: the adapter's config says CAUSAL_LM and names the base by its own
+    name (not the absolute or cwd-relative path typed), as does the model card; the release is
+    readable by others (0644/0755 under umask 022); peft's AutoPeftModelForCausalLM loads it from
+    another directory that holds the base under that name, and computes the merged release."""
+    import os
+    import shutil
+
+    path = str(llama_dir)
+    if typed == "relative":
+        monkeypatch.chdir(llama_dir.parent)
+        path = llama_dir.name
+    previous = os.umask(0o022)
+    try:
+        run(tmp_path, *hf_args(path, "model.lora_rank=2", "rounds=1"))
+    finally:
+        os.umask(previous)
+    release = tmp_path / "r" / "hf_model"
+    config = json.loads((release / "adapter" / "adapter_config.json").read_text())
+    assert config["task_type"] == "CAUSAL_LM" and config["base_model_name_or_path"] == "llama"
+    card = (release / "README.md").read_text()
+    assert "Fine-tuned from `llama` " in card and str(llama_dir) not in card
+    for item in [release, *release.rglob("*")]:
+        assert item.stat().st_mode & 0o777 == (0o755 if item.is_dir() else 0o644), item
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(llama_dir, elsewhere / "llama")
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    x = torch.randint(1, 300, (3, 8))
+    with torch.no_grad():
+        merged = transformers.AutoModelForCausalLM.from_pretrained(str(release), local_files_only=True)
+        adapted = peft.AutoPeftModelForCausalLM.from_pretrained(str(release / "adapter"), local_files_only=True)
+        torch.testing.assert_close(adapted(input_ids=x).logits, merged(input_ids=x).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_the_base_model_is_named_by_its_hub_id_its_cache_entry_or_its_directory(tmp_path):
+    """L4: a config's `_name_or_path` that is a hub id (namespace/name) names the base; a local path
+    there is not used; a Hugging Face cache snapshot is named by its repository; else the directory."""
+    from fedpriv.models.hf import base_model_name
+
+    def base(where, name_or_path=None):
+        where.mkdir(parents=True)
+        extra = {} if name_or_path is None else {"_name_or_path": name_or_path}
+        (where / "config.json").write_text(json.dumps({"model_type": "llama", **extra}))
+        return base_model_name(where)
+
+    assert base(tmp_path / "a" / "mine", "acme/tiny-llama") == "acme/tiny-llama"
+    assert base(tmp_path / "b" / "mine", "/home/someone/checkpoints/llama") == "mine"
+    assert base(tmp_path / "c" / "mine", "../llama") == "mine"
+    assert base(tmp_path / "d" / "mine") == "mine"
+    assert base(tmp_path / "models--acme--tiny-opt" / "snapshots" / "0123abcd") == "acme/tiny-opt"
+
+
 def test_with_lora_only_adapters_are_trained_noised_and_sent(llama_dir, tmp_path):
     """The flat parameter vector (what the server noises and releases and the codec sends) is the
     adapters; base weights stay bit-identical; through the Flower message path the replies carry

@@ -30,7 +30,11 @@ full model (LoRA merged into the base weights) with the tokenizer, loadable by
 from __future__ import annotations
 
 import copy
+import json
+import os
+import re
 import shutil
+import stat
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,13 +175,37 @@ def _feed_pad_as_zero(module: HFCausalLM, args: tuple, kwargs: dict):
     return None
 
 
+# a Hugging Face Hub repository id: namespace/name
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def base_model_name(path: str | Path) -> str:
+    """The base model's own name for a release (never a local path, which means nothing elsewhere):
+    the ``_name_or_path`` its ``config.json`` records when that is a Hub id (``namespace/name``);
+    else, for a Hugging Face cache snapshot (``models--NS--NAME/snapshots/REV``), ``NS/NAME``;
+    else the directory's name. A loader resolves it as usual: from the Hub (or its cache), or as
+    a directory of that name under its working directory."""
+    path = Path(path).resolve()
+    try:
+        recorded = json.loads((path / "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if isinstance(recorded, str) and _HUB_ID.fullmatch(recorded) and ".." not in recorded:
+        return recorded
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name[len("models--"):].replace("--", "/")
+    return path.name
+
+
 def save_release(model: HFCausalLM, params: torch.Tensor, directory: str | Path, tokenizer=None,
-                 base_path: str | None = None) -> Path:
+                 base_name: str | None = None) -> Path:
     """Write ``params`` (flat, trainable parameters in ``get_flat_params`` order) as a Hugging
     Face model directory ``directory`` (``save_pretrained``, safetensors), LoRA adapters merged
     into the base weights, with ``tokenizer`` (an :class:`~fedpriv.text.hf_tokenizer.HFTokenizer`)
     beside it. With adapters, ``directory/adapter`` also holds them alone in peft's format
-    (``adapter_config.json``, ``adapter_model.safetensors``; ``base_path`` the base model's)."""
+    (``adapter_config.json`` with ``task_type`` ``CAUSAL_LM`` and ``base_name`` as the base,
+    :func:`base_model_name`; ``adapter_model.safetensors``), which ``peft.AutoPeftModelForCausalLM``
+    loads."""
     from fedpriv.models import set_flat_params
 
     directory = Path(directory)
@@ -186,7 +214,7 @@ def save_release(model: HFCausalLM, params: torch.Tensor, directory: str | Path,
     lm = replica.lm
     adapters = getattr(lm, "peft_config", None)
     if adapters:
-        _save_adapter(lm, directory / "adapter", base_path)
+        _save_adapter(lm, directory / "adapter", base_name)
         from fedpriv.lora import merge_adapters
 
         lm = merge_adapters(lm)
@@ -201,7 +229,7 @@ def save_release(model: HFCausalLM, params: torch.Tensor, directory: str | Path,
     return directory
 
 
-def _save_adapter(lm: nn.Module, directory: Path, base_path: str | None) -> None:
+def _save_adapter(lm: nn.Module, directory: Path, base_name: str | None) -> None:
     import peft
     from safetensors.torch import save_file
 
@@ -210,9 +238,21 @@ def _save_adapter(lm: nn.Module, directory: Path, base_path: str | None) -> None
     save_file({f"base_model.model.{k}": v.detach().contiguous() for k, v in state.items()},
               str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
     config = copy.deepcopy(lm.peft_config["default"])
-    config.base_model_name_or_path = base_path
+    config.base_model_name_or_path = base_name
+    config.task_type = peft.TaskType.CAUSAL_LM  # what AutoPeftModelForCausalLM (and PeftModel) dispatch on
     config.inference_mode = True
     config.save_pretrained(str(directory))
+
+
+def _share_modes(directory: Path, reference: Path) -> None:
+    """Give every file under ``directory`` the mode of ``reference``, a file fedpriv wrote (0644
+    masked by the process umask, :mod:`fedpriv.atomic`; the umask is never read or changed):
+    safetensors creates its files owner-only, and a release is for sharing. Directories keep the
+    mode ``mkdir`` gave them (0777 masked by the umask)."""
+    mode = stat.S_IMODE(reference.stat().st_mode)
+    for item in directory.rglob("*"):
+        if item.is_file() and not item.is_symlink():
+            os.chmod(item, mode)
 
 
 _MODEL_CARD = """# Released by fedpriv
@@ -288,8 +328,10 @@ class HFModel(ModelOption):
         for stale in (tmp, old):
             shutil.rmtree(stale, ignore_errors=True)
         try:
-            save_release(model, params, tmp, getattr(data, "tokenizer", None), base_path=str(self.path))
-            write_atomic(tmp / "README.md", _MODEL_CARD.format(base=self.path, card=card).encode())
+            base = base_model_name(self.path)
+            save_release(model, params, tmp, getattr(data, "tokenizer", None), base_name=base)
+            write_atomic(tmp / "README.md", _MODEL_CARD.format(base=base, card=card).encode())
+            _share_modes(tmp, tmp / "README.md")
         except OSError as err:
             raise OutputError(f"could not write the released model to {final}: {err}") from None
         finally:
@@ -314,4 +356,4 @@ def describe(model: HFCausalLM) -> dict:
             "total_parameters": total}
 
 
-__all__ = ["HFCausalLM", "HFModel", "describe", "save_release"]
+__all__ = ["HFCausalLM", "HFModel", "base_model_name", "describe", "save_release"]
