@@ -204,8 +204,8 @@ def test_the_released_adapter_loads_the_standard_ways_from_anywhere(typed, llama
 
     path = str(llama_dir)
     if typed == "relative":
-        monkeypatch.chdir(llama_dir.parent)
-        path = llama_dir.name
+        monkeypatch.chdir(llama_dir.parent.parent)
+        path = f"{llama_dir.parent.name}/{llama_dir.name}"  # what the user typed, relative to their cwd
     previous = os.umask(0o022)
     try:
         run(tmp_path, *hf_args(path, "model.lora_rank=2", "rounds=1"))
