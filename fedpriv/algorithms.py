@@ -72,17 +72,18 @@ class Algorithm:
         return LocalConfig(epochs=client.epochs, batch_size=client.batch_size, lr=float(client.lr),
                            max_steps=client.max_steps)
 
-    @property
-    def per_sample_setting(self) -> str | None:
-        """The setting that makes this algorithm's rounds clip per sample (Book-Keeping), or None."""
+    def per_sample_setting(self, batched: bool) -> str | None:
+        """The setting that makes this algorithm clip per sample (Book-Keeping) in its clients'
+        local steps (``batched`` False) or in its batched round (True), or None."""
         return None
 
-    def check_model(self, model: nn.Module, alternative: str = "") -> None:
-        """Refuse, before anything is written, a model that per-sample clipping cannot clip when
-        this algorithm needs it: Book-Keeping's own inspection at construction (the engine is
-        detached at once), for the client engine, the one-pass and the central rounds alike.
+    def check_model(self, model: nn.Module, alternative: str = "", batched: bool = False) -> None:
+        """Refuse, before anything is written, a model that per-sample clipping cannot clip where
+        this algorithm clips per sample (in the clients' steps, or with ``batched`` in its batched
+        round): Book-Keeping's own inspection at construction (the engine is detached at once),
+        the same check for the client engine, the one-pass and the central rounds.
         ``alternative``: what else the model option offers (e.g. LoRA), for the message."""
-        setting = self.per_sample_setting
+        setting = self.per_sample_setting(batched)
         if setting is None:
             return
         try:
@@ -114,9 +115,8 @@ class ExampleLevelFedAvg(FedAvg):
     """DP-FedAvg whose local steps are example-level DP-SGD (the client's replies are already
     privatized deltas; they are still clipped to C per user by the server)."""
 
-    @property
-    def per_sample_setting(self) -> str | None:
-        return "client.dp=example"
+    def per_sample_setting(self, batched: bool) -> str | None:
+        return None if batched else "client.dp=example"
 
     def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
         local = super().local_config(client, rounds, accountant)
@@ -138,9 +138,8 @@ class FedSGD(Algorithm):
     def per_unit_deltas(self) -> bool:  # type: ignore[override]
         return not self._one_pass
 
-    @property
-    def per_sample_setting(self) -> str | None:
-        return f"algorithm={self.name}" if self._one_pass else None
+    def per_sample_setting(self, batched: bool) -> str | None:
+        return f"algorithm={self.name}" if batched and self._one_pass else None
 
     def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
         return LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client.lr), max_steps=1)

@@ -133,6 +133,8 @@ def _plan(cfg: dict, spec: RunConfig, task: Task, randomness: RunRandomness | No
     """The checks and builds that need the data's population (``randomness`` None: a sampler and
     a mechanism that only state their accounting, for :func:`preflight`)."""
     validate_against_data(cfg, len(task.units), task.algorithm.privacy_unit)
+    if spec.backend.batched_rounds:  # its one-pass / central round clips per sample: refused before any write
+        task.algorithm.check_model(task.client_model, spec.model.per_sample_alternative(), batched=True)
     privacy = spec.privacy
     sampler = make_sampler(spec.sampling, len(task.units), spec.cohort_size,
                            randomness.subkey("sampling") if randomness else None,

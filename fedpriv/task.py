@@ -102,7 +102,7 @@ def _load_task(key: str) -> Task:
     algorithm = build_algorithm(spec)
     client = spec.client
     local = algorithm.local_config(client, spec.rounds, spec.privacy.accountant)
-    algorithm.check_model(client_model, spec.model.per_sample_alternative())  # before any run file is written
+    algorithm.check_model(client_model, spec.model.per_sample_alternative())  # the clients' engine, refused in one line
     # the trainer's replica is copied before the engine hooks client_model
     trainer = (CohortTrainer(client_model, local, data.vocab.pad_id, client.parallel)
                if cohort_parallel(client, device) and algorithm.per_unit_deltas else None)

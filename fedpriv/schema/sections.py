@@ -321,6 +321,8 @@ class AlgorithmOption(Option):
 class BackendOption(Option):
     """A ``backend`` option: how rounds reach clients (server/ implements each; no DP here)."""
 
+    batched_rounds: ClassVar[bool] = False  # runs an algorithm's batched round (one pass) where it has one
+
 
 @dataclass
 class TextPipeline(Option):
@@ -362,6 +364,7 @@ class TextPipeline(Option):
 
 @dataclass
 class LocalBackend(BackendOption):
+    batched_rounds: ClassVar[bool] = True
     name: str = "local"
 
 
