@@ -115,6 +115,9 @@ def format_result(summary: dict) -> str:
     reason = summary["privacy"].get("non_private_reason")
     eps_text = (f"inf (non-private{': ' + reason if reason else ''})"
                 if eps is None or (isinstance(eps, float) and math.isinf(eps)) else f"{eps:.4g}")
+    claim = summary["privacy"].get("monte_carlo_claim") or {}
+    if "confidence" in claim and not eps_text.startswith("inf"):  # a Monte-Carlo bound holds with a stated probability
+        eps_text += f" with probability >= {claim['confidence']:g} (Monte-Carlo bound)"
     mode = mode_text(summary["privacy"])
     ceiling = summary.get("ceiling_accuracy")
     ceiling_text = f" (Bayes ceiling {ceiling:.4f})" if ceiling else ""

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
-from fedpriv.accounting.ledger import json_epsilon
+from fedpriv.accounting.ledger import json_epsilon, prefix_claim_settings
 from fedpriv.adaptive_clipping import build_adaptive_clip
 from fedpriv.audit.run import audit_label, build_canaries, finish_audit
 from fedpriv.config import diagnostics_enabled, resolve_config, resolved, validate, validate_against_data
@@ -54,7 +54,7 @@ def _noise_multiplier(spec: RunConfig, mechanism: Mechanism, sampler) -> float:
     return calibrate_noise_multiplier(
         lambda s: mechanism.dp_event(sampler, spec.rounds, noise_multiplier=s),
         privacy.target_epsilon, privacy.delta, privacy.accountant, mechanism.neighboring_relation(sampler),
-        monte_carlo_settings=privacy.mc.settings())
+        monte_carlo_settings=prefix_claim_settings(privacy.mc.settings(), spec.rounds))
 
 
 def _monte_carlo_settings(spec: RunConfig):
@@ -494,7 +494,7 @@ def _privacy_summary(session: RunSession) -> dict:
     ledger = session.ledger.to_dict()
     keys = ("epsilon", "non_private", "delta", "accountant", "neighboring_relation", "noise_multiplier",
             "target_epsilon", "mechanism", "sampling", "randomness", "non_private_reason",
-            "accounted_epsilon_of_the_noised_update_only")
+            "accounted_epsilon_of_the_noised_update_only", "monte_carlo_claim")
     return {k: ledger[k] for k in keys if k in ledger}
 
 

@@ -184,6 +184,79 @@ def test_samples_are_reproducible_from_the_public_seed_and_differ_across_seeds()
     assert not np.array_equal(a, mc.privacy_losses(event, 5000, 1, True))
 
 
+# ---------------------------------------------------------------- issue 41: the samples' law, seeds, shared claims
+
+
+def test_the_losses_come_from_float64_normals():
+    """One bin, one round, σ = 1: under P, L = z − 1/2 exactly. float32 normals (24-bit uniforms,
+    |z| <= 5.77 with a staircase tail) would make every L a float32 number; float64 draws do not."""
+    event = BallsInBinsDpEvent(1.0, 1, 1, (1.0,))
+    losses = mc.privacy_losses(event, 100_000, 0, False)
+    assert losses.dtype == np.float64
+    assert np.mean(losses.astype(np.float32).astype(np.float64) == losses) < 0.01
+    z = losses + 0.5
+    assert abs(z.mean()) < 0.02 and abs(z.std() - 1) < 0.02
+    draws = mc.normals(mc.generator(event, 0, 0), (1000,))
+    assert str(draws.dtype) == "torch.float64"
+
+
+def test_one_bin_claim_at_small_delta_covers_the_exact_gaussian_epsilon():
+    """b = 1: the pair is the Gaussian mechanism of sensitivity √T/σ, whose exact ε(δ) is known;
+    at δ = 1e-6 (the far tail of the samples) the claimed ε lies above it, and not far."""
+    from scipy.optimize import brentq
+
+    rounds, sigma, delta = 2, 2.0, 1e-6
+    mu = math.sqrt(rounds) / sigma
+    exact = brentq(lambda e: gaussian_delta(mu, e) - delta, 1e-6, 50.0, xtol=1e-12)
+    samples = LossSamples(BallsInBinsDpEvent(sigma, rounds, 1, (1.0,)), MonteCarloSettings(samples=20_000_000), delta)
+    claimed = samples.epsilon(delta)
+    assert claimed >= exact, (claimed, exact)
+    assert claimed <= exact * 1.15, (claimed, exact)
+
+
+def test_delta_below_what_the_samples_resolve_is_refused():
+    """The samples' uniforms have a 2^-53 grid: a δ claim below MIN_DELTA is refused, whatever the count."""
+    with pytest.raises(ConfigError, match="53-bit"):
+        mc.check_resolvable(mc.MIN_DELTA / 10, MonteCarloSettings(samples=10 ** 14))
+    mc.check_resolvable(1e-5, MonteCarloSettings(samples=10 ** 7))
+
+
+def test_a_seed_chosen_after_seeing_others_cannot_buy_confidence():
+    """Seed k's claims fail with probability γ·6/(π²(k+1)²): summed over every seed, at most γ, so
+    re-running with other seeds until one looks lucky still leaves the stated confidence."""
+    gamma = 1e-3
+    shares = [MonteCarloSettings(confidence=1 - gamma, seed=k).claim_failure for k in range(100_000)]
+    assert shares[0] == pytest.approx(gamma * 6 / math.pi ** 2)
+    assert shares[9] == pytest.approx(gamma * 6 / (math.pi ** 2 * 100))
+    assert sum(shares) <= gamma
+    event = BallsInBinsDpEvent(1.0, 12, 4, (1.0,))
+    tight = LossSamples(event, MonteCarloSettings(samples=20_000, seed=0), 1e-2).delta(1.0)
+    loose = LossSamples(event, MonteCarloSettings(samples=20_000, seed=0, candidates=100), 1e-2).delta(1.0)
+    assert loose.upper > tight.upper  # the share is what the bound pays for
+
+
+def test_the_ledger_splits_the_confidence_over_its_prefix_claims():
+    """A run reports the smallest of its prefix checkpoints' claims: each is made at γ/(checkpoints)
+    so the smallest holds at 1 − γ (union bound), and calibration uses the same settings."""
+    from fedpriv.accounting.ledger import MC_PREFIX_CHECKPOINTS, PrivacyLedger, prefix_checkpoints
+    from fedpriv.mechanisms.gaussian import GaussianMechanism
+    from fedpriv.randomness import key_from_seed
+    from fedpriv.sampling import make_sampler
+
+    assert prefix_checkpoints(16) == [2, 4, 6, 8, 10, 12, 14, 16] and prefix_checkpoints(3) == [1, 2, 3]
+    sampler = make_sampler("balls_in_bins", 40, 10, key_from_seed(1), public_population=40)
+    settings = MonteCarloSettings(samples=20_000)
+    ledger = PrivacyLedger(GaussianMechanism(1.0, 1.0), sampler, 1e-2, accountant="mc", planned_rounds=16,
+                           monte_carlo_settings=settings)
+    assert ledger.monte_carlo.candidates == MC_PREFIX_CHECKPOINTS
+    assert ledger.monte_carlo.claim_failure == pytest.approx(settings.claim_failure / MC_PREFIX_CHECKPOINTS)
+    shared = settings.shared(MC_PREFIX_CHECKPOINTS)
+    for n in (1, 5, 16):
+        expected = min(mc.epsilon(ledger.dp_event(c), 1e-2, shared) for c in prefix_checkpoints(16) if c >= n)
+        assert ledger.epsilon(n) == expected
+    assert ledger._accountant_settings()["candidates"] == MC_PREFIX_CHECKPOINTS
+
+
 # ---------------------------------------------------------------- the calculator
 
 
@@ -281,10 +354,17 @@ def test_a_run_with_balls_in_bins_claims_the_monte_carlo_bound(tmp_path, mechani
     assert claim["epsilon_estimate"] <= claim["epsilon"]
     assert claim["delta_estimate"] <= claim["delta_upper"] <= 1e-3
     settings = privacy["accountant_settings"]
-    assert settings["candidates"] == mc.GRID_SIZE and settings["samples_per_direction"] == 20000
+    # the confidence is shared over the σ grid and the run's 4 prefix claims (rounds 1..4)
+    assert settings["candidates"] == mc.GRID_SIZE * 4 and settings["samples_per_direction"] == 20000
     epsilons = [json.loads(line)["epsilon"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
                 if "epsilon" in json.loads(line)]
     assert epsilons == sorted(epsilons) and epsilons[-1] == privacy["epsilon"]
+    # the result line (and the model card, which quotes it) states the claim's confidence
+    from fedpriv.console import format_result
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert claim["confidence"] == 0.999
+    assert "with probability >= 0.999 (Monte-Carlo bound)" in format_result(summary)
 
 
 def test_a_resumed_monte_carlo_run_equals_an_uninterrupted_one(tmp_path):
@@ -309,3 +389,4 @@ def test_a_resumed_monte_carlo_run_equals_an_uninterrupted_one(tmp_path):
     b = json.loads((tmp_path / "p" / "privacy.json").read_text())
     assert a["epsilon"] == b["epsilon"] and a["noise_multiplier"] == b["noise_multiplier"]
     assert a["monte_carlo_claim"] == b["monte_carlo_claim"]
+

@@ -53,6 +53,18 @@ class AccountedMechanism(Protocol):
     def accounting_details(self, sampler: Sampler, rounds: int) -> dict[str, Any]: ...
 
 
+def prefix_checkpoints(planned_rounds: int) -> list[int]:
+    """The round counts at which the Monte-Carlo accountant claims ε in a run of ``planned_rounds``."""
+    return sorted({math.ceil(planned_rounds * i / MC_PREFIX_CHECKPOINTS) for i in range(1, MC_PREFIX_CHECKPOINTS + 1)})
+
+
+def prefix_claim_settings(settings: MonteCarloSettings, planned_rounds: int | None) -> MonteCarloSettings:
+    """``settings`` for a run's Monte-Carlo claims: the reported ε is the smallest of the prefix
+    checkpoints' claims, so γ is split over them (union bound; a calibration that must agree with
+    the ledger uses the same settings)."""
+    return settings.shared(len(prefix_checkpoints(planned_rounds))) if planned_rounds else settings
+
+
 def json_epsilon(epsilon: float) -> float | None:
     """ε for JSON: ``None`` (null) when infinite, see the module docstring."""
     return None if math.isinf(epsilon) else float(epsilon)
@@ -134,7 +146,8 @@ class PrivacyLedger:
         self._round_indices: list[int] = []
         self._cache: dict[int, float] = {0: 0.0}
         self._compositions: dict[str, SelfComposition] = {}
-        self.monte_carlo = (monte_carlo_settings or MonteCarloSettings()) if accountant == MC else None
+        self.monte_carlo = (prefix_claim_settings(monte_carlo_settings or MonteCarloSettings(), self.planned_rounds)
+                            if accountant == MC else None)
         self._claims: dict[int, dict[str, Any]] = {}  # Monte Carlo: prefix checkpoint -> its claim
         self.epsilon(1)  # fail closed now if this mechanism/sampler/accountant cannot be accounted
 
@@ -185,14 +198,14 @@ class PrivacyLedger:
     def _covering_claim(self, n: int) -> dict[str, Any]:
         """The Monte-Carlo claim reported for ``n`` rounds: the smallest of the claims of every
         prefix checkpoint ≥ n (a release of n rounds is a post-processing of any longer one, so each
-        of them bounds its ε, and each claim holds at the stated confidence); beyond the planned
-        rounds, or without a plan, the claim for n itself. Taking the smallest over all longer
-        prefixes makes the reported ε non-decreasing in n although each claim has its own samples."""
+        of them bounds its ε; the confidence is split over the checkpoints, :func:`prefix_claim_settings`,
+        so the smallest holds at the stated confidence); beyond the planned rounds, or without a
+        plan, the claim for n itself. Taking the smallest over all longer prefixes makes the
+        reported ε non-decreasing in n although each claim has its own samples."""
         planned = self.planned_rounds
         if not planned or n > planned:
             return self._claim(n)
-        marks = sorted({math.ceil(planned * i / MC_PREFIX_CHECKPOINTS) for i in range(1, MC_PREFIX_CHECKPOINTS + 1)})
-        return min((self._claim(c) for c in marks if c >= n), key=lambda claim: claim["epsilon"])
+        return min((self._claim(c) for c in prefix_checkpoints(planned) if c >= n), key=lambda claim: claim["epsilon"])
 
     def _claim(self, n: int) -> dict[str, Any]:
         """The Monte-Carlo claim for ``n`` rounds: ε (the bound) and its point estimate, and δ
@@ -207,7 +220,8 @@ class PrivacyLedger:
             self._claims[n] = {"rounds": n, "epsilon": eps,
                                "epsilon_estimate": samples.epsilon(self.delta, estimate=True),
                                "delta_estimate": None if at is None else at.estimate,
-                               "delta_upper": None if at is None else at.upper}
+                               "delta_upper": None if at is None else at.upper,
+                               "confidence": self.monte_carlo.confidence}
         return self._claims[n]
 
     def reported_epsilon(self, rounds: int | None = None) -> float:

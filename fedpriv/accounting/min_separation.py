@@ -32,8 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedpriv.accounting.monte_carlo import (CHUNK, LossSampler, MonteCarloDpEvent, check_column, check_sigma,
-                                            column_digest, generator)
+from fedpriv.accounting.monte_carlo import (CHUNK, LossSampler, MonteCarloDpEvent, Progress, check_column,
+                                            check_sigma, column_digest, generator, normals)
 from fedpriv.errors import ConfigError
 
 
@@ -70,8 +70,9 @@ class MinSeparationDpEvent(MonteCarloDpEvent):
     def loss_sampler(self) -> LossSampler:
         self.check()
 
-        def sample(sigma: float, samples: int, seed: int, positive: bool) -> np.ndarray:
-            return losses(attr.evolve(self, noise_multiplier=sigma), samples, seed, positive)
+        def sample(sigma: float, samples: int, seed: int, positive: bool,
+                   progress: Progress | None = None) -> np.ndarray:
+            return losses(attr.evolve(self, noise_multiplier=sigma), samples, seed, positive, progress)
         return sample
 
 
@@ -91,25 +92,28 @@ def _geometric(gen: torch.Generator, size: int, p: float) -> torch.Tensor:
     return (torch.floor(torch.log(u) / math.log1p(-p)) + 1).long()
 
 
-def losses(event: MinSeparationDpEvent, samples: int, seed: int, positive: bool) -> np.ndarray:
-    """``samples`` draws of ``L = log Q/P`` with y from Q (``positive``) or P (module docstring)."""
+def losses(event: MinSeparationDpEvent, samples: int, seed: int, positive: bool,
+           progress: Progress | None = None) -> np.ndarray:
+    """``samples`` draws of ``L = log Q/P`` with y from Q (``positive``) or P (module docstring);
+    float64 normals (:func:`fedpriv.accounting.monte_carlo.normals`), computed in float64."""
     n, b, p, sigma = event.rounds, event.separation, float(event.probability), float(event.noise_multiplier)
     k = min(len(event.column), n)
-    c = torch.tensor(event.column[:k], dtype=torch.float32)
-    norms = torch.tensor([float(np.sum(np.square(event.column[:min(k, n - t)]))) for t in range(n)])
+    c = torch.tensor(event.column[:k], dtype=torch.float64)
+    norms = torch.tensor([float(np.sum(np.square(event.column[:min(k, n - t)]))) for t in range(n)],
+                         dtype=torch.float64)
     start_cdf = torch.from_numpy(np.cumsum(warm_start(b, p)))
-    log_start = torch.from_numpy(np.log(warm_start(b, p))).float()
+    log_start = torch.from_numpy(np.log(warm_start(b, p)))
     log_p = math.log(p)
     log_q = math.log1p(-p) if p < 1 else -math.inf
     gen = generator(event, seed, int(positive))
     out = np.empty(samples)
     for begin in range(0, samples, CHUNK):
         size = min(CHUNK, samples - begin)
-        y = torch.randn((size, n), generator=gen) * sigma
+        y = normals(gen, (size, n)) * sigma
         if positive:
             first = torch.searchsorted(start_cdf, torch.rand(size, generator=gen, dtype=torch.float64).unsqueeze(1),
                                        right=True).squeeze(1).clamp(max=b - 1)
-            x = torch.zeros((size, n))
+            x = torch.zeros((size, n), dtype=torch.float64)
             rows = torch.arange(size)
             at = first + _geometric(gen, size, p) - 1
             while bool((at < n).any()):
@@ -120,9 +124,11 @@ def losses(event: MinSeparationDpEvent, samples: int, seed: int, positive: bool)
             y += F.conv1d(x.unsqueeze(1), c.flip(0).view(1, 1, k), padding=k - 1)[:, 0, :n]
         # a_t = (Σ_j c_j y_{t+j} − ‖c_t‖²/2)/σ² (columns truncated at round n)
         a = (F.conv1d(y.unsqueeze(1), c.view(1, 1, k), padding=k - 1)[:, 0, k - 1:k - 1 + n] - norms / 2) / sigma ** 2
-        log_v = torch.zeros((n + b, size))
+        log_v = torch.zeros((n + b, size), dtype=torch.float64)
         a = a.T.contiguous()
         for i in range(n - 1, -1, -1):
             log_v[i] = torch.logaddexp(log_q + log_v[i + 1], log_p + a[i] + log_v[i + b])
-        out[begin:begin + size] = torch.logsumexp(log_v[:b] + log_start.unsqueeze(1), dim=0).double().numpy()
+        out[begin:begin + size] = torch.logsumexp(log_v[:b] + log_start.unsqueeze(1), dim=0).numpy()
+        if progress is not None:
+            progress(size)
     return out

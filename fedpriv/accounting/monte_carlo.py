@@ -34,9 +34,18 @@ What is computed, and how:
   is made at confidence ``1 − γ/K`` with K the grid's size (Bonferroni: the σ the search settles on
   is then valid with probability ≥ 1 − γ however the search went). A claim at a σ nobody searched
   for (a fixed noise multiplier, ``epsilon``/``delta`` in the calculator) needs no correction.
-* Samples come from numpy's PCG64 seeded with a *public* seed and the event's pattern (never the
-  run's secret keys): the accounting is reproducible, and the same samples serve every σ (common
-  random numbers), so one seed gives one deterministic answer per question.
+  Several claims of which the smallest is reported (a run's prefix checkpoints) share γ the same way
+  (:meth:`MonteCarloSettings.shared`).
+* Samples come from torch's CPU generator seeded with a *public* seed and the event's pattern (never
+  the run's secret keys): the accounting is reproducible, and the same samples serve every σ (common
+  random numbers), so one seed gives one deterministic answer per question. The seed is not a free
+  knob: seed k's claims are made at failure ``γ·w_k``, ``w_k = 6/(π²(k+1)²)`` (Σ_k w_k = 1), so the
+  claim finally reported holds with probability ≥ 1 − γ even when seeds were tried until one looked
+  lucky (a union bound over all seeds; seed 0 pays a factor 6/π² ≈ 0.61 in γ).
+* The normals are float64 (Box–Muller on 53-bit uniforms): a coordinate's law differs from N(0, 1)
+  only by the 2^-53 grid of its uniforms (radius ≤ 8.57). float32 normals (24-bit uniforms: |z| ≤
+  5.77, a staircase tail) would make the bound one on δ under that law, below the pair's at small δ.
+  δ below ``MIN_DELTA`` (1e-10) is refused so that the grid stays far below any δ claimed.
 
 The claimed ε is always the upper bound, never the point estimate; both are reported.
 """
@@ -52,7 +61,6 @@ from typing import Callable
 import attr
 import dp_accounting
 import numpy as np
-import torch
 from scipy import linalg
 
 from fedpriv.errors import ConfigError
@@ -63,6 +71,7 @@ GRID_MIN_EXP, GRID_MAX_EXP = -20, 20  # octaves: σ in [2^-20, 2^20] ⊃ [1e-6, 
 GRID_SIZE = GRID_PER_OCTAVE * (GRID_MAX_EXP - GRID_MIN_EXP) + 1
 CHUNK = 1 << 15  # samples per block (a fixed size: the draws depend on it)
 EPSILON_CEILING = 1e3  # an ε above this is reported as such (no finite search beyond)
+MIN_DELTA = 1e-10  # the smallest δ claimed: far above the 2^-53 grid of the samples' uniforms
 
 
 SAMPLES_PER_UNIT_DELTA = 50  # default samples per direction: 50/δ (the bound's floor is then ~0.3 δ)
@@ -72,8 +81,9 @@ SAMPLES_PER_UNIT_DELTA = 50  # default samples per direction: 50/δ (the bound's
 class MonteCarloSettings:
     """How the Monte-Carlo accountant samples: ``samples`` per direction of the dominating pair
     (None: ``SAMPLES_PER_UNIT_DELTA / δ``), ``confidence`` (1 − γ) of every claim, ``seed``
-    (public) of the sample stream, and ``candidates``: how many claims the confidence is shared
-    over (the σ grid's size for a calibrated σ, 1 for a σ given as is)."""
+    (public) of the sample stream, charged its share :func:`seed_share` of γ, and ``candidates``:
+    how many claims the confidence is shared over (the σ grid's size for a calibrated σ, times the
+    prefix claims a run reports the smallest of; 1 for one σ given as is)."""
 
     samples: int | None = None
     confidence: float = 0.999
@@ -97,21 +107,37 @@ class MonteCarloSettings:
 
     @property
     def claim_failure(self) -> float:
-        """γ/K: the probability, over the accountant's samples, that one claim is wrong."""
-        return (1.0 - self.confidence) / self.candidates
+        """γ·w_seed/K: the probability, over the accountant's samples, that one claim is wrong."""
+        return (1.0 - self.confidence) * seed_share(self.seed) / self.candidates
+
+    def shared(self, claims: int) -> "MonteCarloSettings":
+        """These settings with the confidence shared over ``claims`` times as many claims."""
+        return dataclasses.replace(self, candidates=self.candidates * claims)
 
     def calibrated(self) -> "MonteCarloSettings":
         """These settings for claims at a σ chosen on the grid (confidence shared over it)."""
-        return dataclasses.replace(self, candidates=GRID_SIZE)
+        return self.shared(GRID_SIZE)
 
     def describe(self, delta: float) -> dict:
         return {"samples_per_direction": self.count(delta), "confidence": self.confidence, "seed": self.seed,
-                "candidates": self.candidates, "per_claim_failure_probability": self.claim_failure,
+                "seed_share": seed_share(self.seed), "candidates": self.candidates,
+                "per_claim_failure_probability": self.claim_failure,
                 "bound": "Chernoff-Hoeffding (kl) upper bound on each direction's mean, half the failure "
-                         "probability each"}
+                         "probability each; failure (1 - confidence) * seed_share / candidates per claim"}
 
 
-LossSampler = Callable[[float, int, int, bool], np.ndarray]  # (σ, samples, seed, positive) -> losses
+def seed_share(seed: int) -> float:
+    """``w_k = 6/(π²(k+1)²)``: the part of γ that seed k's claims may fail with. Σ_k w_k = 1, so
+    whichever seed a claim is finally reported with — chosen in advance or after trying others —
+    it holds with probability ≥ 1 − γ (union bound over all seeds)."""
+    return 6.0 / (math.pi ** 2 * (seed + 1) ** 2)
+
+
+Progress = Callable[[int], None]  # called with the number of samples just drawn
+
+
+# (σ, samples, seed, positive, progress) -> losses
+LossSampler = Callable[[float, int, int, bool, "Progress | None"], np.ndarray]
 
 
 @attr.s(frozen=True, repr=False)
@@ -132,8 +158,9 @@ class MonteCarloDpEvent(dp_accounting.DpEvent):
         raise NotImplementedError
 
     def loss_sampler(self) -> LossSampler:
-        """``(σ, samples, seed, positive) -> L``: draws of the privacy loss log Q/P with y from Q
-        (``positive``) or P, for this pattern at any σ (what does not depend on σ prepared once)."""
+        """``(σ, samples, seed, positive, progress) -> L``: draws of the privacy loss log Q/P with y
+        from Q (``positive``) or P, for this pattern at any σ (what does not depend on σ prepared
+        once); ``progress`` (or None) is told each chunk's size as it is drawn."""
         raise NotImplementedError
 
 
@@ -163,8 +190,10 @@ class BallsInBinsDpEvent(MonteCarloDpEvent):
         self.check()
         pair = _Pair.of(self)
 
-        def sample(sigma: float, samples: int, seed: int, positive: bool) -> np.ndarray:
-            return privacy_losses(attr.evolve(self, noise_multiplier=sigma), samples, seed, positive, pair)
+        def sample(sigma: float, samples: int, seed: int, positive: bool,
+                   progress: Progress | None = None) -> np.ndarray:
+            return privacy_losses(attr.evolve(self, noise_multiplier=sigma), samples, seed, positive, pair,
+                                  progress)
         return sample
 
 
@@ -225,40 +254,55 @@ class _Pair:
         return _Pair(g, vectors[:, keep] * np.sqrt(values[keep]))
 
 
-def generator(event: MonteCarloDpEvent, seed: int, direction: int) -> torch.Generator:
-    """The public sample stream of one direction: seeded by the settings' seed and the event's
-    pattern (not σ: every σ of one calibration sees the same draws — common random numbers).
-    torch's CPU generator is used for speed; these draws are public by design and nothing about
-    the run's secret randomness depends on them."""
+def generator(event: MonteCarloDpEvent, seed: int, direction: int):
+    """The public sample stream of one direction (a ``torch.Generator``): seeded by the settings'
+    seed and the event's pattern (not σ: every σ of one calibration sees the same draws — common
+    random numbers). torch's CPU generator is used for speed; these draws are public by design and
+    nothing about the run's secret randomness depends on them. torch is imported here, on the
+    Monte-Carlo path only (the calculator's other paths start without it)."""
+    import torch
+
     digest = hashlib.sha256(f"{seed}|{event.pattern()}|{direction}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
+def normals(gen, shape: tuple[int, ...]):
+    """Standard normals as float64 from ``gen``: Box–Muller on 53-bit uniforms (module docstring;
+    float32 draws would cap |z| at 5.77)."""
+    import torch
+
+    return torch.randn(shape, generator=gen, dtype=torch.float64)
+
+
 
 def privacy_losses(event: BallsInBinsDpEvent, samples: int, seed: int, positive: bool,
-                   pair: _Pair | None = None) -> np.ndarray:
+                   pair: _Pair | None = None, progress: Progress | None = None) -> np.ndarray:
     """``samples`` draws of the privacy loss ``L = log Q/P`` with y from Q
-    (``positive``: the user's data present) or from P (float64; computed in float32)."""
+    (``positive``: the user's data present) or from P (float64 normals, computed in float64)."""
+    import torch
+
     event.check()
     pair = pair or _Pair.of(event)
     sigma, b = float(event.noise_multiplier), event.bins
-    g = torch.from_numpy(pair.g).float()
-    root = torch.from_numpy(pair.root).float()
+    g = torch.from_numpy(pair.g)
+    root = torch.from_numpy(pair.root)
     diagonal = bool(np.count_nonzero(pair.g - np.diag(np.diag(pair.g))) == 0)
-    scale = torch.from_numpy(np.sqrt(np.diag(pair.g))).float() / sigma  # C = I: w's coordinates independent
+    scale = torch.from_numpy(np.sqrt(np.diag(pair.g))) / sigma  # C = I: w's coordinates independent
     half_norms = torch.diagonal(g) / (2 * sigma * sigma)
     gen = generator(event, seed, int(positive))
     out = np.empty(samples)
     for start in range(0, samples, CHUNK):
         size = min(CHUNK, samples - start)
         if diagonal:
-            w = torch.randn((size, b), generator=gen) * scale
+            w = normals(gen, (size, b)) * scale
         else:
-            w = (torch.randn((size, root.shape[1]), generator=gen) @ root.T) / sigma
+            w = (normals(gen, (size, root.shape[1])) @ root.T) / sigma
         if positive:
             w += g[torch.randint(0, b, (size,), generator=gen)] / (sigma * sigma)
         w -= half_norms
-        out[start:start + size] = (torch.logsumexp(w, dim=1) - math.log(b)).double().numpy()
+        out[start:start + size] = (torch.logsumexp(w, dim=1) - math.log(b)).numpy()
+        if progress is not None:
+            progress(size)
     return out
 
 
@@ -327,17 +371,19 @@ class LossSamples:
     """The privacy-loss samples of one event under ``settings`` (``settings.count(delta)`` per
     direction, for claims at ``delta``): δ(ε) and ε(δ), point estimate and bound. ``bound_samples``
     (calibration's first search only) computes the bound as if that many samples had given the
-    same mean: a projection for choosing a candidate, never a claim."""
+    same mean: a projection for choosing a candidate, never a claim. ``progress`` is told the size
+    of each chunk drawn (2 · samples in all)."""
 
     def __init__(self, event: MonteCarloDpEvent, settings: MonteCarloSettings, delta: float,
-                 sampler: LossSampler | None = None, bound_samples: int | None = None) -> None:
+                 sampler: LossSampler | None = None, bound_samples: int | None = None,
+                 progress: Progress | None = None) -> None:
         sampler = sampler or event.loss_sampler()
         self.event, self.settings, self.samples = event, settings, settings.count(delta)
         # the n of the bound: the samples drawn, or (a search's projection only) a larger count
         self.bound_samples = bound_samples or self.samples
         sigma = float(event.noise_multiplier)
-        self.remove = _Direction(sampler(sigma, self.samples, settings.seed, True), 1.0)
-        self.add = _Direction(sampler(sigma, self.samples, settings.seed, False), -1.0)
+        self.remove = _Direction(sampler(sigma, self.samples, settings.seed, True, progress), 1.0)
+        self.add = _Direction(sampler(sigma, self.samples, settings.seed, False, progress), -1.0)
 
     def delta(self, epsilon: float) -> DeltaBound:
         n, failure = self.bound_samples, self.settings.claim_failure / 2
@@ -382,6 +428,10 @@ def epsilon(event: MonteCarloDpEvent, delta: float, settings: MonteCarloSettings
 
 
 def check_resolvable(delta: float, settings: MonteCarloSettings) -> None:
+    """ConfigError if a claim at ``delta`` cannot be made: δ below ``MIN_DELTA``, or too few samples."""
+    if delta < MIN_DELTA:
+        raise ConfigError(f"the Monte-Carlo accountant claims delta >= {MIN_DELTA:g} only (its samples come from "
+                          f"53-bit uniforms), got {delta:g}")
     floor = min_delta_resolvable(settings, delta)
     if floor >= delta:
         need = math.ceil(math.log(2.0 / settings.claim_failure) / delta)
@@ -407,7 +457,7 @@ COARSE_FRACTION = 10  # calibration's first search uses 1/10 of the samples (it 
 
 
 def calibrate(make_event: Callable[[float], MonteCarloDpEvent], target_epsilon: float, delta: float,
-              settings: MonteCarloSettings, start: float = 1.0) -> float:
+              settings: MonteCarloSettings, start: float = 1.0, progress: Progress | None = None) -> float:
     """The smallest grid σ (to the search's resolution) whose claimed ε at ``delta`` — the bound,
     at the grid-corrected confidence (``settings.calibrated()``) — is ≤ ``target_epsilon``.
 
@@ -416,7 +466,8 @@ def calibrate(make_event: Callable[[float], MonteCarloDpEvent], target_epsilon: 
     second walks from it on the full samples. Only full-sample checks decide what is returned, and
     every grid point is a candidate the confidence is shared over, so the returned σ's claim holds
     with probability ≥ ``settings.confidence`` however either search went (module docstring). The
-    searches assume the claim is monotone in σ only for optimality, not for validity."""
+    searches assume the claim is monotone in σ only for optimality, not for validity. ``progress``:
+    as :class:`LossSamples`'s, for every σ tried."""
     settings = settings.calibrated()
     check_resolvable(delta, settings)
     sampler = make_event(1.0).loss_sampler()  # what does not depend on σ, prepared once
@@ -428,7 +479,8 @@ def calibrate(make_event: Callable[[float], MonteCarloDpEvent], target_epsilon: 
 
         def fits(j: int) -> bool:
             if j not in memo:
-                samples = LossSamples(make_event(grid_sigma(j)), chosen, delta, sampler, bound_samples=full)
+                samples = LossSamples(make_event(grid_sigma(j)), chosen, delta, sampler, bound_samples=full,
+                                      progress=progress)
                 memo[j] = samples.epsilon(delta) <= target_epsilon
             return memo[j]
         return fits

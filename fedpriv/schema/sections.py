@@ -147,7 +147,7 @@ class MonteCarloAccounting(Section):
 
     samples: Optional[int] = None  # per direction of the dominating pair; null: 50 / delta
     confidence: float = 0.999  # probability, over the accountant's samples, that the claimed epsilon holds
-    seed: int = 0  # public seed of the accountant's samples (not the run's randomness)
+    seed: int = 0  # public seed of the accountant's samples; seed k is charged 6/(pi^2 (k+1)^2) of 1 - confidence
 
     def check(self, path: str) -> None:
         from fedpriv.accounting.monte_carlo import MonteCarloSettings
