@@ -484,3 +484,19 @@ def test_a_nan_in_the_ledger_is_never_published(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="NaN"):
         ledger.save(tmp_path)
     assert not (tmp_path / "privacy.json").exists()
+
+
+def test_the_accountants_import_without_torch():
+    """Issue 41 (edge 7): the accountants (rdp, pld, and the Monte-Carlo one until it samples) and
+    the package's names load without torch; torch is imported on the Monte-Carlo sampling path only."""
+    code = ("import sys, dp_accounting\n"
+            "from fedpriv.accounting import RDP, compute_epsilon, relation_name\n"
+            "from fedpriv.accounting.monte_carlo import BallsInBinsDpEvent, MonteCarloSettings\n"
+            "eps = compute_epsilon(dp_accounting.GaussianDpEvent(1.0), 1e-5, RDP)\n"
+            "print(eps > 0, 'torch' in sys.modules)\n"
+            "from fedpriv.accounting.monte_carlo import epsilon\n"
+            "epsilon(BallsInBinsDpEvent(1.0, 4, 2, (1.0,)), 1e-2, MonteCarloSettings(samples=2000))\n"
+            "print('torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "True"]

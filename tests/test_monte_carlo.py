@@ -390,3 +390,66 @@ def test_a_resumed_monte_carlo_run_equals_an_uninterrupted_one(tmp_path):
     assert a["epsilon"] == b["epsilon"] and a["noise_multiplier"] == b["noise_multiplier"]
     assert a["monte_carlo_claim"] == b["monte_carlo_claim"]
 
+
+# ---------------------------------------------------------------- issue 41: the calculator's edges
+
+MC_BASE = ["--noise-multiplier", "1.0", "--delta", "1e-2", "--rounds", "12", "--sampling", "balls_in_bins",
+           "--bins", "4"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--population", "3"], "--bins 4 exceeds --population 3"),
+    (["--population", "100", "--cohort", "25"], "--cohort does not apply to --sampling balls_in_bins"),
+    (["--participations", "2"], "--participations does not apply"),
+    (["--sampling-rate", "0.25"], "--sampling-rate does not apply"),
+    (["--accountant", "rdp", "--mc-seed", "1"], "applies to the Monte-Carlo accountant only"),
+    (["--mc-samples", str(10 ** 15)], "GiB of memory"),
+])
+def test_cli_refuses_impossible_or_unread_flags(extra, message, capsys):
+    from fedpriv.accounting.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["epsilon", *MC_BASE, *extra])
+    out = capsys.readouterr()
+    assert exit_.value.code == 2 and out.out == ""
+    assert out.err.startswith("error:") and len(out.err.strip().splitlines()) == 1 and message in out.err, out.err
+
+
+def test_cli_monte_carlo_flags_are_refused_by_the_other_accountants(capsys):
+    from fedpriv.accounting.__main__ import main
+
+    for flag in (["--confidence", "0.9"], ["--mc-samples", "1000"], ["--mc-seed", "2"]):
+        with pytest.raises(SystemExit):
+            main(["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.01", "--rounds", "10", "--delta", "1e-5",
+                  "--accountant", "pld", *flag])
+        assert "applies to the Monte-Carlo accountant only" in capsys.readouterr().err
+
+
+def test_cli_uses_the_population_it_is_given(capsys):
+    from fedpriv.accounting.__main__ import main
+
+    assert main(["epsilon", *MC_BASE, "--population", "100", "--mc-samples", "2000", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["population"] == 100 and result["expected_cohort"] == 25.0
+    assert main(["epsilon", *MC_BASE, "--population", "100", "--mc-samples", "2000"]) == 0
+    assert "of 100 users (25 per round expected)" in capsys.readouterr().out
+
+
+def test_cli_estimates_the_cost_and_reports_progress_on_stderr(monkeypatch, capsys):
+    """A long Monte-Carlo computation says how long it will take once its first chunk is drawn,
+    then how far it is (here the thresholds are 0 s so that a short one does too)."""
+    import fedpriv.accounting.__main__ as cli
+
+    monkeypatch.setattr(cli, "PROGRESS_NOTICE_S", 0.0)
+    monkeypatch.setattr(cli, "PROGRESS_EVERY_S", 0.0)
+    samples = 3 * mc.CHUNK
+    assert cli.main(["epsilon", *MC_BASE, "--mc-samples", str(samples), "--json"]) == 0
+    out = capsys.readouterr()
+    json.loads(out.out)  # stdout is the result alone
+    lines = out.err.splitlines()
+    assert lines[0].startswith(f"Monte Carlo (epsilon): {2 * samples:,} samples, about "), lines
+    assert lines[-1].startswith(f"Monte Carlo (epsilon): 100% {2 * samples:,} samples in "), lines
+    assert len(lines) == 6  # the estimate, then one line per further chunk (3 per direction)
+    assert cli.main(["noise", "--target-epsilon", "3", "--delta", "1e-2", "--rounds", "12", "--sampling",
+                     "balls_in_bins", "--bins", "4", "--mc-samples", "2000"]) == 0
+    assert "per noise multiplier checked" in capsys.readouterr().err

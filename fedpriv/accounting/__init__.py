@@ -2,15 +2,29 @@
 
 The mechanism object is the one source of truth for *what* is released (its ``dp_event``); this
 package only asks dp_accounting's RDP or PLD accountant what that costs.
+
+The names below are imported on first use (PEP 562), so that ``python -m fedpriv.accounting`` and
+``fedpriv.accounting.monte_carlo`` do not pay for the ledger's imports (the run directory, torch).
 """
 
-from fedpriv.accounting.accountant import (ACCOUNTANTS, PLD, PLD_VALUE_DISCRETIZATION, RDP,
-                                           calibrate_noise_multiplier, compute_epsilon,
-                                           describe_event, make_accountant, relation_name)
-from fedpriv.accounting.ledger import PRIVACY_FILE, PrivacyLedger, json_epsilon
+from __future__ import annotations
 
-__all__ = [
-    "ACCOUNTANTS", "PLD", "PLD_VALUE_DISCRETIZATION", "PRIVACY_FILE", "RDP", "PrivacyLedger",
-    "calibrate_noise_multiplier", "compute_epsilon", "describe_event", "json_epsilon",
-    "make_accountant", "relation_name",
-]
+from typing import Any
+
+_ACCOUNTANT = ("ACCOUNTANTS", "PLD", "PLD_VALUE_DISCRETIZATION", "RDP", "calibrate_noise_multiplier",
+               "compute_epsilon", "describe_event", "make_accountant", "relation_name")
+_LEDGER = ("PRIVACY_FILE", "PrivacyLedger", "json_epsilon")
+
+__all__ = sorted(_ACCOUNTANT + _LEDGER)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ACCOUNTANT:
+        from fedpriv.accounting import accountant
+
+        return getattr(accountant, name)
+    if name in _LEDGER:
+        from fedpriv.accounting import ledger
+
+        return getattr(ledger, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,9 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import sys
+import time
 from typing import Any, Sequence
 
 import dp_accounting
@@ -128,9 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "multiplies the clip norm; C is not renormalised); default: the optimized strategy")
         p.add_argument("--mc-samples", type=int, default=None,
                        help="mc: samples per direction of the dominating pair (default 50/delta)")
-        p.add_argument("--confidence", type=float, default=MonteCarloSettings.confidence,
-                       help="mc: probability that the claimed bound holds (default %(default)s)")
-        p.add_argument("--mc-seed", type=int, default=0, help="mc: public seed of the accountant's samples")
+        p.add_argument("--confidence", type=float, default=None,
+                       help=f"mc: probability that the claimed bound holds (default {MonteCarloSettings.confidence})")
+        p.add_argument("--mc-seed", type=int, default=None,
+                       help="mc: public seed of the accountant's samples (default 0); seed k's claims fail with "
+                            "probability (1 - confidence)*6/(pi^2 (k+1)^2), so trying seeds cannot buy a lucky claim")
         p.add_argument("--bands", type=int, default=None, help="bandmf: number of bands b")
         p.add_argument("--buffers", type=int, default=None, help="blt: buffers d (default: auto)")
         p.add_argument("--population", type=int, default=None,
@@ -145,6 +149,34 @@ def build_parser() -> argparse.ArgumentParser:
                        help="any other key of the mechanism's option (repeatable), e.g. --set error=max")
         p.add_argument("--json", action="store_true", help="print one JSON line")
     return parser
+
+
+# the flags each sampling reads (beside --rounds, the mechanism's and the accountant's): any other
+# one given is refused, never ignored
+SAMPLING_FLAGS = {POISSON: ("sampling_rate", "population"), FIXED_SIZE: ("sampling_rate", "population"),
+                  CYCLIC: ("population", "cohort", "participations", "min_separation"),
+                  CYCLIC_POISSON: ("population", "cohort"), B_MIN_SEP: ("population", "cohort"),
+                  BALLS_IN_BINS: ("bins", "population")}
+MC_FLAGS = ("mc_samples", "confidence", "mc_seed")
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _check_flags_apply(args: argparse.Namespace) -> None:
+    """Refuse a flag that the chosen sampling or accountant would not read."""
+    for name in ("sampling_rate", "population", "cohort", "participations", "min_separation", "bins"):
+        if getattr(args, name) is not None and name not in SAMPLING_FLAGS[args.sampling]:
+            raise ConfigError(f"{_flag(name)} does not apply to --sampling {args.sampling} (it reads "
+                              f"{', '.join(_flag(f) for f in SAMPLING_FLAGS[args.sampling])})")
+    for name in MC_FLAGS:
+        if getattr(args, name) is not None and args.accountant != MC:
+            raise ConfigError(f"{_flag(name)} applies to the Monte-Carlo accountant only (--accountant mc), "
+                              f"not {args.accountant}")
+    if args.sampling == BALLS_IN_BINS and args.population is not None and args.bins > args.population:
+        raise ConfigError(f"--bins {args.bins} exceeds --population {args.population}: every user is in one bin, "
+                          f"so at most {args.population} bins can hold a user (a run makes population // cohort)")
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -165,7 +197,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError("--strategy-column applies to --mechanism bandmf with --sampling balls_in_bins")
     if args.strategy_column is not None and args.bands is None:
         args.bands = len(strategy_column(args.strategy_column))  # the column's bands (the option needs them)
-    args.mc = MonteCarloSettings(args.mc_samples, args.confidence, args.mc_seed)
+    defaults = MonteCarloSettings()
+    args.mc = MonteCarloSettings(args.mc_samples, defaults.confidence if args.confidence is None else args.confidence,
+                                 defaults.seed if args.mc_seed is None else args.mc_seed)
     if args.sampling is None:  # a calculator has no population: correlated noise defaults to cyclic
         args.sampling = POISSON if option_preset("mechanism", args.mechanism).default_sampling == POISSON else CYCLIC
     if args.sampling in (POISSON, FIXED_SIZE):
@@ -187,6 +221,7 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"noise multiplier must be a finite number >= 0, got {args.noise_multiplier}")
     if args.command == "noise":
         check_epsilon(args.target_epsilon)
+    _check_flags_apply(args)
 
 
 def make_cli_sampler(kind: str, rate: float | None, population: int | None,
@@ -254,13 +289,64 @@ def _event_maker(args: argparse.Namespace, sampler) -> tuple[Any, Any, Any]:
     return mechanism, relation, lambda sigma: mechanism.dp_event(sampler, args.rounds, noise_multiplier=sigma)
 
 
+PROGRESS_NOTICE_S = 3.0  # a Monte-Carlo computation expected to take longer says so on stderr, with its progress
+PROGRESS_EVERY_S = 10.0  # ... every this many seconds
+MC_BYTES_PER_SAMPLE = 48  # per sample per direction: the losses, their sorted copy and the tail sums (float64)
+
+
+class Progress:
+    """The cost of a Monte-Carlo computation and its progress, on stderr: once the first chunk is
+    drawn, its rate gives the expected time, announced when longer than ``PROGRESS_NOTICE_S``; then
+    a line every ``PROGRESS_EVERY_S``. ``total``: the samples to draw (None: a calibration, whose
+    number of σ tried is not known in advance; ``per_check``: the samples of one full check)."""
+
+    def __init__(self, what: str, total: int | None, per_check: int | None = None) -> None:
+        self.what, self.total, self.per_check = what, total, per_check
+        self.done, self.start, self.last, self.noticed = 0, time.monotonic(), None, False
+
+    def __call__(self, size: int) -> None:
+        self.done += size
+        now = time.monotonic()
+        elapsed = max(now - self.start, 1e-9)
+        if self.last is None:  # the first chunk: the estimate
+            self.last = now
+            rate = self.done / elapsed
+            expected = (self.total or self.per_check or self.done) / rate
+            if expected > PROGRESS_NOTICE_S:
+                self.noticed = True
+                what = (f"{self.total:,} samples, about {expected:.0f} s" if self.total else
+                        f"{self.per_check:,} samples per noise multiplier checked, about {expected:.0f} s each; "
+                        f"the search checks several")
+                print(f"Monte Carlo ({self.what}): {what}", file=sys.stderr, flush=True)
+        elif self.noticed and now - self.last >= PROGRESS_EVERY_S:
+            self.last = now
+            left = f", about {(self.total - self.done) * elapsed / self.done:.0f} s left" if self.total else ""
+            share = f"{100 * self.done / self.total:.0f}% " if self.total else ""
+            print(f"Monte Carlo ({self.what}): {share}{self.done:,} samples in {elapsed:.0f} s{left}", file=sys.stderr,
+                  flush=True)
+
+
+def check_memory(samples: int) -> None:
+    """Refuse, before drawing anything, a sample count whose two directions cannot fit in memory."""
+    need = 2 * samples * MC_BYTES_PER_SAMPLE
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise ConfigError(f"{samples:,} Monte-Carlo samples per direction need about {need / 2**30:,.0f} GiB of memory "
+                          f"(this machine has {have / 2**30:,.0f} GiB): raise delta or set --mc-samples")
+
+
 def _epsilon(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
     mechanism, relation, make_event = _event_maker(args, sampler)
     event = make_event(args.noise_multiplier)
     out = mechanism.accounting_details(sampler, args.rounds)
     if args.accountant == MC and isinstance(event, MonteCarloDpEvent):
         monte_carlo.check_resolvable(args.delta, args.mc)
-        samples = monte_carlo.LossSamples(event, args.mc, args.delta)
+        check_memory(args.mc.count(args.delta))
+        samples = monte_carlo.LossSamples(event, args.mc, args.delta,
+                                          progress=Progress("epsilon", 2 * args.mc.count(args.delta)))
         eps = samples.epsilon(args.delta)
         out.update(_mc_fields(args.mc, samples.samples, eps))
         out["epsilon_estimate"] = json_epsilon(samples.epsilon(args.delta, estimate=True))
@@ -271,8 +357,12 @@ def _epsilon(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
 
 def _noise(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
     mechanism, relation, make_event = _event_maker(args, sampler)
+    progress = None
+    if args.accountant == MC:
+        check_memory(args.mc.count(args.delta))
+        progress = Progress("noise", None, per_check=2 * args.mc.count(args.delta))
     sigma = calibrate_noise_multiplier(make_event, args.target_epsilon, args.delta, args.accountant, relation,
-                                       monte_carlo_settings=args.mc)
+                                       monte_carlo_settings=args.mc, progress=progress)
     settings = args.mc.calibrated()
     eps = compute_epsilon(make_event(sigma), args.delta, args.accountant, relation, monte_carlo_settings=settings)
     out = {"noise_multiplier": sigma, "target_epsilon": args.target_epsilon,
@@ -297,7 +387,9 @@ def _delta(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
         if not isinstance(event, MonteCarloDpEvent):
             compute_epsilon(event, 0.5, MC, relation)  # raises: says which accountant applies
         resolution = 1e-6 if args.mc.samples is None else None
-        samples = monte_carlo.LossSamples(event, args.mc, resolution or 0.5)
+        count = args.mc.count(resolution or 0.5)
+        check_memory(count)
+        samples = monte_carlo.LossSamples(event, args.mc, resolution or 0.5, progress=Progress("delta", 2 * count))
         bound = samples.delta(args.epsilon)
         out.update({"delta_estimate": bound.estimate, "delta_upper": bound.upper,
                     **_mc_fields(args.mc, samples.samples, None)})
@@ -359,7 +451,9 @@ def _sampling_text(args: argparse.Namespace) -> str:
     if args.sampling == B_MIN_SEP:
         return f"b-min-sep sampling of {args.cohort} from {args.population}, {args.bands} rounds apart"
     if args.sampling == BALLS_IN_BINS:
-        return f"balls-in-bins sampling in {args.bins} bins"
+        of = (f" of {args.population} users ({args.population / args.bins:.4g} per round expected)"
+              if args.population else "")
+        return f"balls-in-bins sampling in {args.bins} bins{of}"
     if args.sampling == CYCLIC_POISSON:
         return f"cyclic Poisson sampling of {args.cohort} from {args.population} in {args.bands} groups"
     if args.sampling != CYCLIC:
@@ -393,6 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = {"epsilon": _epsilon, "noise": _noise, "delta": _delta}[args.command](args, sampler)
     except ConfigError as err:
         _fail(f"{args.mechanism} mechanism with {args.sampling} sampling: {err}")
+    if args.sampling == BALLS_IN_BINS and args.population is not None:  # what --population changes: the cohort
+        out.update({"population": args.population, "expected_cohort": args.population / args.bins})
     print(json_text(out) if args.json else _human(args, out))
     return 0
 

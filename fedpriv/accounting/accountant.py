@@ -33,7 +33,6 @@ from scipy import optimize
 from fedpriv.accounting import monte_carlo
 from fedpriv.accounting.monte_carlo import MC, MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms.base import RELATION_NAMES
 
 RDP = "rdp"
 PLD = "pld"
@@ -74,7 +73,10 @@ def check_accountant(accountant: str) -> str:
 
 
 def relation_name(relation: Relation) -> str:
-    """Lower-case name of a neighbouring relation (same spelling as the mechanisms' RELATION_NAMES)."""
+    """Lower-case name of a neighbouring relation (same spelling as the mechanisms' RELATION_NAMES;
+    imported here, not with this module, which imports without torch)."""
+    from fedpriv.mechanisms.base import RELATION_NAMES
+
     return RELATION_NAMES.get(relation, relation.name.lower())
 
 
@@ -291,7 +293,8 @@ class SelfComposition:
 def calibrate_noise_multiplier(make_event: EventMaker, target_epsilon: float, delta: float,
                                accountant: str = RDP, relation: Relation = ADD_OR_REMOVE_ONE,
                                rtol: float = CALIBRATION_RTOL,
-                               monte_carlo_settings: MonteCarloSettings | None = None) -> float:
+                               monte_carlo_settings: MonteCarloSettings | None = None,
+                               progress: monte_carlo.Progress | None = None) -> float:
     """Smallest noise multiplier σ (to relative tolerance ``rtol``) with ε(make_event(σ)) ≤ target.
 
     Assumes ε is non-increasing in σ (true for Gaussian-based events). Brackets σ by doubling or
@@ -305,13 +308,15 @@ def calibrate_noise_multiplier(make_event: EventMaker, target_epsilon: float, de
     its largest order) or if the event cannot be accounted.
 
     The mc accountant searches its own public grid of σ instead (:func:`monte_carlo.calibrate`:
-    every grid point is a candidate its confidence is shared over); ``rtol`` does not apply.
+    every grid point is a candidate its confidence is shared over); ``rtol`` does not apply, and
+    ``progress`` is told of its samples as they are drawn.
     """
     check_epsilon(target_epsilon)
     check_delta(delta)
     check_accountant(accountant)
     if _monte_carlo_event(make_event(1.0), accountant, relation):
-        return monte_carlo.calibrate(make_event, target_epsilon, delta, monte_carlo_settings or MonteCarloSettings())
+        return monte_carlo.calibrate(make_event, target_epsilon, delta, monte_carlo_settings or MonteCarloSettings(),
+                                     progress=progress)
     start, step = 1.0, 2.0
     if accountant == PLD:  # cheap pessimistic passes first: the fine (reported) one starts next to its answer
         for coarse in PLD_SEARCH_DISCRETIZATIONS:
