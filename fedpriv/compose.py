@@ -151,11 +151,15 @@ def check_overrides(args: Sequence[str], multirun: bool = False) -> None:
             raise ConfigError(f"{arg!r} is not an option: settings are key=value overrides, e.g. {key}={value} "
                               "(python -m fedpriv.simulate --help lists them)")
     plain_args = [a for a in args if not a.startswith("-") and not _flag_value(args, a)]
-    try:
-        overrides = OverridesParser.create().parse_overrides(plain_args)
-    except HydraException as err:
-        raise ConfigError(f"cannot read the overrides: {str(err).splitlines()[0]} (each is key=value, "
-                          "a sweep key=a,b with -m)") from None
+    parser = OverridesParser.create()
+    overrides = []
+    for i, arg in enumerate(plain_args):
+        try:
+            overrides.append(parser.parse_override(arg))
+        except HydraException as err:
+            following = plain_args[i + 1] if i + 1 < len(plain_args) else None
+            raise ConfigError(_unreadable(arg, following, str(err))) from None
+    _refuse_repeats(overrides)
     choices: list[list[str]] = []
     for override in overrides:
         if override.is_hydra_override():
@@ -195,6 +199,39 @@ def check_overrides(args: Sequence[str], multirun: bool = False) -> None:
             except ConfigError as err:
                 member = " ".join(combo[i] for i in swept) or " ".join(combo)
                 raise ConfigError(f"sweep member {member}: {err} (no member was run)") from None
+
+
+def _unreadable(arg: str, following: str | None, reason: str) -> str:
+    """The one-line error for the override ``arg`` that Hydra cannot read, naming it and the
+    spelling that works (``following``: the next argument, the value of ``rounds 3``)."""
+    key, sep, value = arg.partition("=")
+    if not sep and ":" in arg:  # rounds:3
+        key, _, value = arg.partition(":")
+        return f"override {arg!r} is not key=value; write {key.strip()}={value.strip()}"
+    if not sep:  # rounds 3, or a key alone
+        value = following if following is not None and "=" not in following else "VALUE"
+        return f"override {arg!r} is not key=value; write {arg}={value} (~{arg} deletes a key)"
+    if value.startswith("="):  # rounds==3
+        return f"override {arg!r} is not key=value; write {key}={value.lstrip('=')}"
+    return (f"override {arg!r} cannot be read ({reason.splitlines()[0]}); write a list as {key}=[a,b], a sweep "
+            f"as -m {key}=a,b, and quote a value with special characters: '{key}=\"...\"'")
+
+
+def _refuse_repeats(overrides: Sequence) -> None:
+    """A key given twice (``rounds=3 rounds=4``) is refused instead of the later value silently
+    winning; sweeps list their values once (``-m rounds=3,4``). ``experiment`` and Hydra's own
+    ``hydra.*`` settings are left to Hydra (two experiments are one list)."""
+    seen: dict[str, str] = {}
+    for override in overrides:
+        key = override.get_key_element().lstrip("+~")
+        if override.is_hydra_override() or key == "experiment":
+            continue
+        if key in seen:
+            first, _, value = seen[key].partition("=")
+            both = f"{value},{override.input_line.partition('=')[2]}" if value else "a,b"
+            raise ConfigError(f"{key} is given twice ({seen[key]} and {override.input_line}): give it once; "
+                              f"to run both values, sweep them with -m {first}={both}")
+        seen[key] = override.input_line
 
 
 def _flag_value(args: Sequence[str], arg: str) -> bool:

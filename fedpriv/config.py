@@ -81,11 +81,23 @@ def _resolve(value, root: dict):
     return value
 
 
+def _larger_data(cfg: dict) -> str:
+    """The data key that sets the population, where the chosen dataset has one (the synthetic
+    generator's user count; StackOverflow's cap on users), as a hint for a cohort that is too large."""
+    data = cfg.get("data") or {}
+    if isinstance(data.get("synthetic"), dict) and "num_users" in data["synthetic"]:
+        return f" (data.synthetic.num_users={cfg['cohort_size']} or more)"
+    if data.get("max_users") is not None:
+        return " (data.max_users=null: all users)"
+    return ""
+
+
 def validate_against_data(cfg: dict, population: int, unit: str = "user") -> None:
     """Checks that need the population size (of users, or of examples for ``unit="example"``);
     warns when δ ≥ 1/N (a weak guarantee)."""
     if cfg["cohort_size"] > population:
-        raise ConfigError(f"cohort_size {cfg['cohort_size']} exceeds the population of {population} {unit}s")
+        raise ConfigError(f"cohort_size {cfg['cohort_size']} exceeds the population of {population} {unit}s: set "
+                          f"cohort_size<={population} or use a larger dataset{_larger_data(cfg)}")
     delta = cfg["privacy"]["delta"]
     if delta >= 1.0 / population:
         log.warning("privacy.delta=%g >= 1/N=%g (N = %d %ss): the guarantee allows leaking a whole %s", delta,

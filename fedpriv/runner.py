@@ -306,7 +306,7 @@ def _resumable_checkpoint(run: RunDirectory, cfg: dict) -> dict | None:
         if not cfg.get("resume"):
             raise ConfigError(f"run directory {run.path} already holds a run: pass resume=true or another run_dir")
         if diff := _config_diff(saved_cfg, cfg):
-            raise ConfigError(f"cannot resume {run.path}: config differs in {', '.join(diff)}")
+            raise ConfigError(_differs_message(run, diff, saved_cfg, cfg))
         return None  # it stopped before its first checkpoint: start it again
     if not cfg.get("resume"):
         raise ConfigError(f"run directory {run.path} already holds a checkpoint: pass resume=true or another run_dir")
@@ -314,8 +314,22 @@ def _resumable_checkpoint(run: RunDirectory, cfg: dict) -> dict | None:
     if not isinstance(saved, dict):
         raise DamagedFileError(f"checkpoint {run.checkpoint_path} is damaged (its config is not a mapping)")
     if diff := _config_diff(saved, cfg):
-        raise ConfigError(f"cannot resume {run.path}: config differs in {', '.join(diff)}")
+        raise ConfigError(_differs_message(run, diff, saved, cfg))
     return checkpoint
+
+
+def _differs_message(run: RunDirectory, diff: list[str], saved: dict, cfg: dict) -> str:
+    """Why a resume with another config is refused, and what to do: the rounds of a run are fixed
+    when it starts (σ is calibrated and ε accounted for them), so a finished run cannot be extended."""
+    text = f"cannot resume {run.path}: config differs in {', '.join(diff)}"
+    if "rounds" not in diff:
+        return f"{text}: resume with the config it was started with, or use another run_dir"
+    was, now = saved.get("rounds"), cfg.get("rounds")
+    if (run.path / "summary.json").exists():
+        return (f"{text} ({was} -> {now}): a finished run cannot be extended (its noise was calibrated and its "
+                f"epsilon accounted for {was} rounds); start a new run with rounds={now} and another run_dir")
+    return (f"{text} ({was} -> {now}): the rounds are fixed when a run starts (noise calibrated for {was}); resume "
+            f"with rounds={was}, or start a new run with rounds={now} and another run_dir")
 
 
 def _config_diff(saved: dict, cfg: dict) -> list[str]:

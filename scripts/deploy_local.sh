@@ -27,6 +27,24 @@ export PATH="$BIN:$PATH" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \
     FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
 
 usage() { echo "error: $1 (usage: scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--experiment NAME] [--round-timeout S] [--timeout S] [-- OVERRIDES...])" >&2; exit 2; }
+help() {
+    cat <<'USAGE'
+usage: scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--experiment NAME]
+                               [--round-timeout S] [--timeout S] [-- OVERRIDES...]
+A real Flower deployment on loopback (one SuperLink, N SuperNodes, `flwr run`), offline.
+  --clients N          SuperNodes to start, one partition of the users each
+  --rounds R           rounds to run (the run's `rounds`)
+  --out DIR            run directory: summary.json, metrics.jsonl, privacy.json, config.yaml,
+                       checkpoints/, logs/ (must not hold a finished run)
+  --tls                a throwaway CA and TLS between all processes (default: insecure)
+  --experiment NAME    a configs/experiment name (default: smoke; empty: none)
+  --round-timeout S    seconds the server waits for a round's replies (default: 60)
+  --timeout S          seconds the whole `flwr run` may take (default: 900)
+  -- OVERRIDES...      Hydra overrides, as for python -m fedpriv.simulate (e.g. privacy.target_epsilon=4)
+Exit 0 iff DIR/summary.json holds R rounds; 2 on bad arguments; 1 otherwise.
+USAGE
+    exit 0
+}
 is_int() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
 
 CLIENTS="" ROUNDS="" OUT="" TLS=0 EXPERIMENT="smoke" ROUND_TIMEOUT=60 TIMEOUT=900 OVERRIDES=()
@@ -39,6 +57,7 @@ while (($#)); do
         --round-timeout) ROUND_TIMEOUT=${2-}; shift 2 || usage "--round-timeout needs a value" ;;
         --timeout) TIMEOUT=${2-}; shift 2 || usage "--timeout needs a value" ;;
         --tls) TLS=1; shift ;;
+        -h|--help) help ;;
         --) shift; OVERRIDES=("$@"); break ;;
         *) usage "unknown argument '$1'" ;;
     esac

@@ -168,3 +168,90 @@ def test_an_empty_sqlite_file_is_called_empty(run_cli, tmp_path, make, needle):
     line = one_error_line(res)
     assert needle in line and "no 'examples' table" in line and "lacks" not in line
     assert not out.exists()
+
+
+# --- issue 41, edge 6: errors that name the fix ----------------------------------------------------
+
+@pytest.mark.parametrize("bad, fix", [
+    ("rounds:3", "write rounds=3"),
+    ("rounds==3", "write rounds=3"),
+    ("privacy.target_epsilon=[4", "privacy.target_epsilon=[a,b]"),
+])
+def test_a_malformed_override_inside_a_longer_line_is_named_with_its_fix(bad, fix):
+    from fedpriv.compose import check_overrides
+
+    with pytest.raises(ConfigError) as err:
+        check_overrides(["+experiment=smoke", "seed=1", bad, "privacy.delta=1e-3"])
+    assert f"override {bad!r}" in str(err.value) and fix in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_key_without_a_value_takes_the_next_argument_in_its_fix():
+    from fedpriv.compose import check_overrides
+
+    with pytest.raises(ConfigError, match=r"override 'rounds' is not key=value; write rounds=3"):
+        check_overrides(["+experiment=smoke", "rounds", "3"])
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_writes_nothing(run_cli, tmp_path):
+    out = tmp_path / "run"
+    res = run_cli("+experiment=smoke", "rounds=3", "rounds=4", f"run_dir={out}", "progress=false")
+    assert res.returncode == 2, res.stderr
+    line = one_error_line(res)
+    assert "rounds is given twice (rounds=3 and rounds=4)" in line and "-m rounds=3,4" in line
+    assert not out.exists()
+
+
+def test_group_selections_experiments_and_sweeps_are_not_repeats():
+    from fedpriv.compose import check_overrides
+
+    check_overrides(["+experiment=smoke", "model=lstm", "model.hidden_size=64"])
+    check_overrides(["-m", "+experiment=smoke", "seed=1,2"], multirun=True)
+    check_overrides(["+experiment=smoke", "hydra.job.chdir=false", "hydra.job.chdir=true"])  # Hydra's own
+    with pytest.raises(ConfigError, match=r"\+experiment=\[smoke,distill\]"):  # Hydra's rule, as before
+        check_overrides(["+experiment=smoke", "+experiment=distill"])
+    with pytest.raises(ConfigError, match="model is given twice"):
+        check_overrides(["+experiment=smoke", "model=lstm", "model=transformer"])
+
+
+def test_a_cohort_larger_than_the_population_names_the_fix(run_cli, tmp_path):
+    out = tmp_path / "run"
+    res = run_cli("+experiment=smoke", "cohort_size=150", f"run_dir={out}", "progress=false")
+    assert res.returncode == 2, res.stderr
+    line = one_error_line(res)
+    assert "exceeds the population of 40 users: set cohort_size<=40" in line
+    assert "data.synthetic.num_users=150 or more" in line
+    assert not out.exists()
+
+
+def test_resuming_a_finished_run_with_more_rounds_says_it_cannot_be_extended(run_cli, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli("+experiment=smoke", "rounds=1", f"run_dir={out}", "progress=false").returncode == 0
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    res = run_cli("+experiment=smoke", "rounds=2", "resume=true", f"run_dir={out}", "progress=false")
+    assert res.returncode == 2, res.stderr
+    line = one_error_line(res)
+    assert "config differs in rounds (1 -> 2): a finished run cannot be extended" in line
+    assert "start a new run with rounds=2 and another run_dir" in line
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before  # nothing written
+
+
+def test_resuming_an_unfinished_run_with_other_rounds_names_the_rounds_it_started_with(tmp_path):
+    from fedpriv.runner import _differs_message
+
+    line = _differs_message(RunDirectory(tmp_path), ["rounds"], {"rounds": 5}, {"rounds": 7})
+    assert "resume with rounds=5, or start a new run with rounds=7 and another run_dir" in line
+    other = _differs_message(RunDirectory(tmp_path), ["seed"], {"seed": 0}, {"seed": 1})
+    assert other.endswith("resume with the config it was started with, or use another run_dir")
+
+
+# --- issue 41, edge 8: small things ----------------------------------------------------------------
+
+def test_deploy_local_help_prints_usage_and_exits_0():
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "deploy_local.sh"
+    for flag in ("--help", "-h"):
+        res = subprocess.run(["bash", str(script), flag], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0 and res.stderr == "", res.stderr
+        assert res.stdout.startswith("usage: scripts/deploy_local.sh --clients N") and "--round-timeout S" in res.stdout
