@@ -3,6 +3,9 @@ the ``python -m fedpriv.accounting`` calculator).
 
 Informational lines (the ``verbose=true`` round lines) are printed as they are; a warning reads
 ``warning: <message>`` and an error ``error: <message>``, like the one-line errors the CLIs print.
+stdout holds results (round lines, the final lines); stderr holds warnings, errors and advice: the
+records of the :data:`ADVICE_LOGGER` (the noise scale before training, how to make a load faster)
+at any level. In a ``-m`` sweep every stderr line names its member (:func:`set_member`).
 """
 
 from __future__ import annotations
@@ -18,8 +21,20 @@ from fedpriv.rundir import RunDirectory
 EXIT_BAD_INPUT = 2  # every CLI's exit status for bad input
 
 
+# advisory lines (any level) go to stderr, never into the results on stdout; modules below the
+# console (data loaders) log to this name with logging.getLogger, without importing this module
+ADVICE_LOGGER = "fedpriv.advice"
+
+
+def _advisory(record: logging.LogRecord) -> bool:
+    return record.name == ADVICE_LOGGER or record.name.startswith(ADVICE_LOGGER + ".")
+
+
 class ConsoleFormatter(logging.Formatter):
-    """``%(message)s`` for INFO and below; ``warning: `` / ``error: `` in front of the rest."""
+    """``%(message)s`` for INFO and below; ``warning: `` / ``error: `` in front of the rest; in a
+    sweep, the member's label (:func:`set_member`) after that prefix on every stderr line."""
+
+    member = ""  # "[member 3: seed=2] " while a sweep member runs
 
     def __init__(self, fmt: str = "%(message)s", datefmt: str | None = None) -> None:
         super().__init__(fmt, datefmt)
@@ -27,16 +42,34 @@ class ConsoleFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         if record.levelno >= logging.ERROR:
-            return f"error: {text}"
+            return f"error: {self.member}{text}"
         if record.levelno >= logging.WARNING:
-            return f"warning: {text}"
-        return text
+            return f"warning: {self.member}{text}"
+        return f"{self.member}{text}" if _advisory(record) else text
+
+
+def set_member(number: int, overrides: list[str], command_line: list[str]) -> None:
+    """Label the stderr lines of sweep member ``number`` (Hydra's job number) with the overrides
+    that make it this member: those of its ``overrides`` whose key the ``command_line`` sweeps."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    swept = set()
+    for arg in command_line:
+        try:
+            override = parser.parse_override(arg)
+        except Exception:  # noqa: BLE001 — a flag (-m) or a flag's value: not an override
+            continue
+        if override.is_sweep_override():
+            swept.add(override.get_key_element())
+    own = [o for o in overrides if o.partition("=")[0] in swept]
+    ConsoleFormatter.member = f"[member {number}{': ' + ' '.join(own) if own else ''}] "
 
 
 class BelowLevelFilter(logging.Filter):
-    """Passes only records whose level is below ``level`` (a number or a name such as ``WARNING``):
-    the stdout handler of ``configs/hydra/job_logging/fedpriv.yaml`` keeps INFO lines and leaves
-    warnings and errors to the stderr handler."""
+    """Passes only records whose level is below ``level`` (a number or a name such as ``WARNING``)
+    and that are not advisory: the stdout handler of ``configs/hydra/job_logging/fedpriv.yaml``
+    keeps INFO lines and leaves warnings, errors and advice to the stderr handler."""
 
     def __init__(self, level: int | str = logging.WARNING) -> None:
         super().__init__()
@@ -45,7 +78,15 @@ class BelowLevelFilter(logging.Filter):
             raise ValueError(f"unknown logging level {level!r}")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < self.level
+        return record.levelno < self.level and not _advisory(record)
+
+
+class StderrFilter(logging.Filter):
+    """Passes warnings and errors, and advisory records (:data:`ADVICE_LOGGER`) at any level: the
+    stderr handler's share, the complement of :class:`BelowLevelFilter`'s at WARNING."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or _advisory(record)
 
 
 def console_handler(stream=None, level: int = logging.NOTSET) -> logging.Handler:
@@ -58,7 +99,7 @@ def console_handler(stream=None, level: int = logging.NOTSET) -> logging.Handler
 
 def fail(message: str) -> NoReturn:
     """Print ``error: <message>`` as one line on stderr and exit with :data:`EXIT_BAD_INPUT`."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    print(f"error: {ConsoleFormatter.member}{' '.join(str(message).split())}", file=sys.stderr)
     sys.exit(EXIT_BAD_INPUT)
 
 

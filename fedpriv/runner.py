@@ -30,7 +30,7 @@ from fedpriv.dpfedavg import DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
 from fedpriv.mechanisms import Mechanism
 from fedpriv.metrics import evaluate
-from fedpriv.console import format_result
+from fedpriv.console import ADVICE_LOGGER, format_result
 from fedpriv.models import set_flat_params
 from fedpriv.observe import RoundObserver, check_observability
 from fedpriv.public.stages import Stage, build_stages
@@ -214,7 +214,6 @@ def _build(cfg: dict, spec: RunConfig, run: RunDirectory) -> RunSession:
                                                             plan.clip, plan.ledger)
     if ledger.non_private_reason:
         log.warning("NOT PRIVATE: %s; the run reports epsilon = inf", ledger.non_private_reason)
-    _say_noise_scale(ledger)
     if privacy.noise_multiplier is not None and privacy.target_epsilon is not None:
         log.warning("privacy.noise_multiplier=%g is used as given: the target epsilon %g (from the experiment or "
                     "the defaults) is not, and epsilon follows from sigma", privacy.noise_multiplier,
@@ -231,6 +230,7 @@ def _build(cfg: dict, spec: RunConfig, run: RunDirectory) -> RunSession:
     if checkpoint is not None:
         _restore(session, checkpoint)
     _count_client_releases(session, checkpoint)
+    _say_noise_scale(ledger)  # last: on stderr, so no bad-input error of prepare can follow it
     return session
 
 
@@ -242,18 +242,19 @@ NOISE_WARNING_RATIO = 10.0
 def _say_noise_scale(ledger: PrivacyLedger) -> None:
     """One line before training: σ/m̄, the noise on each coordinate of the averaged update in units
     of the clip bound, and σ·√d/m̄, its norm over the d trained parameters in the same units
-    (privacy.json ``averaged_noise_to_clip``, ``averaged_noise_norm_to_clip``); a ``warning:``
-    above NOISE_WARNING_RATIO, where the noise dwarfs the averaged update (whose norm is at most
-    the clip bound) and training tends to diverge."""
+    (privacy.json ``averaged_noise_to_clip``, ``averaged_noise_norm_to_clip``), on stderr (advice,
+    not a result); a ``warning:`` above NOISE_WARNING_RATIO, where the noise dwarfs the averaged
+    update (whose norm is at most the clip bound) and training tends to diverge."""
     ratio, norm = ledger.averaged_noise_to_clip, ledger.averaged_noise_norm_to_clip
     text = (f"noise multiplier {ledger.noise_multiplier:.4g} over an expected cohort of "
             f"{ledger.sampler.expected_cohort:.4g}: the averaged update gets noise of std {ratio:.3g} x the clip "
             f"bound per coordinate, of norm {norm:.3g} x the clip bound over its {ledger.dimension} coordinates")
+    advice = logging.getLogger(ADVICE_LOGGER)  # on stderr either way (fedpriv/console.py)
     if norm > NOISE_WARNING_RATIO:
-        log.warning("%s (above %g: likely too noisy to learn; more users per round, more users in all, a larger "
-                    "epsilon or a smaller model lower it)", text, NOISE_WARNING_RATIO)
+        advice.warning("%s (above %g: likely too noisy to learn; more users per round, more users in all, a larger "
+                       "epsilon or a smaller model lower it)", text, NOISE_WARNING_RATIO)
     else:
-        log.info("%s", text)
+        advice.info("%s", text)
 
 
 def _count_client_releases(session: RunSession, checkpoint: dict | None) -> None:

@@ -48,15 +48,19 @@ def _note_preexisting(args: list[str]) -> None:
 
 def _run(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from omegaconf import OmegaConf
 
     from fedpriv.errors import ConfigError, OutputError, PrivacyBudgetExceeded
     from fedpriv.rundir import RunDirectory
-    from fedpriv.console import format_result
+    from fedpriv.console import format_result, set_member
     from fedpriv.runner import prepare
     from fedpriv.backends import backend
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:  # this member's stderr lines name it
+        set_member(hydra_cfg.job.num, list(hydra_cfg.overrides.task), sys.argv[1:])
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     run = RunDirectory(run_dir)
     try:
         run.lock()  # refused: another run uses it; leave everything as it is

@@ -255,3 +255,33 @@ def test_deploy_local_help_prints_usage_and_exits_0():
         res = subprocess.run(["bash", str(script), flag], capture_output=True, text=True, timeout=30)
         assert res.returncode == 0 and res.stderr == "", res.stderr
         assert res.stdout.startswith("usage: scripts/deploy_local.sh --clients N") and "--round-timeout S" in res.stdout
+
+
+def test_sweep_members_name_themselves_on_every_stderr_line(run_cli, tmp_path):
+    sweep = tmp_path / "sweep"
+    res = run_cli("-m", "+experiment=smoke", "rounds=1", "privacy.delta=0.05", "seed=1,2", "progress=false",
+                  f"hydra.sweep.dir={sweep}")
+    assert res.returncode == 0, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    for number, seed in ((0, 1), (1, 2)):
+        mine = [line for line in lines if f"[member {number}: seed={seed}] " in line]
+        assert any(line.startswith(f"warning: [member {number}: seed={seed}] privacy.delta=0.05") for line in mine)
+        assert any("the averaged update gets noise" in line for line in mine), lines
+    assert all("[member " in line for line in lines), lines
+
+
+def test_advice_goes_to_stderr_at_any_level_and_results_to_stdout():
+    import logging
+
+    from fedpriv.console import ADVICE_LOGGER, BelowLevelFilter, ConsoleFormatter, StderrFilter
+
+    def record(name: str, level: int) -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, "m", (), None)
+
+    to_stdout, to_stderr = BelowLevelFilter(logging.WARNING), StderrFilter()
+    for level in (logging.INFO, logging.WARNING):
+        advice = record(ADVICE_LOGGER, level)
+        assert to_stderr.filter(advice) and not to_stdout.filter(advice)
+    assert to_stdout.filter(record("fedpriv.observe", logging.INFO))
+    assert not to_stderr.filter(record("fedpriv.observe", logging.INFO))
+    assert ConsoleFormatter().format(record(ADVICE_LOGGER, logging.INFO)) == "m"

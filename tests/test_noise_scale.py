@@ -35,10 +35,16 @@ def test_the_noise_on_the_averaged_update_is_said_and_warned_above_the_threshold
     assert (lines[0].levelno == logging.WARNING) == warned == (norm > NOISE_WARNING_RATIO)
 
 
-def test_privacy_json_of_a_run_records_the_ratio(tmp_path, run_cli):
+@pytest.mark.parametrize("overrides, prefix", [((), "noise multiplier "),
+                                               (("privacy.target_epsilon=null", "privacy.noise_multiplier=2.0"),
+                                                "warning: noise multiplier ")])
+def test_privacy_json_of_a_run_records_the_ratio(tmp_path, run_cli, overrides, prefix):
     out = tmp_path / "run"
-    res = run_cli("+experiment=smoke", "rounds=1", "progress=false", f"run_dir={out}")
+    res = run_cli("+experiment=smoke", "rounds=1", "progress=false", f"run_dir={out}", *overrides)
     assert res.returncode == 0, res.stderr
     privacy = json.loads((out / "privacy.json").read_text())
     assert privacy["averaged_noise_to_clip"] == pytest.approx(privacy["noise_multiplier"] / 8)
-    assert "the averaged update gets noise of std" in res.stdout
+    # advice, on stderr whatever its level (stdout holds the results only)
+    assert "the averaged update gets noise" not in res.stdout
+    lines = [line for line in res.stderr.splitlines() if "the averaged update gets noise of std" in line]
+    assert len(lines) == 1 and lines[0].startswith(prefix), res.stderr

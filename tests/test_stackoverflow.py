@@ -210,14 +210,22 @@ def test_file_is_not_modified(db: Path) -> None:
 
 
 def test_index_note(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The advice to make an indexed copy is given (as advice: stderr) by the load that makes the
+    pass over the table; a load that finds the map cached, or an indexed file, says nothing."""
+    from fedpriv.console import ADVICE_LOGGER
+
     (tmp_path / "stackoverflow.word_count").write_text(WORD_COUNTS)
     plain = make_db(tmp_path / "stackoverflow.sqlite")
-    with caplog.at_level(logging.INFO, logger="fedpriv.data.stackoverflow"):
+    with caplog.at_level(logging.INFO, logger="fedpriv"):
         assert load(plain).info["client_index"] is False
-    assert "no index" in caplog.text
+    notes = [r for r in caplog.records if "no index" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].name == ADVICE_LOGGER and "prepare_stackoverflow" in notes[0].getMessage()
     caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fedpriv"):
+        assert load(plain).info["client_index"] is False  # the map is cached: no pass, no advice
+    assert "no index" not in caplog.text
     indexed = make_db(tmp_path / "indexed.sqlite", index=True)
-    with caplog.at_level(logging.INFO, logger="fedpriv.data.stackoverflow"):
+    with caplog.at_level(logging.INFO, logger="fedpriv"):
         data = load(indexed, vocab_path=tmp_path / "stackoverflow.word_count")
     assert data.info["client_index"] is True and "no index" not in caplog.text
 

@@ -29,7 +29,8 @@ an index lookup. If it has none, the first load makes one streamed pass over the
 order and keeps a compact user -> rowid-range map beside the file's identity in ``$FEDPRIV_CACHE``
 (:mod:`fedpriv.data.stackoverflow_rowmap`); a user read is then a few rowid seeks, and the train
 client list and the test subset come from the map too, so no later load or read scans the table.
-:func:`load_stackoverflow` logs a note naming the indexed copy in that case. Cost model and
+The load that makes the pass says so on stderr, naming the indexed copy (a load that finds the map
+cached says nothing). Cost model and
 measurements on generated files: docs/BENCHMARKS.md. None of this could be checked against the real
 file here.
 """
@@ -449,14 +450,6 @@ def load_stackoverflow(
     with closing(_connect(db)) as conn:
         _check_schema(conn, db)
         indexed = _has_client_index(conn)
-        if not indexed:
-            logger.info(
-                "%s has no index on examples(client_id): its users are read through a map of row ranges made with "
-                "one pass over the table at the first load (cached in $FEDPRIV_CACHE); an indexed copy needs no "
-                "pass: python -m fedpriv.data.prepare_stackoverflow %s",
-                db,
-                db,
-            )
         rowmap = None if indexed else stackoverflow_rowmap.row_map(db, conn)
         # The test rows first: they check the map (and a map found stale is made again).
         test_blobs, rowmap = _checked_test_blobs(conn, db, max_test_sentences, seed, rowmap)

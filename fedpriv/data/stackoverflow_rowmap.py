@@ -56,6 +56,7 @@ import torch
 from fedpriv.cache import cache_root, load_entry, save_entry
 
 logger = logging.getLogger(__name__)
+advice = logging.getLogger("fedpriv.advice")  # fedpriv.console.ADVICE_LOGGER: on stderr, never among results
 
 FORMAT = "stackoverflow-rowmap-v1"
 TRAIN, TEST = "train", "test"
@@ -299,7 +300,9 @@ def row_map(path: Path, conn: sqlite3.Connection, *, fresh: bool = False) -> Row
         top = conn.execute("SELECT MAX(rowid) FROM examples").fetchone()[0] or 0  # a seek: cheap sanity check
         if top == loaded.max_rowid:
             return loaded
-    logger.info("%s has no client index: mapping its users to rowid ranges (one pass over the table) ...", path)
+    advice.info("%s has no index on examples(client_id): mapping its users to rowid ranges with one pass over the "
+                "table, once (the map is cached in $FEDPRIV_CACHE); an indexed copy needs no pass: "
+                "python -m fedpriv.data.prepare_stackoverflow %s", path, path)
     began = time.monotonic()
     built = build_row_map(conn)
     if _identity(path)[0] == key:
@@ -307,6 +310,6 @@ def row_map(path: Path, conn: sqlite3.Connection, *, fresh: bool = False) -> Row
             save_entry(Path(entry_path), key, _to_entry(built), private=True)
         except OSError as err:  # a read-only cache: build again next time
             logger.warning("could not save the row map of %s to %s: %s", path, entry_path, err)
-    logger.info("mapped %d rows to %d train users' %d row ranges in %.1f s (%.1f MB)", built.rows,
+    advice.info("mapped %d rows to %d train users' %d row ranges in %.1f s (%.1f MB)", built.rows,
                 len(built.train_ids), len(built.starts), time.monotonic() - began, built.nbytes / 1e6)
     return built
