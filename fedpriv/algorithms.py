@@ -191,6 +191,7 @@ class FedAvgOption(schema.AlgorithmOption):
 class BatchedOption(schema.AlgorithmOption):
     """The keys of the algorithms whose cohort's clipped sum comes from batched BK passes."""
 
+    # how Book-Keeping gets per-unit norms: ghost norms, per-unit gradients, or per layer the cheaper
     clipping_mode: Literal["ghost", "instantiate", "mixopt"] = field(default="mixopt", metadata=schema.PRESENTATION)
     max_rows: int = field(default=512, metadata=schema.PRESENTATION)  # rows per batched backward (whole users)
 

@@ -30,6 +30,29 @@ def check_args(args: list[str]) -> None:
         _fail(str(err))
 
 
+def print_help(args: list[str]) -> None:
+    """``--help`` (``-h``): the usage, the experiments, and every key of the config the other
+    arguments compose (``+experiment=smoke --help`` shows the smoke values) with its value and its
+    one-line meaning (the schema's comments, :func:`fedpriv.schema.describe`); exit 0. Bad
+    overrides are one ``error:`` line and exit 2, as for a run."""
+    from fedpriv.compose import compose_config, group_options
+    from fedpriv.errors import ConfigError
+    from fedpriv.schema import describe, parse
+
+    overrides = [a for a in args if a not in ("-h", "--help", "-m", "--multirun")]
+    try:
+        lines = describe(parse(compose_config(overrides)))
+    except ConfigError as err:
+        _fail(str(err))
+    print("usage: python -m fedpriv.simulate [+experiment=NAME] [key=value ...]        one run\n"
+          "       python -m fedpriv.simulate -m [+experiment=NAME] [key=a,b ...]    a sweep: a run per combination\n"
+          f"experiments (+experiment=NAME; two as +experiment=[a,b]): {', '.join(group_options('experiment'))}\n"
+          "keys (key=value), with the values of this command line and what each means:")
+    print("\n".join(f"  {line}" for line in lines))
+    print("Hydra's own flags: --hydra-help. Outputs of a run: docs/OUTPUTS.md.")
+    sys.exit(0)
+
+
 # Run directories named on the command line that existed before Hydra created anything: a failed
 # run never removes them, even when they are empty.
 _PREEXISTING: set[Path] = set()
@@ -133,6 +156,8 @@ def main() -> None:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print_help(sys.argv[1:])
     check_args(sys.argv[1:])
     _note_preexisting(sys.argv[1:])
     import hydra

@@ -39,7 +39,7 @@ class ScaledGaussianMechanism(GaussianMechanism):
 class ScaledGaussian(schema.MechanismOption):
     default_sampling: ClassVar[str] = POISSON
     name: str = "scaled_gaussian"
-    factor: float = 2.0
+    factor: float = 2.0  # the noise std is factor x sigma x C (python -m fedpriv.simulate --help shows this comment)
 
     def check(self, path: str) -> None:
         schema.positive(self, "factor", path=path)

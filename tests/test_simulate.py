@@ -126,3 +126,28 @@ def test_local_and_flower_backends_give_the_same_model(tmp_path):
     a = json.loads((tmp_path / "local" / "privacy.json").read_text())
     b = json.loads((tmp_path / "flower" / "privacy.json").read_text())
     assert a == b
+
+
+# --- issue 41, edge 8: --help says what each key means -------------------------------------------
+
+def test_help_lists_every_key_with_its_value_and_meaning(run_cli):
+    res = run_cli("+experiment=smoke", "--help")
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    out = res.stdout.splitlines()
+    start = next(i for i, line in enumerate(out) if line.startswith("keys (")) + 1
+    keys = [line for line in out[start:] if line.startswith("  ")]
+    assert keys and all("  # " in line for line in keys), [line for line in keys if "  # " not in line]
+    assert any(line.startswith("  rounds: 3  # server rounds") for line in keys)  # the smoke value, explained
+    assert any(line.startswith("  cohort_size: 8  # ") for line in keys)
+    assert any(line.startswith("      vocab_size: 300  # words in the Zipf vocabulary") for line in keys)
+
+
+def test_every_key_of_every_registered_option_has_a_meaning():
+    from fedpriv.compose import compose_config
+    from fedpriv.schema import GROUPS, describe, options, parse
+
+    lines = describe(parse(compose_config([])))
+    for group in GROUPS:
+        for option in options(group).values():
+            lines += describe(option, group)
+    assert [line for line in lines if "  # " not in line] == []

@@ -496,13 +496,15 @@ class StackOverflowData(TextPipeline):
     """TFF's StackOverflow (a local sqlite file; never downloaded)."""
 
     name: str = "stackoverflow"
-    # stackoverflow.word_count beside it
+    # TFF's stackoverflow.sqlite, with stackoverflow.word_count beside it
     path: Optional[str] = field(default="data/stackoverflow.sqlite", metadata=LOCATION)
+    # the word-count file of the vocabulary (null: stackoverflow.word_count beside path)
     vocab_path: Optional[str] = field(default=None, metadata=LOCATION)
-    vocab_size: int = 10000
-    max_sentences_per_user: int = 256
-    max_users: Optional[int] = None
-    max_test_sentences: int = 10000
+    vocab_size: int = 10000  # most frequent words kept (the rest map to one unknown token)
+    max_sentences_per_user: int = 256  # cap on each user's training sentences
+    max_users: Optional[int] = None  # the first N train users in client_id order (null: all)
+    max_test_sentences: int = 10000  # size of the uniform test subset
+    # true: without a word-count file, count words over the private train split (warned: not private)
     allow_private_vocab: bool = False
 
     def check(self, path: str) -> None:

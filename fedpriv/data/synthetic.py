@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 import dataclasses
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -52,16 +52,16 @@ class SyntheticConfig:
     """Every knob of the generator; the defaults are calibrated to StackOverflow-like difficulty."""
 
     seq_len: int = 20
-    vocab_size: int = 3000
-    num_topics: int = 20
-    num_public_topics: int = 10
-    num_users: int = 10000
-    mean_sentences: float = 25.0  # lognormal mean before rounding and clipping
+    vocab_size: int = 3000  # words in the Zipf vocabulary
+    num_topics: int = 20  # topics of the private users (each a Markov chain over words)
+    num_public_topics: int = 10  # topics of the public corpus only (its domain shift)
+    num_users: int = 10000  # training users: the population
+    mean_sentences: float = 25.0  # mean sentences per user (lognormal, before rounding and clipping)
     sentences_sigma: float = 1.0  # lognormal shape of sentences per user
-    max_sentences_per_user: int = 256
-    num_test: int = 4000
-    num_public: int = 20000
-    public_private_fraction: float = 0.2
+    max_sentences_per_user: int = 256  # cap on each user's sentences
+    num_test: int = 4000  # test sentences (from held-out draws of the users)
+    num_public: int = 20000  # public corpus sentences
+    public_private_fraction: float = 0.2  # share of the public corpus drawn from the private topics
     zipf_exponent: float = 1.0
     user_concentration: float = 0.3  # Dirichlet β of the users' topic mixtures
     min_successors: int = 4
@@ -360,8 +360,10 @@ _GENERATOR = SyntheticConfig()  # the one copy of the generator's defaults
 
 @dataclass
 class SyntheticParams(Section):
-    """``data.synthetic``: the embedded generator's knobs (fedpriv/data/synthetic.py): their defaults
-    and checks are the generator's own (:class:`SyntheticConfig`)."""
+    """``data.synthetic``: the embedded generator's knobs (fedpriv/data/synthetic.py): their defaults,
+    checks and meanings are the generator's own (:class:`SyntheticConfig`)."""
+
+    meanings_from: ClassVar[type] = SyntheticConfig  # fedpriv.schema.meanings reads that class's comments
 
     vocab_size: int = _GENERATOR.vocab_size
     num_users: int = _GENERATOR.num_users

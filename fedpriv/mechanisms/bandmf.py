@@ -354,7 +354,7 @@ class BandMFNoise(MechanismOption):
     default_sampling: ClassVar[str] = CYCLIC_POISSON  # what sampling=auto picks for this mechanism
     accounting_fields: ClassVar[tuple[str, ...]] = ("bands",)
     name: str = "bandmf"
-    bands: int = 16
+    bands: int = 16  # b: nonzero bands of the strategy; a user joins at most every b rounds
     strategy: Literal["auto", "general", "toeplitz"] = "auto"  # auto: toeplitz above 512 rounds
     iterations: int = 500  # L-BFGS iterations of the strategy optimization
 

@@ -282,7 +282,7 @@ class HFModel(ModelOption):
     tokenizer: ClassVar[Optional[str]] = "hf"  # its token ids are the model's own tokenizer's
     vmappable: ClassVar[bool] = False
     name: str = "hf"
-    path: Optional[str] = field(default=None, metadata=LOCATION)
+    path: Optional[str] = field(default=None, metadata=LOCATION)  # local model directory (never downloaded)
     lora_rank: int = 0  # 0: every weight trains; R > 0: LoRA adapters of rank R only
     lora_targets: Optional[list[str]] = None  # module names (e.g. [q_proj,v_proj]); null: the family's default
     lora_alpha: Optional[float] = None  # LoRA scale alpha / rank; null: alpha = rank

@@ -275,9 +275,9 @@ class LSTMLanguageModel(nn.Module):
 class LSTMModel(ModelOption):
     model_class: ClassVar[type] = LSTMLanguageModel
     name: str = "lstm"
-    embed_dim: int = 64
-    hidden_size: int = 128
-    projection_dim: int = 64
+    embed_dim: int = 64  # width of the word embedding
+    hidden_size: int = 128  # LSTM state width
+    projection_dim: int = 64  # width of the projection between the LSTM and the output layer
 
     def check(self, path: str) -> None:
         positive(self, "embed_dim", "hidden_size", "projection_dim", path=path)

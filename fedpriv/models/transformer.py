@@ -95,10 +95,10 @@ class TransformerLanguageModel(nn.Module):
 class TransformerModel(ModelOption):
     model_class: ClassVar[type] = TransformerLanguageModel
     name: str = "transformer"
-    d_model: int = 96
-    num_layers: int = 3
-    num_heads: int = 8
-    ff_dim: int = 1536
+    d_model: int = 96  # width of the embedding and residual stream
+    num_layers: int = 3  # transformer blocks
+    num_heads: int = 8  # attention heads (divide d_model)
+    ff_dim: int = 1536  # hidden width of each block's feed-forward layer
 
     def check(self, path: str) -> None:
         positive(self, "d_model", "num_layers", "num_heads", "ff_dim", path=path)

@@ -205,10 +205,10 @@ class AdamOptimizer(OptimizerOption):
     """``adam``: DP-Adam on the privatized update (= dpadam_post)."""
 
     name: str = "adam"
-    lr: float = 0.01
+    lr: float = 0.01  # server step size
     beta1: float = 0.9  # adam only
     beta2: float = 0.999  # adam only
-    eps: float = 0.001
+    eps: float = 0.001  # added to sqrt of the second moment in the denominator
 
     def check(self, path: str) -> None:
         positive(self, "lr", "eps", path=path)

@@ -111,7 +111,7 @@ class SGDOptimizer(OptimizerOption):
     """``θ ← θ + η_t Δ̄`` (fedpriv/optim/server.py)."""
 
     name: str = "sgd"
-    lr: float = 1.0
+    lr: float = 1.0  # server step size η on the privatized average update
     schedule: Literal["constant", "cosine"] = "constant"  # cosine: decay to 0 over the run's rounds
 
     def check(self, path: str) -> None:
@@ -125,7 +125,7 @@ class SGDOptimizer(OptimizerOption):
 @dataclass
 class MomentumOptimizer(SGDOptimizer):
     name: str = "momentum"
-    momentum: float = 0.9
+    momentum: float = 0.9  # heavy-ball coefficient (0: plain SGD)
     schedule: Literal["constant", "cosine"] = "cosine"
 
     def check(self, path: str) -> None:
@@ -138,8 +138,8 @@ class FTRLOptimizer(OptimizerOption):
     """DP-FTRL(M): θ_t = θ_0 + lr · m_t over the running sum of privatized updates."""
 
     name: str = "ftrl"
-    lr: float = 0.1
-    momentum: float = 0.9
+    lr: float = 0.1  # step size on the running sum of privatized updates
+    momentum: float = 0.9  # momentum of the FTRL(M) update (0: none)
 
     def check(self, path: str) -> None:
         positive(self, "lr", path=path)

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 from fedpriv.schema.checks import (LOCATION, PRESENTATION, divisible, in_unit_interval, nonnegative,  # noqa: F401
                                    positive)
-from fedpriv.schema.parser import as_dict, known_keys, load, parse, register, unknown_key  # noqa: F401
+from fedpriv.schema.parser import as_dict, describe, known_keys, load, parse, register, unknown_key  # noqa: F401
 from fedpriv.schema.registry import (DEFAULT_OPTIONS, GROUP_BASES, GROUPS, OPTIONS, PLUGINS, SECTIONS,  # noqa: F401
                                      option_class, option_preset, options, register_option, register_section)
 from fedpriv.schema.run_config import RunConfig, secure_mode  # noqa: F401
 from fedpriv.schema.sections import (AdaptiveClipping, AlgorithmOption, Audit, BackendOption, Client,  # noqa: F401
                                      DeploymentBackend, ExampleDP, FlowerBackend, LocalBackend, MechanismOption,
                                      ModelOption, Option, OptimizerOption, Privacy, Public, Section, TeacherModel,
-                                     TextPipeline)
+                                     TextPipeline, meanings)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from typing import Any, Literal, Union
@@ -16,7 +17,7 @@ from fedpriv.schema.checks import _fail, _key
 from fedpriv.schema.registry import (DEFAULT_OPTIONS, GROUPS, SECTIONS, _import_section_plugins, option_class,
                                      option_preset, options)
 from fedpriv.schema.run_config import RunConfig
-from fedpriv.schema.sections import Option, Section
+from fedpriv.schema.sections import Option, Section, meanings
 
 
 # --- parsing ---------------------------------------------------------------------------------------
@@ -162,6 +163,51 @@ def register() -> None:
     for group in GROUPS:
         for name, option in options(group).items():
             store.store(group=group, name=name, node=as_dict(option))
+
+
+def describe(section: Any, path: str = "") -> list[str]:
+    """The keys of a parsed section (a :class:`RunConfig` from :func:`parse`) as YAML lines, each
+    with its value and its one-line meaning as a comment (:func:`~fedpriv.schema.sections.meanings`,
+    the comments in the schema's source); a group's line names its options. What ``python -m
+    fedpriv.simulate [OVERRIDES] --help`` prints."""
+    indent = "  " * path.count(".") + ("  " if path else "")
+    names, _ = _fields(type(section))
+    meaning = meanings(type(section))
+    lines = []
+    for name in names:
+        value = getattr(section, name, None)
+        if name == "name" and isinstance(section, Option):
+            lines.append(f"{indent}name: {value}  # the implementation the chosen option selects")
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            sub = _key(path, name)
+            note = (f"chosen with {name}=OPTION, one of: {', '.join(sorted(options(name)))}"
+                    if name in GROUPS and not path else meaning.get(name) or _summary(type(value)))
+            lines.append(f"{indent}{name}:" + (f"  # {note}" if note else ""))
+            lines += describe(value, sub)
+        else:
+            note = meaning.get(name)
+            lines.append(f"{indent}{name}: {_shown(value)}" + (f"  # {note}" if note else ""))
+    return lines
+
+
+def _shown(value: Any) -> str:
+    """A value as the command line writes it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(_shown(v) for v in value) + "]"
+    return str(value) if value != "" else "''"
+
+
+def _summary(cls: type) -> str:
+    """The first sentence of a section class's own docstring, without its ``key``: prefix."""
+    doc = cls.__dict__.get("__doc__") or ""
+    if not doc or doc.startswith(f"{cls.__name__}("):  # dataclass's generated signature: no docstring
+        return ""
+    text = re.split(r"\.\s+(?=[A-Z])", " ".join(doc.split()))[0].rstrip(".")
+    return text.split(": ", 1)[1] if text.startswith("``") and ": " in text else text
 
 
 def known_keys(path: str) -> list[str] | None:

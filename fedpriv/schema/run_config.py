@@ -21,11 +21,11 @@ def secure_mode(secure_rng: bool | None, backend: str | None) -> bool:
 class RunConfig(Section):
     """The whole run. Top-level keys, the fixed sections, and one option per group."""
 
-    seed: int = 0
+    seed: int = 0  # model init and public stages; in research mode also the randomness key
     # where tensors live (auto: cuda when available)
     device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=PRESENTATION)
-    rounds: int = 220
-    cohort_size: int = 150
+    rounds: int = 220  # server rounds; sigma is calibrated and epsilon accounted for exactly these
+    cohort_size: int = 150  # expected users per round (Poisson: rate cohort_size / population)
     sampling: str = "auto"  # auto: the mechanism's default_sampling; else a registered sampler (fedpriv/sampling.py)
     # public population size N fixing the Poisson rates q = cohort_size / N (add/remove-one holds);
     # null: q from the dataset's count, accounted under zero-out (docs/PRIVACY.md, "The population")
@@ -39,7 +39,8 @@ class RunConfig(Section):
     verbose: bool = field(default=False, metadata=PRESENTATION)  # one structured log line per round
     # research mode only: statistics of training users (NOT covered by epsilon)
     diagnostics: bool = field(default=True, metadata=PRESENTATION)
-    tensorboard: bool = field(default=False, metadata=PRESENTATION)
+    tensorboard: bool = field(default=False, metadata=PRESENTATION)  # TensorBoard scalars in RUN_DIR/tensorboard
+    # the run directory: config.yaml, metrics.jsonl, privacy.json, summary.json, checkpoints/
     run_dir: str = field(default="outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}", metadata=PRESENTATION)
     client: Client = field(default_factory=Client)
     public: Public = field(default_factory=Public)

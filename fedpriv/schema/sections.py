@@ -6,13 +6,60 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
+import inspect
+import io
 import math
+import re
+import textwrap
+import tokenize
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional, Union
 
 from fedpriv.errors import ConfigError
 from fedpriv.schema.checks import (LOCATION, PRESENTATION, _fail, _key, divisible, in_unit_interval, nonnegative,
                                    positive)
+
+
+# --- what each key means ---------------------------------------------------------------------------
+
+def meanings(section: type) -> dict[str, str]:
+    """Field name -> its one-line meaning: the comment beside the field in its class's source, or
+    the comment lines right above it (the one copy; ``python -m fedpriv.simulate --help`` shows it).
+    A subclass's comment wins over its base's; a class whose fields mirror another's names it as
+    ``meanings_from`` (``data.synthetic``: the generator's); a field without a comment is absent."""
+    found: dict[str, str] = {}
+    for cls in reversed([c for c in section.__mro__ if dataclasses.is_dataclass(c)]):
+        if "meanings_from" in cls.__dict__:
+            found.update(_own_meanings(cls.__dict__["meanings_from"]))
+        found.update(_own_meanings(cls))
+    return {name: text for name, text in found.items() if name in {f.name for f in dataclasses.fields(section)}}
+
+
+@functools.lru_cache(maxsize=None)
+def _own_meanings(cls: type) -> dict[str, str]:
+    """The meanings of the fields ``cls`` itself declares (see :func:`meanings`)."""
+    try:
+        lines = textwrap.dedent(inspect.getsource(cls)).splitlines()
+    except (OSError, TypeError):  # defined where no source is kept (an interactive session)
+        return {}
+    comments = {tok.start[0] - 1: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline)
+                if tok.type == tokenize.COMMENT and not tok.string.lstrip("#").strip().startswith("noqa")}
+    own = {f.name for f in dataclasses.fields(cls)} & set(getattr(cls, "__annotations__", {}))
+    found: dict[str, str] = {}
+    for i, line in enumerate(lines):
+        match = re.match(r"\s+(\w+)\s*:", line)
+        if not match or match.group(1) not in own or line.strip().startswith("#"):
+            continue
+        above, j = [], i - 1
+        while j >= 0 and lines[j].strip().startswith("#") and j in comments:
+            above.insert(0, comments[j])
+            j -= 1
+        text = comments.get(i) or " ".join(above)
+        if text:
+            found[match.group(1)] = text
+    return found
 
 
 # --- sections --------------------------------------------------------------------------------------
@@ -44,8 +91,9 @@ class ExampleDP(Section):
     clip_norm: float = 1.0  # per-example gradient bound
     noise_multiplier: Optional[float] = None  # set directly, or null to calibrate to target_epsilon
     target_epsilon: float = 8.0  # example-level epsilon after `rounds` rounds (client assumed in every round)
-    delta: float = 1.0e-6
+    delta: float = 1.0e-6  # example-level delta
     denominator: float = 6.0  # fixed, public divisor of each step's noisy clipped sum
+    # how Book-Keeping gets per-example norms: ghost norms, per-example gradients, or per layer the cheaper
     mode: Literal["ghost", "instantiate", "mixopt"] = field(default="mixopt", metadata=PRESENTATION)
 
     def check(self, path: str) -> None:
@@ -59,16 +107,16 @@ class ExampleDP(Section):
 class Client(Section):
     """``client``: local training of each sampled user."""
 
-    epochs: int = 1
-    batch_size: int = 16
-    lr: float = 1.0
+    epochs: int = 1  # local passes over the client's data per round
+    batch_size: int = 16  # local minibatch size
+    lr: float = 1.0  # local SGD step size
     max_steps: Optional[int] = 2  # cap on local steps per round (null: full epochs)
     dp: Literal["none", "example"] = "none"  # example: local steps are example-level DP-SGD through Book-Keeping
     example: ExampleDP = field(default_factory=ExampleDP)
     # clients trained in lockstep as one vectorized computation (1: one after another); on the CPU
     # the loop runs instead unless parallel_on_cpu (measured 2.6-6.9x slower there: docs/BENCHMARKS.md)
     parallel: int = field(default=1, metadata=PRESENTATION)
-    parallel_on_cpu: bool = field(default=False, metadata=PRESENTATION)
+    parallel_on_cpu: bool = field(default=False, metadata=PRESENTATION)  # true: client.parallel on the CPU too
 
     def check(self, path: str) -> None:
         positive(self, "epochs", "batch_size", "lr", "max_steps", "parallel", path=path)
@@ -78,10 +126,10 @@ class Client(Section):
 class TeacherModel(Section):
     """``public.teacher_model``: the embedded teacher transformer (bigger than the default student)."""
 
-    d_model: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    ff_dim: int = 512
+    d_model: int = 128  # width of the embedding and residual stream
+    num_layers: int = 2  # transformer blocks
+    num_heads: int = 4  # attention heads (divide d_model)
+    ff_dim: int = 512  # hidden width of each block's feed-forward layer
 
     def check(self, path: str) -> None:
         positive(self, "d_model", "num_layers", "num_heads", "ff_dim", path=path)
@@ -93,24 +141,26 @@ class Public(Section):
     """``public``: public data (no privacy cost), see fedpriv/public/."""
 
     pretrain_steps: int = 0  # >0: SGD steps on the public corpus before round 1
-    pretrain_batch_size: int = 64
-    pretrain_lr: float = 0.5
+    pretrain_batch_size: int = 64  # sequences per pre-training step
+    pretrain_lr: float = 0.5  # pre-training SGD step size
     pretrain_fraction: float = 1.0  # share of the public pool pre-training draws from (seeded subset)
+    # the distillation teacher: none, embedded (trained on the public corpus) or hf (a local Hugging Face LM)
     teacher: Literal["none", "embedded", "hf"] = "none"
     # teacher=hf: local directory with the model and tokenizer (never downloaded)
     teacher_path: Optional[str] = field(default=None, metadata=LOCATION)
     teacher_model: TeacherModel = field(default_factory=TeacherModel)
-    teacher_steps: int = 500
-    teacher_batch_size: int = 64
-    teacher_lr: float = 0.001
+    teacher_steps: int = 500  # training steps of the embedded teacher on the public corpus
+    teacher_batch_size: int = 64  # sequences per teacher training step
+    teacher_lr: float = 0.001  # the embedded teacher's Adam step size
     distill_k: int = 10  # top-k teacher logits kept per position
     distill_beta: float = 1.0  # loss = CE + beta * CE(teacher top-k at temperature t, student at t)
-    distill_temperature: float = 1.0
+    distill_temperature: float = 1.0  # t, the temperature of both distributions in the distillation term
     mid_training_round: Union[int, Literal["half"], None] = None  # T' (half: rounds/2; null: off)
     mid_training_fraction: float = 0.05  # share of the public pool kept by score
+    # how public samples are ranked: log p_priv - log p_pub (ratio), their sum, or log p_priv alone
     mid_training_score: Literal["ratio", "sum", "private"] = "ratio"
-    mid_training_steps: int = 200
-    mid_training_lr: float = 0.1
+    mid_training_steps: int = 200  # SGD steps on the kept public samples
+    mid_training_lr: float = 0.1  # mid-training SGD step size
 
     def check(self, path: str) -> None:
         nonnegative(self, "pretrain_steps", "teacher_steps", "mid_training_steps", "distill_beta", path=path)
@@ -169,7 +219,7 @@ class Privacy(Section):
     """``privacy``: the user-level guarantee and how its randomness is drawn."""
 
     target_epsilon: Optional[float] = 8.0  # calibrate the noise multiplier to this epsilon after `rounds` rounds
-    delta: float = 1.0e-5
+    delta: float = 1.0e-5  # the delta of the user-level (epsilon, delta) guarantee
     noise_multiplier: Optional[float] = None  # a fixed multiplier instead of a target (0: non-private)
     clip_norm: float = 0.5  # user-level L2 bound on each client delta (adaptive: the initial bound C_0)
     clipping: Literal["fixed", "adaptive"] = "fixed"  # adaptive: the bound follows a quantile of the norms
@@ -329,18 +379,19 @@ class TextPipeline(Option):
     """Contract of a ``data`` option: :meth:`load_words` reads the users' sentences; the keys every
     dataset shares (the public corpus and the tokenizer, fedpriv/data/text_pipeline.py) are here."""
 
-    seq_len: int = 20
-    seed: int = 0
+    seq_len: int = 20  # tokens per training row (sentences are cut or padded to it)
+    seed: int = 0  # the dataset's own seed (generation, subsets)
+    # public corpus: the generator's (embedded), local C4 shards, local text files, or none
     public_source: Literal["embedded", "c4", "text", "none"] = "none"
     # c4: local c4-*.json.gz shard(s), a directory or glob; text: .txt/.jsonl/.json(.gz)
     public_path: Optional[str] = field(default=None, metadata=LOCATION)
-    public_max_sentences: int = 20000
+    public_max_sentences: int = 20000  # cap on public sentences read
     public_text_field: str = "text"  # JSON field holding the text (text source)
     tokenizer: Literal["word", "sentencepiece", "hf"] = "word"  # sentencepiece: trained on the public corpus only
     # tokenizer=hf: its directory (default: the teacher's)
     tokenizer_path: Optional[str] = field(default="${public.teacher_path}", metadata=LOCATION)
-    sp_vocab_size: int = 2000
-    sp_model_type: Literal["bpe", "unigram"] = "bpe"
+    sp_vocab_size: int = 2000  # SentencePiece vocabulary size
+    sp_model_type: Literal["bpe", "unigram"] = "bpe"  # SentencePiece model kind
     sp_seq_len: Optional[int] = None  # subword tokens per row (null: 2 x seq_len)
 
     def check(self, path: str) -> None:
@@ -373,11 +424,11 @@ class FlowerBackend(BackendOption):
     """Flower's simulation engine (Ray)."""
 
     name: str = "flower"
-    num_supernodes: int = 2
-    client_cpus: float = 1
+    num_supernodes: int = 2  # simulated SuperNodes (the users are spread over them)
+    client_cpus: float = 1  # CPUs per worker (Ray's num_cpus)
     client_gpus: float = 0  # GPUs per worker (Ray's num_gpus; a fraction shares one): each runs on device=auto
-    num_cpus: int = 2
-    round_timeout: Optional[float] = None
+    num_cpus: int = 2  # CPUs Ray may use in all
+    round_timeout: Optional[float] = None  # seconds the server waits for a round's replies (null: no limit)
 
     def check(self, path: str) -> None:
         positive(self, "num_supernodes", "client_cpus", "num_cpus", "round_timeout", path=path)
