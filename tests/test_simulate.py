@@ -151,3 +151,53 @@ def test_every_key_of_every_registered_option_has_a_meaning():
         for option in options(group).values():
             lines += describe(option, group)
     assert [line for line in lines if "  # " not in line] == []
+
+
+# --- issue 41, edge 8: every field a run writes is documented in docs/OUTPUTS.md -------------------
+
+def _documented(section: str) -> set[str]:
+    """The keys the table of ``## <section>`` in docs/OUTPUTS.md lists (first column, backticked)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "OUTPUTS.md").read_text()
+    body = text.split(f"\n## {section}", 1)[1].split("\n## ", 1)[0]
+    return {key for row in body.splitlines() if row.startswith("| `")
+            for key in re.findall(r"`([^`]+)`", row.split(" | ")[0])}
+
+
+def _keys(node: dict, prefix: str = "") -> set[str]:
+    """Every key of a JSON object as a dotted path (nested objects included)."""
+    out = set()
+    for key, value in node.items():
+        out.add(prefix + key)
+        if isinstance(value, dict):
+            out |= _keys(value, f"{prefix}{key}.")
+    return out
+
+
+def _undocumented(keys: set[str], documented: set[str]) -> list[str]:
+    """Keys neither listed nor under a listed ``name.*`` (an object whose keys are listed as one)."""
+    def listed(key: str) -> bool:
+        parts = key.split(".")
+        return key in documented or any(".".join(parts[:i]) + ".*" in documented for i in range(1, len(parts) + 1))
+
+    return sorted(k for k in keys if not listed(k) and not any(d.startswith(k + ".") for d in documented))
+
+
+def test_every_field_a_run_writes_is_in_docs_outputs(run_cli, tmp_path):
+    out = tmp_path / "run"  # smoke, with the features that add fields: adaptive clipping, an audit, client DP
+    res = run_cli("+experiment=smoke", "rounds=2", "privacy.clipping=adaptive", "audit.canaries=4",
+                  "client.dp=example", "progress=false", f"run_dir={out}")
+    assert res.returncode == 0, res.stderr
+    privacy = json.loads((out / "privacy.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {name: [json.loads(line) for line in (out / name).read_text().splitlines()]
+            for name in ("metrics.jsonl", "diagnostics.jsonl")}
+    assert _undocumented(_keys(privacy), _documented("privacy.json")) == []
+    assert _undocumented({k for k in _keys(summary) if not k.startswith("privacy.")},
+                         _documented("summary.json")) == []
+    assert set(summary["privacy"]) <= set(privacy)  # summary.json's privacy: privacy.json's keys
+    for name, lines in rows.items():
+        assert _undocumented(set().union(*map(_keys, lines)), _documented(name)) == [], name
+    assert privacy["rounds"] == 2 and privacy["last_round"] == 1  # the count and the 0-based index the doc states
