@@ -257,6 +257,21 @@ def test_deploy_local_help_prints_usage_and_exits_0():
         assert res.stdout.startswith("usage: scripts/deploy_local.sh --clients N") and "--round-timeout S" in res.stdout
 
 
+def test_deploy_local_refuses_an_override_of_a_key_its_options_set(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "deploy_local.sh"
+    env = {**os.environ, "FEDPRIV_VENV_BIN": str(Path(sys.executable).parent)}
+    out = tmp_path / "out"
+    res = subprocess.run(["bash", str(script), "--clients", "2", "--rounds", "2", "--out", str(out), "--", "rounds=5"],
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert res.returncode == 2 and "'rounds=5' repeats a key --rounds sets" in res.stderr, res.stderr
+    assert len(res.stderr.splitlines()) == 1 and not out.exists()
+
+
 def test_sweep_members_name_themselves_on_every_stderr_line(run_cli, tmp_path):
     sweep = tmp_path / "sweep"
     res = run_cli("-m", "+experiment=smoke", "rounds=1", "privacy.delta=0.05", "seed=1,2", "progress=false",
