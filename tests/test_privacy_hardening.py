@@ -382,7 +382,7 @@ from fedpriv.simulate import main
 main()
 """
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    lines = [x for x in proc.stderr.splitlines() if x.strip() and "the averaged update gets noise" not in x]  # advice
     assert proc.returncode == 1 and len(lines) == 1 and "no space left" in lines[0] and lines[0].startswith("error:"), \
         proc.stderr[-2000:]
     assert not [p for p in (run / "checkpoints").iterdir() if p.name != "last.pt"]  # no temporary left behind
