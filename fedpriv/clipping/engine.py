@@ -23,9 +23,11 @@ One step, given the per-sample losses ``ℓ_i`` of a batch-first forward:
    The noise is read from a secret ChaCha20 keystream on every core
    (:class:`fedpriv.clipping.noise.GaussianKeystream`).
 
-Which inputs are per sample is *proven*, never guessed from a shape, and that no sample's loss
-depends on another sample's rows, by :mod:`fedpriv.clipping.provenance` (its docstring states what
-is proven and under which assumptions). A shared call's output is returned with a new leading
+Which inputs are per sample is *proven*, never guessed from a shape, that no sample's loss
+depends on another sample's rows, and (by a forward replay with some samples perturbed, on a
+schedule: ``replay_every``) that no row of a hooked call depends on another sample, by
+:mod:`fedpriv.clipping.provenance` (its docstring states what is proven and under which
+assumptions). A shared call's output is returned with a new leading
 batch dim (an ``expand`` view), so each sample gets its own part of the gradient.
 
 Assumptions: dim 0 of the model input is the batch; sample i's loss depends only on sample i (no
@@ -49,13 +51,16 @@ from torch.profiler import record_function
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
 from fedpriv.clipping.noise import GaussianKeystream
-from fedpriv.clipping.provenance import (Provenance, UnsupportedLayerError, ambiguous_batch_dim, check_data_independent,
-                                         check_separable, perturbed,
-                                         separability_probe)
+from fedpriv.clipping.provenance import (CallPrint, Provenance, UnsupportedLayerError, ambiguous_batch_dim,
+                                         call_print, check_data_independent, check_separable, choose_perturbed,
+                                         declared_rows, expand_rows, perturb_samples, perturbed, replay_error,
+                                         replay_mismatch, separability_probe)
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule
 from fedpriv.clipping.subclass_rules import subclass_rule
 
 MODES = ("ghost", "instantiate", "mixopt")
+REPLAY_FIRST = 4  # the forward replay runs on an engine's first steps ...
+REPLAY_EVERY = 8  # ... and on every REPLAY_EVERY-th after (``replay_every``; 1: every step)
 _INSTANTIATE_BUDGET = 1 << 24  # floats of per-unit gradients held at once on the grouped path
 _KEEP_BUDGET = 1 << 25  # elements of per-unit gradients kept for the clipped sums (128 MB in float32)
 
@@ -96,6 +101,36 @@ class _Call:
     rows: Optional[Tensor] = None  # a call on flattened positions: the sample of each input row
 
 
+@dataclass
+class _Forward:
+    """One forward of the model to replay (:meth:`BookKeeping._forward_replay`): its arguments, the
+    RNG states it started from, the batch, and what each hooked call of it computed, in order."""
+
+    args: tuple
+    kwargs: dict
+    rng: tuple[Tensor, list[tuple[int, Tensor]]]  # torch's CPU state, (device, state) per CUDA device
+    batch: int
+    prints: list[tuple[CallPrint, Optional[str]]]  # with the expansion the engine applied ("shared", "broadcast")
+
+
+@dataclass
+class _Replaying:
+    """The state of one replay: the forward replayed, the perturbed samples, the next call."""
+
+    forward: _Forward
+    chosen: Tensor
+    next: int = 0
+
+
+class _ReplayMismatch(Exception):
+    """Ends a replay at the first call that differs (turned into an UnsupportedLayerError)."""
+
+
+class _ReplayDone(Exception):
+    """Ends a replay before its last call, a registered layer whose input was compared (the output
+    layer of a language model, its largest product, is not computed again)."""
+
+
 _RECORDERS: "weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]]" = weakref.WeakKeyDictionary()
 
 
@@ -110,7 +145,7 @@ def record_call(module: nn.Module, input: Tensor, output: Tensor) -> Optional[Te
     hook = _RECORDERS.get(module)
     if hook is None:
         return None
-    replaced = hook(module, (input,), {}, output)
+    replaced = hook(module, (input,), {}, output, recorded=True)
     return output if replaced is None else replaced
 
 
@@ -151,6 +186,14 @@ class BookKeeping:
     calls are hooked) until :meth:`detach` undoes it. Use as a context manager to remove the hooks
     on exit.
 
+    ``backward`` replays the step's forward with a random half of the samples perturbed (the RNG
+    restored) and refuses a model whose hooked calls' rows of the other samples change: a model
+    that mixes samples in its forward (:mod:`fedpriv.clipping.provenance`, 4). It does so on the
+    first ``REPLAY_FIRST`` (4) steps of the engine and on every ``replay_every``-th step after
+    (default 8; 1: every step, one more forward per step, about +20% of a step on the LSTM and the
+    transformer); a step with one sample is not replayed (nothing to compare). Every hooked call
+    must be made inside the model's forward (the replay runs that forward again).
+
     Every forward with grad enabled since the last ``backward`` counts (two passes of the model
     in one loss are both clipped together); recorded tensors are dropped by ``backward``, by
     :meth:`clear`, or when the model is next called with a different batch size. Calls under
@@ -158,7 +201,9 @@ class BookKeeping:
     """
 
     def __init__(self, model: nn.Module, clip_norm: float = 1.0, noise_multiplier: float = 0.0,
-                 mode: str = "mixopt", noise_key: Optional[bytes] = None) -> None:
+                 mode: str = "mixopt", noise_key: Optional[bytes] = None, replay_every: int = REPLAY_EVERY) -> None:
+        if isinstance(replay_every, bool) or not isinstance(replay_every, int) or replay_every < 1:
+            raise ValueError(f"replay_every must be an integer >= 1, got {replay_every!r}")
         if not clip_norm > 0 or clip_norm == float("inf"):
             raise ValueError(f"clip_norm must be positive and finite, got {clip_norm}")
         if not noise_multiplier >= 0:
@@ -169,6 +214,7 @@ class BookKeeping:
         self.clip_norm = float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.mode = mode
+        self.replay_every = replay_every
         self.noise = GaussianKeystream(noise_key)
         self.last_norms: Optional[Tensor] = None
         self.last_scales: Optional[Tensor] = None
@@ -181,16 +227,24 @@ class BookKeeping:
         self._proven_made_inside: set[str] = set()  # paths of made-inside calls the probe proved per sample
         self._replayed: Optional[dict[str, list[Tensor]]] = None  # inputs recorded during a replay
         self._in_backward = False
+        self._steps = 0  # backwards run (the forward replay's schedule)
+        self._forwards: list[_Forward] = []  # this step's forwards, for the forward replay
+        self._in_forward = False  # inside a forward of the model (hooked calls outside cannot be replayed)
+        self._outside: Optional[str] = None  # a hooked call made outside the model's forward
+        self._replaying: Optional[_Replaying] = None
+        self._replay_draws = torch.Generator().manual_seed(0x4E9A7)  # which samples, and how, a replay perturbs
         managed, to_prepare = self._inspect(model)
         # profiler labels (scripts/profile_bk.py): "bk.<phase>.<layer kind>"
         self._kind = {id(p): type(module).__name__ for _, module, _ in reversed(managed)
                       for p in module.parameters(recurse=False)}
         self._undo: list[Callable[[], None]] = [rule.prepare(module) for module, rule in to_prepare]
-        self._handles = [model.register_forward_pre_hook(self._on_root, with_kwargs=True)]
+        self._handles = [model.register_forward_pre_hook(self._on_root, with_kwargs=True),
+                         model.register_forward_hook(self._off_root, always_call=True)]
         self._recorded: list[nn.Module] = []
         for path, module, rule in managed:
             hook = self._make_hook(path, rule, f"bk.hooks.{type(module).__name__}")
             self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
+            self._handles.append(module.register_forward_pre_hook(self._make_pre_hook(path), with_kwargs=True))
             _RECORDERS[module] = hook
             self._recorded.append(module)
 
@@ -260,10 +314,16 @@ class BookKeeping:
         self._independent.update(path for path, _ in made)
 
     def _make_hook(self, path: str, rule: LayerRule, label: str):
-        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any, recorded: bool = False):
             with record_function(label):
-                return self._on_forward(path, rule, module, args, kwargs, output)
+                return self._on_forward(path, rule, module, args, kwargs, output, recorded)
         return hook
+
+    def _make_pre_hook(self, path: str):
+        def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if self._replaying is not None and torch.is_grad_enabled():  # (a no-grad call is not recorded)
+                self._replay_last(path, module, _first_tensor(args, kwargs))
+        return pre_hook
 
     def detach(self) -> None:
         """Remove all hooks, undo every module's ``prepare`` step, drop recorded tensors."""
@@ -281,6 +341,8 @@ class BookKeeping:
     def clear(self) -> None:
         """Drop the calls recorded since the last backward (e.g. after an abandoned forward)."""
         self._calls = []
+        self._forwards = []
+        self._outside = None
         self._provenance.reset()
 
     def __enter__(self) -> "BookKeeping":
@@ -288,6 +350,12 @@ class BookKeeping:
 
     def __exit__(self, *exc: Any) -> None:
         self.detach()
+
+    @property
+    def replay_due(self) -> bool:
+        """Whether the next step's forward is replayed (:meth:`_forward_replay`): the first
+        ``REPLAY_FIRST`` steps of this engine and every ``replay_every``-th step (counted from 0)."""
+        return self._steps < REPLAY_FIRST or self._steps % self.replay_every == 0
 
     @property
     def recorded_calls(self) -> int:
@@ -311,13 +379,26 @@ class BookKeeping:
         if self._calls and proof.batch is not None and x.shape[0] != proof.batch:
             self.clear()  # a new batch size: the pending calls belong to an abandoned forward
         proof.set_batch(x)
+        self._in_forward = True
+        if x.shape[0] > 1 and self.replay_due:  # the forward replay's starting point: arguments, RNG states
+            devices = sorted({p.device.index or 0 for p in self.model.parameters() if p.device.type == "cuda"})
+            rng = (torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in devices])
+            self._forwards.append(_Forward(args, dict(kwargs), rng, x.shape[0], []))
         new_args = tuple(proof.trace_input(a) for a in args)
         new_kwargs = {k: proof.trace_input(v) for k, v in kwargs.items()}
         changed = any(a is not b for a, b in zip(new_args, args)) or any(new_kwargs[k] is not kwargs[k] for k in kwargs)
         return (new_args, new_kwargs) if changed else None
 
+    def _off_root(self, module: nn.Module, args: tuple, output: Any) -> None:
+        """The model's forward has returned (or raised)."""
+        self._in_forward = False
+
     def _on_forward(self, path: str, rule: LayerRule, module: nn.Module, args: tuple,
-                    kwargs: dict, output: Any) -> Optional[Tensor]:
+                    kwargs: dict, output: Any, recorded: bool = False) -> Optional[Tensor]:
+        if self._replaying is not None:  # the forward replay: compare with the original forward
+            if not isinstance(output, Tensor) or not output.requires_grad:
+                return None
+            return self._replay_call(path, module, _first_tensor(args, kwargs), output, recorded)
         if self._replayed is not None:  # the replay of check_data_independent: record inputs only
             x = _first_tensor(args, kwargs)
             if x is not None:
@@ -331,19 +412,118 @@ class BookKeeping:
         proof = self._provenance
         rows = proof.positions(path, module, x)
         if rows is not None:  # flattened positions of a per-sample tensor (flat_positions)
+            self._fingerprint(path, module, "positions", x, output, recorded, rows)
             proof.add_output(output)
             self._calls.append(_Call(path, module, rule, x.detach(), get_gradient_edge(output), node, leaf, rows))
             return None
         batched = proof.batched(path, rule, module, x)
         replaced = not batched
         if not batched:
+            self._fingerprint(path, module, "whole", x, output, recorded, expand="shared")
             x, output = proof.expand_shared(x, output)
         elif path in proof.made_inside and x.shape[0] == 1 and proof.batch > 1:
+            self._fingerprint(path, module, "whole", x, output, recorded, expand="broadcast")
             x, output = proof.expand_broadcast(x, output)  # on probation (provenance.py, 2 and 3)
             replaced = True
+        else:
+            self._fingerprint(path, module, "rows", x, output, recorded)
         proof.add_output(output)
         self._calls.append(_Call(path, module, rule, x.detach(), get_gradient_edge(output), node, leaf))
         return output if replaced else None
+
+    # ------------------------------------------------------------------ forward replay
+
+    def _fingerprint(self, path: str, module: nn.Module, kind: str, x: Tensor, output: Tensor, recorded: bool,
+                     rows: Optional[Tensor] = None, expand: Optional[str] = None) -> None:
+        """Keep what the forward replay compares of this call (its input's rows; its output's too
+        unless the module is of a registered type, whose own forward computes row i from input row i
+        only; a call reported by :func:`record_call` formed its output elsewhere: compared)."""
+        if not self._forwards:
+            return  # a batch of one: nothing to replay
+        if not self._in_forward:
+            self._outside = self._outside or f"{path} ({type(module).__name__})"
+            return
+        trusted = type(module) in RULES and not recorded
+        self._forwards[-1].prints.append((call_print(path, kind, x, None if trusted else output, rows), expand))
+
+    def _replay_call(self, path: str, module: nn.Module, x: Tensor, output: Tensor,
+                     recorded: bool) -> Optional[Tensor]:
+        """A hooked call of the replay: compared with the same call of the original forward (the
+        engine's expansion of a shared call applied again, so the forward runs as it did)."""
+        state = self._replaying
+        prints = state.forward.prints
+        if state.next >= len(prints) or prints[state.next][0].path != path:
+            raise _ReplayMismatch(path, module, "the sequence of layer calls changed")
+        original, expand = prints[state.next]
+        state.next += 1
+        trusted = type(module) in RULES and not recorded
+        rows = declared_rows(x)
+        again = call_print(path, original.kind, x, None if trusted else output, rows, copy=False)
+        if (original.output is None) != (again.output is None):
+            raise _ReplayMismatch(path, module, "the way this layer was called changed")
+        problem = replay_mismatch(original, again, state.chosen)
+        if problem:
+            raise _ReplayMismatch(path, module, problem)
+        if expand is None:
+            return None
+        return expand_rows(x, output, state.forward.batch, new_dim=expand == "shared")[1]
+
+    def _replay_last(self, path: str, module: nn.Module, x: Optional[Tensor]) -> None:
+        """Before the replay's last call: if the original compared only its input (a registered
+        layer, which computes row i of its output from input row i alone), compare that input
+        now and end the replay without computing the output."""
+        state = self._replaying
+        prints = state.forward.prints
+        last = prints[-1][0] if prints else None
+        if x is None or state.next != len(prints) - 1 or last.path != path or last.output is not None:
+            return
+        original = last
+        problem = replay_mismatch(original, call_print(path, original.kind, x, None, declared_rows(x)), state.chosen)
+        if problem:
+            raise _ReplayMismatch(path, module, problem)
+        state.next += 1
+        raise _ReplayDone()
+
+    def _forward_replay(self, forwards: list[_Forward], outside: Optional[str]) -> None:
+        """Run each forward of this step again with some samples perturbed (torch's RNG streams
+        restored to where the forward started, so dropout draws the same masks; restored again
+        afterwards) and fail if any hooked call's rows of the other samples changed at all, or its
+        shared input or output did (:func:`~fedpriv.clipping.provenance.replay_mismatch`)."""
+        if not forwards:
+            return
+        if outside is not None:
+            raise UnsupportedLayerError(
+                f"{outside} was called outside the model's forward, which the forward replay (the proof that no "
+                "row mixes samples) cannot run again; call it inside the model's forward")
+        for forward in forwards:
+            chosen = choose_perturbed(forward.batch, self._replay_draws)
+            args = tuple(perturb_samples(a, chosen, self._replay_draws) for a in forward.args)
+            kwargs = {k: perturb_samples(v, chosen, self._replay_draws) for k, v in forward.kwargs.items()}
+            cpu, cuda = forward.rng
+            self._replaying = _Replaying(forward, chosen)
+            try:
+                with torch.random.fork_rng(devices=[d for d, _ in cuda]), torch.enable_grad():
+                    torch.set_rng_state(cpu)
+                    for device, state in cuda:
+                        torch.cuda.set_rng_state(state, device)
+                    try:
+                        self.model(*args, **kwargs)
+                    except _ReplayDone:
+                        pass
+                done = self._replaying.next
+            except _ReplayMismatch as mismatch:
+                raise replay_error(*mismatch.args[:2], chosen, mismatch.args[2]) from None
+            except Exception as err:  # noqa: BLE001 - refused with the reason, whatever the model raised
+                raise UnsupportedLayerError(
+                    f"the model's forward raised {type(err).__name__} ({err}) in the forward replay (the proof that no "
+                    "row mixes samples: the same forward with some samples' inputs perturbed); a forward must run on "
+                    "any valid input of the same shapes") from err
+            finally:
+                self._replaying = None
+            if done != len(forward.prints):
+                path = forward.prints[done][0].path
+                module = dict(self.model.named_modules())[path]
+                raise replay_error(path, module, chosen, "the sequence of layer calls changed")
 
     # ------------------------------------------------------------------ backward side
 
@@ -358,6 +538,8 @@ class BookKeeping:
         calls, batch = self._calls, self._provenance.batch
         made_shared, call_args = self._provenance.made_shared, self._provenance.call_args
         made_inside = dict(self._provenance.made_inside)  # per-sample calls on probation
+        forwards, outside = self._forwards, self._outside
+        self._steps += 1
         self.clear()
         if per_sample_loss.dim() != 1:
             raise ValueError("per_sample_loss must have shape [B], got "
@@ -399,6 +581,8 @@ class BookKeeping:
                     check_separable(calls, grads, *probe, notes=made_inside)
                 self._separability_checked = True
                 self._proven_made_inside |= made_inside.keys()
+            with record_function("bk.forward_replay"):  # before any p.grad is written
+                self._forward_replay(forwards, outside)
         finally:
             self._in_backward = False
         with torch.no_grad():

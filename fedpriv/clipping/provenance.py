@@ -32,6 +32,20 @@ What it proves, for every hooked module call of one step:
    an engine's first backward and whenever some hooked input has the batch size in another dim
    too (:func:`ambiguous_batch_dim`), where a permutation of the batch with that dim keeps every
    shape.
+4. *No row depends on another sample in the forward* (the engine's forward replay,
+   :func:`replay_mismatch`). 1 proves that *some* sample reaches each row, and 3 sees backward
+   dependence only: a batch-centred input, or a detached batch statistic added between two layers,
+   passes both. The engine runs the step's forward again, with autograd on and torch's RNG streams
+   reset to where the forward started (dropout draws the same masks), on arguments whose rows of a
+   random half of the samples are :func:`perturbed` (:func:`perturb_samples`; at least one
+   perturbed, one kept), and fails if any hooked call's input rows of a kept sample differ in one
+   bit — for flattened positions, the rows of kept samples, in order; for a shared call, its whole
+   input — or its output rows, for a call whose output is not computed by a registered layer's own
+   forward (a subclass accepted by its computation, a :func:`record_call` product), or if the
+   sequence of calls changes. The output of a registered layer type (``RULES``) is not compared:
+   its forward computes output row i from input row i and the parameters alone (so the replay ends
+   before the last call when that is such a layer, a language model's output layer). It runs on
+   an engine's first steps and on every ``replay_every``-th step after (the engine's schedule).
 
 Assumptions: dim 0 of the model's input is the batch; a shared input that depends on the samples
 changes under the replay's perturbation (integer inputs resampled from their own values, float
@@ -41,12 +55,20 @@ nor a hooked call's input in place; a module that declares :func:`computed_from`
 truth; views are recognised by their storage (a view of the input shares its storage); the model's
 structure does not change between backwards without an ambiguous batch dim (the separability check
 is then not repeated); and a dependence across samples smaller than the check's float32 tolerance
-(1e-3 relative, on per-row fingerprints) goes unnoticed.
+(1e-3 relative, on per-row fingerprints) goes unnoticed. Of the forward replay: a forward that mixes
+samples does so at the replayed steps too (between two replays its mixing is assumed the same as at
+the next one; ``replay_every=1`` replays every step); a kept row that depends on a perturbed sample
+changes in some bit (a dependence the perturbation leaves unchanged, or one on kept samples only,
+is seen only at a replay whose random half separates them); the forward reads no state that earlier
+batches wrote other than the parameters; a registered rule's module computes its output row by row;
+and the per-sample loss is formed from the model's output row by row (checked by 3, on the first
+backward only).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence
 
 import torch
@@ -77,6 +99,20 @@ class RecordedCall(Protocol):
     input: Tensor
     edge: Any  # torch.autograd.graph.GradientEdge of the output
     rows: Optional[Tensor]  # a call on flattened positions: the sample of each input row
+
+
+def expand_rows(x: Tensor, output: Tensor, batch: int, new_dim: bool) -> tuple[Tensor, Tensor]:
+    """``x`` and ``output`` as ``expand`` views with ``batch`` rows: a new leading dim (a shared
+    call), or their size-1 dim 0 expanded (a made-inside call that broadcasts over the batch)."""
+    if new_dim:
+        x, output = x.unsqueeze(0), output.unsqueeze(0)
+    return x.expand((batch,) + tuple(x.shape[1:])), output.expand((batch,) + tuple(output.shape[1:]))
+
+
+def declared_rows(x: Tensor) -> Optional[Tensor]:
+    """The sample of each row of ``x`` if :func:`flat_positions` made it, else None (unchecked)."""
+    declared = getattr(x, _POSITIONS, None)
+    return None if declared is None else declared[1]
 
 
 def computed_from(value: Tensor, source: Tensor) -> Tensor:
@@ -166,13 +202,12 @@ class Provenance:
         """A made-inside call whose size-1 dim 0 broadcasts over the batch: input and output
         expanded along that dim to the batch (``expand`` views; the forward is unchanged wherever
         that dim broadcasts against the batch, and elsewhere the shapes break or the probe refuses)."""
-        return x.expand((self.batch,) + tuple(x.shape[1:])), output.expand((self.batch,) + tuple(output.shape[1:]))
+        return expand_rows(x, output, self.batch, new_dim=False)
 
     def expand_shared(self, x: Tensor, output: Tensor) -> tuple[Tensor, Tensor]:
         """A shared call's input and output with a new leading batch dim (``expand`` views); the
         output's storage is remembered, so a later call on it is not taken for a broadcast batch."""
-        x = x.unsqueeze(0).expand((self.batch,) + tuple(x.shape))
-        output = output.unsqueeze(0).expand((self.batch,) + tuple(output.shape))
+        x, output = expand_rows(x, output, self.batch, new_dim=True)
         self.shared_storages.add(output.untyped_storage().data_ptr())
         return x, output
 
@@ -399,3 +434,101 @@ def _fingerprint(g: Tensor, directions: Tensor) -> Tensor:
     rows = g.reshape(g.shape[0], math.prod(g.shape[1:]))
     squares = torch.linalg.vector_norm(rows, dim=1, keepdim=True).pow(2)  # no [B, N] temporary
     return torch.cat([squares, rows @ directions], 1).double()
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward replay: no row of a hooked call depends on another sample
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: Tensor) -> Tensor:
+    """``t``'s bits as integers of its width (a view), so that equality is bit equality (NaN too)."""
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.view(_BITS[t.element_size()]) if t.is_floating_point() else t
+
+
+@dataclass
+class CallPrint:
+    """What the forward replay compares of one hooked call: ``kind`` "rows" (dim 0 the batch),
+    "positions" (flattened positions; ``samples`` the sample of each row) or "whole" (a shared
+    input, or one broadcast over the batch: every sample's); its input (the tensor the engine keeps
+    anyway, which the model must not modify in place) and, where compared, a copy of its output."""
+
+    path: str
+    kind: str
+    input: Tensor
+    output: Optional[Tensor]
+    samples: Optional[Tensor] = None
+
+
+def call_print(path: str, kind: str, x: Tensor, output: Optional[Tensor], samples: Optional[Tensor] = None,
+               copy: bool = True) -> CallPrint:
+    """The :class:`CallPrint` of a call on ``x`` giving ``output`` (``None``: output not compared;
+    ``copy``: keep a copy of it, as a later in-place change of the output is allowed)."""
+    if output is not None:
+        output = output.detach().clone() if copy else output.detach()
+    return CallPrint(path, kind, x.detach(), output, samples)
+
+
+def choose_perturbed(batch: int, generator: torch.Generator) -> Tensor:
+    """Which samples a replay perturbs, [batch] bool: each with probability ½, at least one
+    perturbed and one kept (a batch of one has nothing to compare: never replayed)."""
+    chosen = torch.rand(batch, generator=generator) < 0.5
+    if not chosen.any():
+        chosen[int(torch.randint(batch, (1,), generator=generator))] = True
+    if chosen.all():
+        chosen[int(torch.randint(batch, (1,), generator=generator))] = False
+    return chosen
+
+
+def perturb_samples(value: Any, chosen: Tensor, generator: torch.Generator) -> Any:
+    """A model argument with the rows of the ``chosen`` samples replaced as :func:`perturbed`
+    would (a tensor whose dim 0 is the batch), other rows and arguments unchanged; a float tensor is
+    returned as a leaf that requires grad (as the engine traces the model's float inputs)."""
+    if not isinstance(value, Tensor) or value.dim() == 0:
+        return value
+    if value.shape[0] == chosen.shape[0] and value.numel():
+        mask = chosen.to(value.device).view((-1,) + (1,) * (value.dim() - 1))
+        value = torch.where(mask, perturbed(value, generator), value.detach())
+    return value.detach().requires_grad_(True) if value.is_floating_point() else value
+
+
+def _rows_differ(p: CallPrint, q: CallPrint, a: Tensor, b: Tensor, chosen: Tensor) -> bool:
+    """Whether ``a`` (of ``p``) and ``b`` (of ``q``, the replay) differ in a bit of a row of a
+    sample not ``chosen`` (for "whole", anywhere)."""
+    if p.kind == "whole":
+        return a.shape != b.shape or not torch.equal(_bits(a), _bits(b))
+    if p.kind == "rows":
+        if a.shape != b.shape:
+            return True
+        changed = (_bits(a) != _bits(b)).reshape(a.shape[0], -1).any(1)
+        return bool(changed[~chosen.to(changed.device)].any())
+    keep_a, keep_b = ~chosen.to(a.device)[p.samples], ~chosen.to(b.device)[q.samples]
+    a, b = a[keep_a], b[keep_b]
+    return a.shape != b.shape or not torch.equal(_bits(a), _bits(b))
+
+
+def replay_mismatch(original: CallPrint, again: CallPrint, chosen: Tensor) -> Optional[str]:
+    """What of ``original`` changed in the replay ``again`` where it must not (rows of samples not
+    ``chosen``; for "whole", everything), or None."""
+    if again.kind != original.kind or again.input.shape[1:] != original.input.shape[1:]:
+        return f"its input's shape changed from {tuple(original.input.shape)} to {tuple(again.input.shape)}"
+    for what in ("input", "output"):
+        a, b = getattr(original, what), getattr(again, what)
+        if a is not None and b is not None and _rows_differ(original, again, a, b, chosen):
+            return (f"its {what} changed" if original.kind == "whole"
+                    else f"its {what} rows of the samples left unchanged changed")
+    return None
+
+
+def replay_error(path: str, module: nn.Module, chosen: Tensor, what: str) -> UnsupportedLayerError:
+    """The refusal of a forward replay that found ``what`` at call ``path``."""
+    samples = ", ".join(str(int(i)) for i in torch.nonzero(chosen)[:, 0][:8]) + (", ..." if chosen.sum() > 8 else "")
+    return UnsupportedLayerError(
+        f"{path} ({type(module).__name__}): in a forward replay with sample(s) {samples} of the batch perturbed, "
+        f"{what}, so the model mixes samples in its forward (a batch mean or other statistic over dim 0, "
+        "detached or not, batch centring, an op across the batch); per-sample clipping would then not bound "
+        "one sample's influence on the sum; compute each row from its own sample only")

@@ -8,8 +8,10 @@ on neither the input nor the weights (``base`` is ``F.linear`` or ``F.embedding`
 ``∂L/∂W = s · (the base rule's contribution of ∂L/∂y)``: the base layer's rule applied to ``s·g``.
 The check runs once, when the engine inspects the model: the forward on two probe inputs and at
 two weight settings (``W, b`` and ``2W, 2b``, by ``torch.func.functional_call``, nothing written),
-no autograd, the RNG state restored. A forward that reads other inputs (OPT's positions from an
-attention mask), mixes weights otherwise, or scales per feature is refused with the reason.
+once under ``torch.no_grad()`` and once with grad enabled and the weights requiring grad (a forward
+that differs between the two is refused), the RNG state restored. A forward that reads other inputs
+(OPT's positions from an attention mask), mixes weights otherwise, or scales per feature is refused
+with the reason.
 """
 
 from __future__ import annotations
@@ -43,16 +45,20 @@ def _close(a: Tensor, b: Tensor, scale: float) -> bool:
     return a.shape == b.shape and bool(((a - b).abs().max() <= RTOL * max(scale, 1e-12)))
 
 
-def base_scale(module: Union[nn.Linear, nn.Embedding]) -> Union[float, str]:
-    """``s`` of ``y = s · base(x) + c`` (module docstring), or the reason it is not of that form."""
-    weights = {n: p.detach() for n, p in module.named_parameters(recurse=False) if n in ("weight", "bias")}
-    doubled = {n: 2 * w for n, w in weights.items()}
+def _scale_in_mode(module: Union[nn.Linear, nn.Embedding], grad: bool) -> Union[float, str]:
+    """``s`` of the module docstring's form with autograd on (``grad``: weights and float probe
+    inputs require grad, as in training) or off, or the reason it is not of that form."""
+    weights = {n: p.detach().requires_grad_(grad) for n, p in module.named_parameters(recurse=False)
+               if n in ("weight", "bias")}
+    doubled = {n: (2 * w).detach().requires_grad_(grad) for n, w in weights.items()}
     generator = torch.Generator().manual_seed(0x5CA1E)  # fixed probe inputs of a structural check
     offsets = []
     scale = None
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    with torch.set_grad_enabled(grad), torch.random.fork_rng(devices=[]):
         for _ in range(2):
             x = _probe_input(module, generator)
+            if grad and x.is_floating_point():
+                x.requires_grad_(True)
             try:
                 once = functional_call(module, weights, (x,))
                 twice = functional_call(module, doubled, (x,))
@@ -61,7 +67,8 @@ def base_scale(module: Union[nn.Linear, nn.Embedding]) -> Union[float, str]:
                         f"raised {type(err).__name__}: {err})")
             if not isinstance(once, Tensor) or not isinstance(twice, Tensor):
                 return "its forward does not return one tensor"
-            ref = _base(module, x, weights)
+            once, twice, x = once.detach(), twice.detach(), x.detach()
+            ref = _base(module, x, {n: w.detach() for n, w in weights.items()})
             if once.shape != ref.shape:
                 return f"its output has shape {tuple(once.shape)}, the base layer's {tuple(ref.shape)}"
             linear = (twice - once).double()
@@ -85,6 +92,21 @@ def hf_family(cls: type) -> Optional[str]:
     → ``"opt"``), from its module name only (nothing imported), or None."""
     parts = cls.__module__.split(".")
     return parts[2] if len(parts) > 2 and parts[:2] == ["transformers", "models"] else None
+
+
+def base_scale(module: Union[nn.Linear, nn.Embedding]) -> Union[float, str]:
+    """``s`` of ``y = s · base(x) + c`` (module docstring), or the reason it is not of that form.
+    Probed with autograd off and on (training runs with it on): a forward that computes something
+    else in one mode (branching on ``torch.is_grad_enabled()`` or ``requires_grad``) is refused."""
+    plain, trained = _scale_in_mode(module, False), _scale_in_mode(module, True)
+    if isinstance(trained, str) or isinstance(plain, str):
+        if plain == trained:
+            return trained
+        return f"with grad enabled {trained}" if isinstance(trained, str) else f"under torch.no_grad() {plain}"
+    if abs(trained - plain) > RTOL * abs(plain):
+        return (f"its scale is {trained:g} with grad enabled and {plain:g} under torch.no_grad() (its forward "
+                "depends on the grad mode)")
+    return trained
 
 
 def subclass_rule(module: nn.Module) -> Optional[Union[LayerRule, str]]:

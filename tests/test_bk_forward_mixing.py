@@ -1,0 +1,291 @@
+"""Book-Keeping refuses models that mix samples in the forward (issue 41, M1).
+
+Provenance proves that some sample reaches each row of a hooked call, and the separability probe
+sees backward dependence only, at the first backward; neither shows that row i depends on sample i
+alone. The engine's forward replay (``BookKeeping._forward_replay``, provenance.py's item 4) does:
+the model's forward again with a random half of the samples perturbed (the RNG restored, so dropout
+draws the same masks), where every hooked call's rows of the other samples must stay bit-identical,
+on the first four steps and every eighth after (every step with ``replay_every=1``). Each mixing
+model below was accepted before it (the replace-one move of the clipped sum, sigma = 0, then
+exceeds 2C) and is refused now; shipped models keep the bound.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedpriv.clipping import BookKeeping, UnsupportedLayerError, flat_positions
+from fedpriv.clipping.engine import BookKeeping as _Engine
+from fedpriv.models import LSTMLanguageModel, TransformerLanguageModel
+
+from tests.test_clipping import class_loss, lm_loss, one_thread, tokens  # noqa: F401 (the fixture)
+
+VOCAB = 30
+MIXING = r"forward replay .* mixes samples"
+
+
+# ----------------------------------------------------------------------------- models that mix
+
+
+class CentredInput(nn.Module):
+    """``x - x.mean(0)`` before the first layer: every row carries every sample's input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 9), nn.Linear(9, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x - x.mean(0)))
+
+
+class DetachedStatistic(nn.Module):
+    """A detached batch statistic added between two layers (no backward path across samples)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 9), nn.Linear(9, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(h + h.detach().mean(0))
+
+
+class MixesLater(nn.Module):
+    """Centres its hidden rows over the batch once ``mixing`` is set (from the second step)."""
+
+    def __init__(self, mixing: bool = False) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 9), nn.Linear(9, 3)
+        self.mixing = mixing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(h - h.mean(0) if self.mixing else h)
+
+
+class GradOnly(nn.Linear):
+    """An ``nn.Linear`` subclass whose forward differs only with grad enabled."""
+
+    kind = "mix"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        if not torch.is_grad_enabled():
+            return y
+        return y - y.mean(0) if self.kind == "mix" else 3 * y
+
+
+class WithGradOnly(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.a, self.b = GradOnly(6, 9), nn.Linear(9, 3)
+        self.a.kind = kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
+class FlatDetached(nn.Module):
+    """The output layer on flattened positions whose features carry a detached batch mean."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.out = nn.Embedding(VOCAB, 8), nn.Linear(8, VOCAB)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        return self.out(flat_positions(h + h.detach().mean(0), keep))
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def data(b: int = 8, seed: int = 0, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return scale * torch.randn(b, 6, generator=g), torch.randint(0, 3, (b,), generator=g)
+
+
+def clipped_sum(model: nn.Module, loss_fn: Callable, batch: tuple, clip: float, seed: int = 0,
+                before: Callable[[nn.Module], None] | None = None, **backward) -> torch.Tensor:
+    """BK's clipped sum (sigma = 0) of ``loss_fn(model, *batch)`` on a copy of ``model`` (flat).
+    ``before``: run on the copy after one earlier step on the same batch (a later-step model)."""
+    model = copy.deepcopy(model)
+    bk = BookKeeping(model, clip_norm=clip)
+    if before is not None:
+        torch.manual_seed(seed)
+        bk.backward(loss_fn(model, *batch), **backward)
+        before(model)
+    torch.manual_seed(seed)  # the same dropout masks for both neighbours
+    bk.backward(loss_fn(model, *batch), **backward)
+    bk.detach()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
+
+
+def replace_one_ratio(model: nn.Module, loss_fn: Callable, batch: tuple, other: tuple, clip: float,
+                      **kw) -> float:
+    """``||S(D) - S(D')|| / 2C`` for D' = D with sample 0 replaced by ``other``'s sample 0 (every
+    tensor of ``batch`` is batch-first): at most 1 when each sample moves only its own clipped term."""
+    swapped = tuple(torch.cat([o[:1], x[1:]]) for x, o in zip(batch, other))
+    move = clipped_sum(model, loss_fn, batch, clip, **kw) - clipped_sum(model, loss_fn, swapped, clip, **kw)
+    return float(move.norm()) / (2 * clip)
+
+
+def no_replay(monkeypatch) -> None:
+    """What the engine accepted before the forward replay (to measure why it must refuse)."""
+    monkeypatch.setattr(_Engine, "_forward_replay", lambda self, *a, **k: None, raising=False)
+
+
+def step_twice(model: MixesLater) -> BookKeeping:
+    """Step 1 without mixing (accepted: nothing mixes yet), then mixing on; returns the engine."""
+    bk = BookKeeping(model, clip_norm=1.0)
+    bk.backward(class_loss(model, *data()))
+    model.mixing = True
+    return bk
+
+
+# ----------------------------------------------------------------------------- refused
+
+
+@pytest.mark.parametrize("kind", [CentredInput, DetachedStatistic])
+def test_a_model_that_mixes_samples_in_its_forward_is_refused_naming_the_layer(kind) -> None:
+    model = kind()
+    bk = BookKeeping(model, clip_norm=1.0)
+    with pytest.raises(UnsupportedLayerError, match=r"^(a|b) \(Linear\): .*" + MIXING):
+        bk.backward(class_loss(model, *data()))
+    assert all(p.grad is None for p in model.parameters())  # nothing half-written
+
+
+def test_mixing_that_starts_at_the_second_step_is_refused_at_that_step() -> None:
+    model = MixesLater()
+    bk = step_twice(model)
+    before = [p.grad.clone() for p in model.parameters()]
+    with pytest.raises(UnsupportedLayerError, match=r"^b \(Linear\): .*" + MIXING):
+        bk.backward(class_loss(model, *data(seed=1)))
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), before))  # the refused step wrote nothing
+
+
+def test_the_same_mixing_from_the_first_step_is_refused() -> None:
+    model = MixesLater(mixing=True)
+    with pytest.raises(UnsupportedLayerError):
+        BookKeeping(model, clip_norm=1.0).backward(class_loss(model, *data()))
+
+
+def test_mixing_on_flattened_positions_is_refused() -> None:
+    model = FlatDetached()
+    x = tokens(6, 7, VOCAB, pad_tail=True)
+    keep = x != 0
+    bk = BookKeeping(model, clip_norm=1.0)
+    logits = model(x, keep)
+    ce = F.cross_entropy(logits, x[keep], reduction="none")
+    with pytest.raises(UnsupportedLayerError, match=r"^out \(Linear\): .*" + MIXING):
+        bk.backward(ce.new_zeros(6).index_add(0, torch.nonzero(keep)[:, 0], ce))
+
+
+@pytest.mark.parametrize("kind", ["mix", "scale"])
+def test_a_linear_subclass_that_differs_only_with_grad_enabled_is_refused(kind: str) -> None:
+    with pytest.raises(UnsupportedLayerError, match=r"^a \(GradOnly\): it subclasses nn.Linear but .*grad"):
+        BookKeeping(WithGradOnly(kind), clip_norm=1.0)
+
+
+# ----------------------------------------------------------------------------- why: the bound
+
+
+@pytest.mark.parametrize("kind, later", [(CentredInput, False), (DetachedStatistic, False), (MixesLater, True)])
+def test_without_the_replay_these_models_break_the_replace_one_bound(monkeypatch, kind, later) -> None:
+    """sigma = 0: one replaced sample moves the clipped sum by more than 2C (so they must be refused)."""
+    no_replay(monkeypatch)
+    torch.manual_seed(0)
+    mix = (lambda m: setattr(m, "mixing", True)) if later else None
+    ratio = replace_one_ratio(kind(), class_loss, data(), data(seed=5, scale=30.0), clip=1e-3, before=mix)  # an outlier
+    assert ratio > 1.05, ratio
+
+
+def lstm_flat_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    from fedpriv.metrics import sequence_token_losses
+    ce, count = sequence_token_losses(model, x, 0, flat=True)
+    return ce / count.clamp(min=1)
+
+
+def gpt2(seed: int = 0) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=2, n_head=2)
+    return transformers.GPT2LMHeadModel(config).train()  # dropout 0.1 everywhere: the replay restores the RNG
+
+
+@pytest.mark.parametrize("name", ["lstm", "lstm_flat", "transformer", "gpt2"])
+def test_shipped_models_are_accepted_and_keep_the_replace_one_bound(name: str) -> None:
+    torch.manual_seed(0)
+    if name.startswith("lstm"):
+        model, loss = LSTMLanguageModel(VOCAB, 8, 12, 8), (lstm_flat_loss if name == "lstm_flat" else lm_loss)
+    elif name == "transformer":
+        model, loss = TransformerLanguageModel(VOCAB, d_model=16, num_layers=2, num_heads=2, ff_dim=32,
+                                               max_len=8), lm_loss
+    else:
+        model, loss = gpt2(), (lambda m, x: lm_loss(lambda t: m(t).logits, x))
+    batch, other = (tokens(6, 8, VOCAB, pad_tail=True),), (tokens(6, 8, VOCAB, seed=9),)
+    ratio = replace_one_ratio(model, loss, batch, other, clip=1e-4)
+    assert 0.5 < ratio <= 1 + 1e-4, ratio
+
+
+def test_the_replay_runs_on_its_schedule_and_restores_the_rng() -> None:
+    """The first four steps and every eighth after are replayed (one more forward each), the RNG
+    is left as it was; a batch of one sample has nothing to compare and is not replayed."""
+    calls = []
+    model = LSTMLanguageModel(VOCAB, 8, 12, 8)
+    model.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[0]))
+    bk = BookKeeping(model, clip_norm=1e-2)
+    replayed = []
+    for step in range(10):
+        before = len(calls)
+        loss = lm_loss(model, tokens(5, 8, VOCAB, seed=step))
+        state = torch.get_rng_state()
+        bk.backward(loss)
+        assert torch.equal(torch.get_rng_state(), state)
+        replayed.append(len(calls) - before == 2)
+    assert replayed == [True] * 4 + [False] * 4 + [True, False]
+    bk.detach()
+    every = BookKeeping(model, clip_norm=1e-2, replay_every=1)
+    before = len(calls)
+    for step in range(6):
+        every.backward(lm_loss(model, tokens(5, 8, VOCAB, seed=step)))
+    assert len(calls) - before == 12
+    every.backward(lm_loss(model, tokens(1, 8, VOCAB)))
+    assert calls[-1] == 1 and len(calls) - before == 13
+
+
+@pytest.mark.parametrize("every, refused_at", [(8, 8), (1, 6)])
+def test_mixing_that_starts_later_is_refused_at_the_next_replayed_step(every: int, refused_at: int) -> None:
+    """What the schedule leaves assumed: mixing that starts between replays (step 6 here) is
+    refused at the next replayed step (8 by default), at once with ``replay_every=1``."""
+    model = MixesLater()
+    bk = BookKeeping(model, clip_norm=1.0, replay_every=every)
+    for step in range(refused_at):
+        model.mixing = step >= 6
+        bk.backward(class_loss(model, *data(seed=step)))
+    model.mixing = True
+    with pytest.raises(UnsupportedLayerError, match=MIXING):
+        bk.backward(class_loss(model, *data(seed=refused_at)))
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+def test_replay_every_must_be_a_positive_integer(value) -> None:
+    with pytest.raises(ValueError, match="replay_every must be an integer >= 1"):
+        BookKeeping(MixesLater(), clip_norm=1.0, replay_every=value)
+
+
+def test_grouped_rows_and_flattened_positions_are_accepted() -> None:
+    """One-pass DP-FedSGD's layout: rows grouped by user, the head on flattened positions."""
+    torch.manual_seed(0)
+    model = LSTMLanguageModel(VOCAB, 8, 12, 8)
+    bk = BookKeeping(model, clip_norm=1e-2)
+    for seed in range(2):
+        bk.backward(lstm_flat_loss(model, tokens(6, 8, VOCAB, pad_tail=True, seed=seed)),
+                    groups=torch.tensor([0, 0, 1, 2, 2, 2]))
+    assert bk.last_norms.shape == (3,)
