@@ -190,7 +190,7 @@ class BookKeeping:
     restored) and refuses a model whose hooked calls' rows of the other samples change: a model
     that mixes samples in its forward (:mod:`fedpriv.clipping.provenance`, 4). It does so on the
     first ``REPLAY_FIRST`` (4) steps of the engine and on every ``replay_every``-th step after
-    (default 8; 1: every step, one more forward per step, about +20% of a step on the LSTM and the
+    (default 8; 1: every step, one more forward per step, about +25% of a step on the LSTM and the
     transformer); a step with one sample is not replayed (nothing to compare). Every hooked call
     must be made inside the model's forward (the replay runs that forward again).
 
