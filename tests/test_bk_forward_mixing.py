@@ -289,3 +289,22 @@ def test_grouped_rows_and_flattened_positions_are_accepted() -> None:
         bk.backward(lstm_flat_loss(model, tokens(6, 8, VOCAB, pad_tail=True, seed=seed)),
                     groups=torch.tensor([0, 0, 1, 2, 2, 2]))
     assert bk.last_norms.shape == (3,)
+
+
+class HalfInside(nn.Module):
+    """Its forward runs ``a`` only; the caller applies ``b`` outside it (where nothing replays it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 9), nn.Linear(9, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x)
+
+
+def test_a_layer_called_outside_the_models_forward_is_refused_on_a_replayed_step() -> None:
+    model = HalfInside()
+    x, y = data()
+    bk = BookKeeping(model, clip_norm=1.0)
+    with pytest.raises(UnsupportedLayerError, match=r"^b \(Linear\) was called outside the model's forward"):
+        bk.backward(F.cross_entropy(model.b(model(x)), y, reduction="none"))
