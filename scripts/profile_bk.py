@@ -8,7 +8,8 @@ non-private step (``nn.LSTM`` for the LSTM) and BK mixopt, each profiled for ``-
 after warm-up, alternating. Phases are the profiler scopes the engine opens
 (``bk.hooks.<layer>``, ``bk.audit``, ``bk.output_gradients`` (the ghost backward: output
 gradients only), ``bk.contributions.<layer>``, ``bk.norms.<layer>`` (ghost or instantiated
-per-sample norms), ``bk.clipped_sum.<layer>`` (the book-kept weighted sum), ``bk.noise``) and
+per-sample norms), ``bk.clipped_sum.<layer>`` (the book-kept weighted sum), ``bk.noise``,
+``bk.forward_replay`` (on an engine's first 4 steps and every 8th after)) and
 this script's own (``step.forward``: forward and loss, ``step.backward``, ``step.update``).
 Reported per step: wall time of each scope (inclusive; nested bk scopes are inside
 ``step.*``), and the heaviest aten ops of each mode. Profiling adds overhead: use the ratios of
