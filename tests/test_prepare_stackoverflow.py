@@ -185,10 +185,10 @@ def test_a_destination_that_appears_meanwhile_is_never_replaced(src: Path, monke
 
 
 def test_the_loader_note_names_the_command(src: Path, caplog: pytest.LogCaptureFixture, capsys) -> None:
-    with caplog.at_level(logging.INFO, logger="fedpriv.data.stackoverflow"):
+    with caplog.at_level(logging.INFO, logger="fedpriv"):
         load(src)
     warning = [r.getMessage() for r in caplog.records if "no index" in r.getMessage()]
-    assert warning == [f"{src} has no index on examples(client_id): its users are read through a map of row ranges "
-                       "made with one pass over the table at the first load (cached in $FEDPRIV_CACHE); an indexed "
-                       f"copy needs no pass: python -m fedpriv.data.prepare_stackoverflow {src}"]
+    assert warning == [f"{src} has no index on examples(client_id): mapping its users to rowid ranges with one pass "
+                       "over the table, once (the map is cached in $FEDPRIV_CACHE); an indexed copy needs no pass: "
+                       f"python -m fedpriv.data.prepare_stackoverflow {src}"]
     assert "sqlite3 " not in warning[0] and capsys.readouterr().out == ""  # logged, never printed
