@@ -46,6 +46,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedpriv.clipping import BookKeeping  # noqa: E402
+from fedpriv.clipping.engine import REPLAY_EVERY  # noqa: E402
 from fedpriv.models import LSTMLanguageModel, TransformerLanguageModel  # noqa: E402
 from fedpriv.rundir import write_json  # noqa: E402
 
@@ -190,13 +191,19 @@ def make_steps(name: str, only: str | None = None) -> dict:
     elif want("non-private"):
         steps["non-private"] = plain(fedpriv_model(name))
 
-    # "BK mixopt σ=0": clipping alone; what the noise draw costs is its difference to "BK mixopt"
-    for label, mode, sigma in (("BK ghost", "ghost", SIGMA), ("BK instantiate", "instantiate", SIGMA),
-                               ("BK mixopt", "mixopt", SIGMA), ("BK mixopt σ=0", "mixopt", 0.0)):
+    # "BK mixopt σ=0": clipping alone; what the noise draw costs is its difference to "BK mixopt".
+    # The forward replay (the sample-mixing check) runs on an engine's first 4 steps, all in the
+    # warm-up, then on every replay_every-th: "replay every step" and "no replay" bracket its cost.
+    for label, mode, sigma, every in (("BK ghost", "ghost", SIGMA, REPLAY_EVERY),
+                                      ("BK instantiate", "instantiate", SIGMA, REPLAY_EVERY),
+                                      ("BK mixopt", "mixopt", SIGMA, REPLAY_EVERY),
+                                      ("BK mixopt σ=0", "mixopt", 0.0, REPLAY_EVERY),
+                                      ("BK mixopt replay every step", "mixopt", SIGMA, 1),
+                                      ("BK mixopt no replay", "mixopt", SIGMA, NO_REPLAY)):
         if not want(label):
             continue
         model = fedpriv_model(name)
-        bk = BookKeeping(model, clip_norm=CLIP, noise_multiplier=sigma, mode=mode)
+        bk = BookKeeping(model, clip_norm=CLIP, noise_multiplier=sigma, mode=mode, replay_every=every)
 
         def bk_step(model=model, bk=bk):
             bk.backward(per_sample_loss(model(x), y))
@@ -281,6 +288,9 @@ def opacus_step(name: str, reference: nn.Module, x, y, batch: int, ghost: bool):
         per_sample_loss(module(x), y).sum().backward()
         opt.step()
     return step
+
+
+NO_REPLAY = 10**9  # replays only in the first 4 steps (the warm-up, with --warmup 4)
 
 
 def time_round_robin(steps: dict, iters: int, warmup: int) -> dict[str, list[float]]:
