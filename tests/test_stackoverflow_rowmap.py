@@ -166,7 +166,7 @@ def test_the_data_file_is_never_written(tmp_path: Path, cache: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "bad_offsets", "unsorted_ids", "wrong_max_rowid",
-                                    "overlapping_test_runs"])
+                                    "overlapping_test_runs", "overlapping_train_runs"])
 def test_a_corrupt_cache_entry_is_ignored_and_rebuilt(tmp_path: Path, cache: Path, builds: list[int],
                                                       damage: str) -> None:
     path = _write(tmp_path, _rows())
@@ -185,6 +185,10 @@ def test_a_corrupt_cache_entry_is_ignored_and_rebuilt(tmp_path: Path, cache: Pat
         elif damage == "overlapping_test_runs":  # one run twice: its rows could be drawn twice
             for name in ("test_starts", "test_ends", "test_counts"):
                 stored[name] = stored[name][[0, 0, *range(1, len(stored[name]))]]
+        elif damage == "overlapping_train_runs":  # the first user's first run twice: its rows read twice
+            for name in ("starts", "ends"):
+                stored[name] = stored[name][[0, *range(len(stored[name]))]]
+            stored["offsets"] = torch.cat([stored["offsets"][:1], stored["offsets"][1:] + 1])
         else:
             stored["max_rowid"] += 1
         save_entry(entry_path, stored.pop("key"), stored)

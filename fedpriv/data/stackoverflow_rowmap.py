@@ -29,7 +29,9 @@ size and mtime) or poisoned (anyone who can write the cache), and its ranges the
 wrong rows: a test run over a user's train rows would publish un-noised test metrics on that
 user's training data. So every read filters on the split as well as the rowid range: a train read
 on ``split_name = 'train' AND client_id = ?``, a test read on ``split_name = 'test'``. A train read
-returns only rows of its own user (perhaps fewer, or some twice); a test read that returns fewer
+returns only rows of its own user (perhaps fewer; never one twice: a cached entry
+whose runs of one user are not in rowid order and disjoint is refused, as a duplicated example
+would be two units of central DP-SGD); a test read that returns fewer
 rows than the map counts raises :class:`RowMapMismatch`, and the loader then maps the file again
 (refusing, with one line, if the new map does not match either). The extra predicates are written ``+split_name``, which
 keeps SQLite on the rowid B-tree whatever other index the file has. The entry lists every train
@@ -263,6 +265,11 @@ def _from_entry(entry: dict) -> RowMap | None:
         offsets, starts, ends = a["offsets"], a["starts"], a["ends"]
         if (len(offsets) != k + 1 or offsets[0] != 0 or (np.diff(offsets) < 0).any()
                 or offsets[-1] != len(starts) or len(ends) != len(starts) or (ends < starts).any()):
+            return None
+        follows = np.ones(max(len(starts) - 1, 0), dtype=bool)  # run i+1 is the same user's as run i
+        firsts = offsets[1:-1]
+        follows[firsts[(firsts >= 1) & (firsts < len(starts))] - 1] = False
+        if (starts[1:][follows] <= ends[:-1][follows]).any():  # a user's runs in rowid order, disjoint
             return None
         if not len(a["test_starts"]) == len(a["test_ends"]) == len(a["test_counts"]):
             return None
