@@ -283,11 +283,17 @@ class RunDirectory:
         to :data:`FIXED_TIME` (symbolic links themselves, never their targets). A secure run calls
         it after each round's outputs and after its last write (module docstring, "Times")."""
         paths = [os.path.join(root, name) for root, dirs, files in os.walk(self.path) for name in dirs + files]
+        unsettled = []
         for path in [*paths, self.path]:  # the directory last: nothing changes it after
             try:
                 os.utime(path, (FIXED_TIME, FIXED_TIME), follow_symlinks=False)
             except FileNotFoundError:
                 pass  # a temporary file renamed away meanwhile (or a directory removed under a failed run)
+            except OSError as err:  # e.g. another user's file: never masks the run's own outcome
+                unsettled.append(f"{path} ({err.strerror})")
+        if unsettled:
+            warnings.warn(f"could not set the times of {len(unsettled)} path(s) in the run directory, which "
+                          f"therefore show when they were written: {', '.join(unsettled[:3])}", stacklevel=2)
 
     # ------------------------------------------------------------ reads
 

@@ -65,3 +65,29 @@ def test_a_secure_run_directory_holds_no_file_times(tmp_path):
     assert all(s.st_mtime == FIXED_TIME for s in stats.values())
     assert all(s.st_atime == FIXED_TIME for p, s in stats.items() if p.is_file())
     assert os.stat(tmp_path / "research" / "summary.json").st_mtime > FIXED_TIME + 1e9  # a real time
+
+
+def test_a_path_whose_times_cannot_be_set_warns_and_never_raises(tmp_path, monkeypatch):
+    """settle_times runs in train's finally: a file it may not touch (another user's) gives one
+    warning, never an exception that would mask the run's own outcome."""
+    import warnings
+
+    from fedpriv import rundir
+
+    run = rundir.RunDirectory(tmp_path / "r")
+    run.path.mkdir()
+    (run.path / "theirs.txt").write_text("x")
+    (run.path / "ours.txt").write_text("y")
+    real = os.utime
+
+    def utime(path, *args, **kwargs):
+        if str(path).endswith("theirs.txt"):
+            raise PermissionError(1, "Operation not permitted")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(rundir.os, "utime", utime)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.settle_times()
+    assert [str(w.message) for w in caught if "theirs.txt" in str(w.message)]
+    assert os.stat(run.path / "ours.txt").st_mtime == FIXED_TIME
