@@ -255,6 +255,8 @@ def test_the_ledger_splits_the_confidence_over_its_prefix_claims():
         expected = min(mc.epsilon(ledger.dp_event(c), 1e-2, shared) for c in prefix_checkpoints(16) if c >= n)
         assert ledger.epsilon(n) == expected
     assert ledger._accountant_settings()["candidates"] == MC_PREFIX_CHECKPOINTS
+    with pytest.raises(ValueError, match="cover the planned 16 rounds"):  # outside the union bound
+        ledger.epsilon(17)
 
 
 # ---------------------------------------------------------------- the calculator

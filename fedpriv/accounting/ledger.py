@@ -199,11 +199,17 @@ class PrivacyLedger:
         """The Monte-Carlo claim reported for ``n`` rounds: the smallest of the claims of every
         prefix checkpoint ≥ n (a release of n rounds is a post-processing of any longer one, so each
         of them bounds its ε; the confidence is split over the checkpoints, :func:`prefix_claim_settings`,
-        so the smallest holds at the stated confidence); beyond the planned rounds, or without a
-        plan, the claim for n itself. Taking the smallest over all longer prefixes makes the
-        reported ε non-decreasing in n although each claim has its own samples."""
+        so the smallest holds at the stated confidence). Taking the smallest over all longer
+        prefixes makes the reported ε non-decreasing in n although each claim has its own samples.
+        Beyond the planned rounds no checkpoint covers n, and a claim made there would fall outside
+        the union bound: refused (a run never goes past its plan). Without a plan (the API only:
+        every run has one) the claim for n itself, each such claim at the stated confidence on its
+        own, not jointly."""
         planned = self.planned_rounds
-        if not planned or n > planned:
+        if planned and n > planned:
+            raise ValueError(f"the Monte-Carlo claims cover the planned {planned} rounds, not {n}: the confidence "
+                             "is split over the plan's prefix checkpoints")
+        if not planned:
             return self._claim(n)
         return min((self._claim(c) for c in prefix_checkpoints(planned) if c >= n), key=lambda claim: claim["epsilon"])
 
