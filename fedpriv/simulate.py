@@ -33,13 +33,24 @@ def check_args(args: list[str]) -> None:
 def print_help(args: list[str]) -> None:
     """``--help`` (``-h``): the usage, the experiments, and every key of the config the other
     arguments compose (``+experiment=smoke --help`` shows the smoke values) with its value and its
-    one-line meaning (the schema's comments, :func:`fedpriv.schema.describe`); exit 0. Bad
-    overrides are one ``error:`` line and exit 2, as for a run."""
+    one-line meaning (the schema's comments, :func:`fedpriv.schema.describe`); of a sweep (``-m``),
+    its first member's. Bad overrides are one ``error:`` line and exit 2, as for a run."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
     from fedpriv.compose import compose_config, group_options
     from fedpriv.errors import ConfigError
     from fedpriv.schema import describe, parse
 
-    overrides = [a for a in args if a not in ("-h", "--help", "-m", "--multirun")]
+    parser, overrides, swept = OverridesParser.create(), [], False
+    for arg in (a for a in args if a not in ("-h", "--help", "-m", "--multirun")):
+        try:
+            override = parser.parse_override(arg)
+        except HydraException:
+            override = None  # compose_config refuses it in one line
+        if override is not None and override.is_sweep_override():  # the first member's value
+            arg, swept = f"{arg.partition('=')[0]}={next(override.sweep_string_iterator())}", True
+        overrides.append(arg)
     try:
         lines = describe(parse(compose_config(overrides)))
     except ConfigError as err:
@@ -47,7 +58,8 @@ def print_help(args: list[str]) -> None:
     print("usage: python -m fedpriv.simulate [+experiment=NAME] [key=value ...]        one run\n"
           "       python -m fedpriv.simulate -m [+experiment=NAME] [key=a,b ...]    a sweep: a run per combination\n"
           f"experiments (+experiment=NAME; two as +experiment=[a,b]): {', '.join(group_options('experiment'))}\n"
-          "keys (key=value), with the values of this command line and what each means:")
+          f"keys (key=value), with the values of this command line{' (its first sweep member)' if swept else ''} "
+          "and what each means:")
     print("\n".join(f"  {line}" for line in lines))
     print("Hydra's own flags: --hydra-help. Outputs of a run: docs/OUTPUTS.md.")
     sys.exit(0)
@@ -157,7 +169,9 @@ def main() -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
     if {"-h", "--help"} & set(sys.argv[1:]):
-        print_help(sys.argv[1:])
+        rest = [a for a in sys.argv[1:] if a not in ("-h", "--help")]
+        check_args(rest)  # the refusals a run of the same line gets (every sweep member), then the help
+        print_help(rest)
     check_args(sys.argv[1:])
     _note_preexisting(sys.argv[1:])
     import hydra

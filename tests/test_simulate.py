@@ -142,6 +142,16 @@ def test_help_lists_every_key_with_its_value_and_meaning(run_cli):
     assert any(line.startswith("      vocab_size: 300  # words in the Zipf vocabulary") for line in keys)
 
 
+def test_help_gives_a_runs_refusals_and_describes_a_sweeps_first_member(run_cli):
+    bad = run_cli("rounds", "3", "--help")  # the refusal a run of the same line gets, naming the fix
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: override 'rounds' is not key=value; write rounds=3 (~rounds deletes a key)"], bad.stderr
+    sweep = run_cli("-m", "+experiment=smoke", "rounds=5,6", "--help")
+    assert sweep.returncode == 0, sweep.stderr
+    assert "(its first sweep member)" in sweep.stdout
+    assert any(line.startswith("  rounds: 5  # ") for line in sweep.stdout.splitlines())
+
+
 def test_every_key_of_every_registered_option_has_a_meaning():
     from fedpriv.compose import compose_config
     from fedpriv.schema import GROUPS, describe, options, parse
