@@ -71,10 +71,11 @@ is_int "$TIMEOUT" || usage "--timeout must be a positive integer (seconds), got 
 [[ -x "$BIN/flower-superlink" ]] || usage "$BIN/flower-superlink not found: run 'make venv' first"
 if [[ -e "$OUT/summary.json" ]]; then usage "$OUT already holds a finished run"; fi
 for o in "${OVERRIDES[@]}"; do  # a key given twice is refused (as by python -m fedpriv.simulate)
-    case "${o%%=*}" in
-        rounds|+rounds) usage "'$o' repeats a key --rounds sets: give --rounds only" ;;
-        backend.num_supernodes|+backend.num_supernodes) usage "'$o' repeats a key --clients sets: give --clients only" ;;
-        backend.round_timeout|+backend.round_timeout) usage "'$o' repeats a key --round-timeout sets: give --round-timeout only" ;;
+    key="${o%%=*}"; key="${key#++}"; key="${key#[+~]}"  # ++key=, +key=, ~key: the same key
+    case "$key" in
+        rounds) usage "'$o' repeats a key --rounds sets: give --rounds only" ;;
+        backend.num_supernodes) usage "'$o' repeats a key --clients sets: give --clients only" ;;
+        backend.round_timeout) usage "'$o' repeats a key --round-timeout sets: give --round-timeout only" ;;
     esac
 done
 

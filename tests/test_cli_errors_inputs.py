@@ -257,7 +257,9 @@ def test_deploy_local_help_prints_usage_and_exits_0():
         assert res.stdout.startswith("usage: scripts/deploy_local.sh --clients N") and "--round-timeout S" in res.stdout
 
 
-def test_deploy_local_refuses_an_override_of_a_key_its_options_set(tmp_path):
+@pytest.mark.parametrize("override,flag", [("rounds=5", "--rounds"), ("++rounds=5", "--rounds"),
+                                           ("~rounds", "--rounds"), ("+backend.round_timeout=9", "--round-timeout")])
+def test_deploy_local_refuses_an_override_of_a_key_its_options_set(tmp_path, override, flag):
     import os
     import subprocess
     import sys
@@ -266,9 +268,9 @@ def test_deploy_local_refuses_an_override_of_a_key_its_options_set(tmp_path):
     script = Path(__file__).resolve().parent.parent / "scripts" / "deploy_local.sh"
     env = {**os.environ, "FEDPRIV_VENV_BIN": str(Path(sys.executable).parent)}
     out = tmp_path / "out"
-    res = subprocess.run(["bash", str(script), "--clients", "2", "--rounds", "2", "--out", str(out), "--", "rounds=5"],
+    res = subprocess.run(["bash", str(script), "--clients", "2", "--rounds", "2", "--out", str(out), "--", override],
                          capture_output=True, text=True, timeout=30, env=env)
-    assert res.returncode == 2 and "'rounds=5' repeats a key --rounds sets" in res.stderr, res.stderr
+    assert res.returncode == 2 and f"'{override}' repeats a key {flag} sets" in res.stderr, res.stderr
     assert len(res.stderr.splitlines()) == 1 and not out.exists()
 
 
