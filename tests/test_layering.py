@@ -11,27 +11,31 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def imports_of(path: Path, package: str | None = None) -> set[str]:
-    """Absolute dotted names ``path`` imports (relative imports resolved against its package)."""
+def _imported(path: Path, package: str | None = None) -> list[tuple[str, tuple[str, ...]]]:
+    """Per import: (the dotted name it loads, the names ``from NAME import ...`` takes from it)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     if package is None:
         package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    out: set[str] = set()
+    out: list[tuple[str, tuple[str, ...]]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
+            out.extend((alias.name, ()) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
                 base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{alias.name}" for alias in node.names)
+            out.append((base, tuple(f"{base}.{alias.name}" for alias in node.names)))
         elif (isinstance(node, ast.Call)
               and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
               and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-            out.add(node.args[0].value)
+            out.append((node.args[0].value, ()))
     return out
+
+
+def imports_of(path: Path, package: str | None = None) -> set[str]:
+    """Absolute dotted names ``path`` imports (relative imports resolved against its package)."""
+    return {name for base, names in _imported(path, package) for name in (base, *names)}
 
 
 def _modules(room: str) -> list[Path]:
@@ -89,3 +93,142 @@ def test_no_import_hides_behind_type_checking():
     """An ``if TYPE_CHECKING:`` import is how a cycle hides; the library has none."""
     hidden = [p.relative_to(ROOT).as_posix() for p in _modules("fedpriv") if "TYPE_CHECKING" in p.read_text()]
     assert hidden == []
+
+
+# ---- the floors (docs/ARCHITECTURE.md "Floors"): the file import graph has no cycle, and the
+# never-rules below hold. Every import counts, a function-level one too.
+GRAPH_ROOMS = ("fedpriv", "server", "client")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(rooms: tuple[str, ...] = GRAPH_ROOMS) -> dict[str, set[str]]:
+    """Module -> the modules of ``rooms`` it imports. ``from pkg import name`` imports the module
+    ``pkg.name`` where that is one, else ``pkg``; a name outside ``rooms`` maps to its nearest
+    enclosing module of ``rooms`` (none: dropped)."""
+    paths = {_module_name(p): p for room in rooms for p in _modules(room)}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for base, names in _imported(path, package):
+            for target in [n if n in paths else base for n in names] or [base]:
+                while target and target not in paths:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _is_cli(name: str) -> bool:
+    """An entry point: ``simulate``, a ``__main__`` module, a module with a ``__main__`` block."""
+    path = ROOT / Path(*name.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    return (name == "fedpriv.simulate" or name.endswith(".__main__")
+            or 'if __name__ == "__main__":' in path.read_text())
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for w in graph.get(todo.pop(), ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
+# (importer, forbidden importee, "imports" (directly) or "reaches" (through any chain), why);
+# patterns are full-match regular expressions on dotted module names. A CLI importer is exempt:
+# it is the top floor.
+_PKG = r"(\..+)?"
+NEVER = [
+    (r"fedpriv\.randomness", r"(?!fedpriv\.errors$|fedpriv\.keystream$).*", "imports",
+     "randomness takes bytes and keys: nothing above errors (and the keystream it draws from)"),
+    (r"fedpriv\.schema" + _PKG, r"fedpriv\.(runner|compose|plan|sampling|accounting|mechanisms)" + _PKG, "imports",
+     "the config knows no run, sampler, accountant or mechanism (registries are filled from below)"),
+    (r"fedpriv\.mechanisms" + _PKG, r"fedpriv\.clipping" + _PKG, "imports", "mechanisms never import clipping"),
+    (r"fedpriv\.accounting" + _PKG, r"fedpriv\.mechanisms" + _PKG, "imports",
+     "accounting never imports mechanisms (mechanisms state their events to it)"),
+    (r"fedpriv\.(models|data)" + _PKG, r"fedpriv\.(compose|runner)", "reaches",
+     "a model or dataset never reaches up to the composer or the runner"),
+    (r".*", "CLI", "imports", "CLIs live on the top floor: nothing imports one"),
+]
+
+
+def never_violations(graph: dict[str, set[str]]) -> list[str]:
+    import re
+
+    bad = []
+    for importer, forbidden, how, why in NEVER:
+        for name in sorted(graph):
+            if _is_cli(name) or not re.fullmatch(importer, name):
+                continue
+            targets = graph[name] if how == "imports" else _reach(graph, name)
+            for target in sorted(targets):
+                if _is_cli(target) if forbidden == "CLI" else re.fullmatch(forbidden, target):
+                    bad.append(f"{name} {how} {target}: {why}")
+    return bad
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    found = cycles(graph)
+    shown = ["; ".join(f"{v} -> {', '.join(sorted(graph[v] & set(c)))}" for v in c) for c in found]
+    assert shown == []
+
+
+def test_never_rules_hold():
+    assert never_violations(import_graph()) == []
+
+
+def test_graph_checks_see_what_they_guard():
+    """Not vacuous: the graph has the edges a reader sees, a planted cycle is found, and each rule
+    matches the modules it names."""
+    graph = import_graph()
+    assert "fedpriv.errors" in graph["fedpriv.randomness"] and "fedpriv.runner" in graph["fedpriv.simulate"]
+    assert len(graph) > 100 and {"server.app", "client.app"} <= set(graph)
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    planted = {**graph, "fedpriv.models.lstm": graph["fedpriv.models.lstm"] | {"fedpriv.task"},
+               "fedpriv.randomness": {"fedpriv.schema"}, "fedpriv.accounting.ledger": {"fedpriv.mechanisms.base"}}
+    bad = never_violations(planted)
+    assert any(b.startswith("fedpriv.models.lstm reaches fedpriv.runner") for b in bad)
+    assert any(b.startswith("fedpriv.randomness imports fedpriv.schema") for b in bad)
+    assert any(b.startswith("fedpriv.accounting.ledger imports fedpriv.mechanisms.base") for b in bad)
+    assert _is_cli("fedpriv.simulate") and _is_cli("fedpriv.audit.__main__") and not _is_cli("fedpriv.runner")
