@@ -20,7 +20,7 @@ uniform bits). Two modes decide where the 32-byte run key comes from:
 Clients draw their own randomness per (round, user) (:class:`ClientDraws`): a 256-bit secret key
 — derived from the research key in research mode, fresh OS entropy in secure mode (never stored,
 never sent) — from which the example-level DP masks (SHAKE-256 uniforms) and noise (a ChaCha20
-keystream, :class:`fedpriv.clipping.noise.GaussianKeystream`) are read, so the server cannot
+keystream, :class:`fedpriv.keystream.GaussianKeystream`) are read, so the server cannot
 replay them; and a ``torch.Generator`` for the minibatch order of plain local SGD, which no
 guarantee relies on.
 
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpriv.clipping.noise import GaussianKeystream
+from fedpriv.keystream import GaussianKeystream
 from fedpriv.research_key import paired, research_key
 from fedpriv.schema import secure_mode
 
@@ -153,7 +153,7 @@ class RunRandomness:
 
 class NoiseStream:
     """Gaussian noise for a mechanism: draw ``k`` is the normals of a ChaCha20 keystream
-    (:class:`~fedpriv.clipping.noise.GaussianKeystream`, 64-bit radius words: ``|z| ≤ 9.49``,
+    (:class:`~fedpriv.keystream.GaussianKeystream`, 64-bit radius words: ``|z| ≤ 9.49``,
     on every core) under the draw's own key ``SHAKE-256(key ‖ "noise" ‖ k)`` (32 bytes).
 
     The state is the number of draws so far (checkpointed), so a resumed run continues the same

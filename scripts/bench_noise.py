@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_clipping import fedpriv_model  # noqa: E402
 from fedpriv.clipping import GaussianKeystream  # noqa: E402
-from fedpriv.clipping.noise import BLOCK, run_blocks  # noqa: E402
+from fedpriv.keystream import BLOCK, run_blocks  # noqa: E402
 from fedpriv.rundir import write_json  # noqa: E402
 
 

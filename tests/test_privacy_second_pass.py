@@ -116,7 +116,7 @@ class _ConstantKeystream:
 def test_keystream_radius_bounds(monkeypatch, wide_tail, bound):
     """The largest normal each resolution can produce (an all-zero radius word: u = 2^-33 or
     2^-65) is 6.76 or 9.49, and an all-ones word gives a radius of 0 (u = 1, never above)."""
-    import fedpriv.clipping.noise as noise
+    import fedpriv.keystream as noise
 
     monkeypatch.setattr(noise, "Cipher", _ConstantKeystream(0))
     z = GaussianKeystream(b"\x03" * 32, wide_tail=wide_tail).normal((6,))
@@ -212,7 +212,7 @@ def test_no_generator_used_for_a_secret_draw_is_seeded_with_manual_seed():
     """Done-when of issue 26: under fedpriv/, manual_seed appears only where the draw is public or
     structural (the allowlist says why); client noise, masks and BK's noise come from keystreams."""
     assert _seeding_calls() == set(SEEDED_NOT_SECRET)
-    noise_module = (ROOT / "fedpriv/clipping/noise.py").read_text()
+    noise_module = (ROOT / "fedpriv/keystream.py").read_text()
     local_dp = (ROOT / "fedpriv/local_dp.py").read_text()
     assert "manual_seed" not in noise_module and "manual_seed" not in local_dp
     assert "torch.rand" not in local_dp and "torch.randn" not in noise_module

@@ -1,5 +1,5 @@
-"""Secret Gaussian noise for a model's gradients: a ChaCha20 keystream turned into normals, drawn
-in blocks on every core.
+"""Secret Gaussian noise: a ChaCha20 keystream turned into normals, drawn in blocks on every core
+(a foundation: Book-Keeping's gradient noise and the run's randomness both draw from it).
 
 A :class:`GaussianKeystream` holds a 256-bit key. Its ``j``-th block of :data:`BLOCK` normals is
 read from ChaCha20 (RFC 7539) under that key with nonce ``j`` and the block counter from 0. For a
