@@ -18,6 +18,7 @@ from flwr.clientapp import ClientApp
 from fedpriv.codec import decode, train_reply_content
 from fedpriv.config import client_diagnostics_enabled, resolve_config
 from fedpriv.randomness import ClientRandomness
+from fedpriv.research_key import client_randomness
 from fedpriv.clients import client_updates
 from fedpriv.task import load_task
 from fedpriv.allocator import retain_freed_memory
@@ -36,7 +37,7 @@ def train_reply(cfg: dict, msg: Message, rng: ClientRandomness) -> Message:
 def make_client_app(cfg: dict) -> ClientApp:
     """A ClientApp for the experiment ``cfg`` (plain dict of the Hydra config)."""
     cfg = resolve_config(cfg)
-    rng = ClientRandomness.for_config(cfg)
+    rng = client_randomness(cfg)
     retain_freed_memory()  # clients reallocate the same large tensors every step (fedpriv.allocator)
     app = ClientApp()
 

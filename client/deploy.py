@@ -14,6 +14,7 @@ from client.app import train_reply
 from fedpriv.compose import deployment_config
 from fedpriv.config import resolve_config
 from fedpriv.randomness import ClientRandomness
+from fedpriv.research_key import client_randomness
 
 app = ClientApp()
 
@@ -24,7 +25,7 @@ def _config(run_config_json: str) -> tuple[dict, ClientRandomness]:
     mode, the deployment default: the node never learns anything that regenerates server noise or
     cohorts)."""
     cfg = resolve_config(deployment_config(json.loads(run_config_json)))
-    return cfg, ClientRandomness.for_config(cfg)
+    return cfg, client_randomness(cfg)
 
 
 @app.train()

@@ -13,6 +13,7 @@ import torch
 from fedpriv.aggregation import RoundAggregate
 from fedpriv.config import client_diagnostics_enabled, resolve_config
 from fedpriv.randomness import ClientRandomness
+from fedpriv.research_key import client_randomness
 from fedpriv.replies import ClientUpdate, RoundFn, RoundInputs, add_updates
 from fedpriv.task import Task
 from fedpriv.training import local_update
@@ -81,11 +82,11 @@ class StreamedReplies:
 def in_process_round_fn(task: Task, cfg: dict) -> RoundFn:
     """``backend=local``'s round for the run ``cfg``: the cohort's clients run here and stream into
     the aggregate (:class:`StreamedReplies`); no message, no wire encoding. Their randomness and
-    diagnostics are the ClientApp's for ``cfg`` (:meth:`ClientRandomness.for_config`,
+    diagnostics are the ClientApp's for ``cfg`` (:func:`~fedpriv.research_key.client_randomness`,
     :func:`fedpriv.config.client_diagnostics_enabled`), so they compute what they compute behind
     Flower."""
     cfg = resolve_config(cfg)
-    rng, diagnostics = ClientRandomness.for_config(cfg), client_diagnostics_enabled(cfg)
+    rng, diagnostics = client_randomness(cfg), client_diagnostics_enabled(cfg)
 
     def round_fn(inputs: RoundInputs) -> StreamedReplies:
         return StreamedReplies(task, inputs.params, [int(u) for u in inputs.cohort], inputs.round_idx, rng,

@@ -9,9 +9,8 @@ import logging
 
 from fedpriv.devices import resolve_device
 from fedpriv.errors import ConfigError
-from fedpriv.randomness import resolve_secure
 from fedpriv.sampling import resolve_sampling
-from fedpriv.schema import RunConfig, as_dict, parse
+from fedpriv.schema import RunConfig, as_dict, parse, resolve_secure
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,6 @@ import numpy as np
 import torch
 
 from fedpriv.keystream import GaussianKeystream
-from fedpriv.research_key import paired, research_key
-from fedpriv.schema import secure_mode
 
 RESEARCH = "research"
 SECURE = "secure"
@@ -86,21 +84,6 @@ def mode_label(described: Mapping[str, Any]) -> str:
     return PAIRED if described.get("paired") else described.get("mode", RESEARCH)
 
 
-def key_from_seed(seed: int) -> bytes:
-    """A research key from a bare integer seed (tests, scripts, calculators)."""
-    return research_key({"seed": int(seed)})
-
-
-def resolve_secure(cfg: Mapping[str, Any]) -> bool:
-    """``privacy.secure_rng`` of a plain config (:func:`fedpriv.schema.secure_mode`), its type checked."""
-    value = (cfg.get("privacy") or {}).get("secure_rng")
-    if value is not None and not isinstance(value, bool):
-        from fedpriv.errors import ConfigError
-
-        raise ConfigError(f"privacy.secure_rng must be true, false or null (by backend), got {value!r}")
-    return secure_mode(value, (cfg.get("backend") or {}).get("name"))
-
-
 @dataclass(frozen=True)
 class RunRandomness:
     """The run key and its mode (server side). ``key`` is secret in secure mode: never printed."""
@@ -110,11 +93,10 @@ class RunRandomness:
     paired: bool = False  # research mode keyed by the seed alone (privacy.research_key=seed)
 
     @staticmethod
-    def for_config(cfg: Mapping[str, Any]) -> "RunRandomness":
-        """Secure: a fresh key from the OS CSPRNG; research: the key derived from ``cfg``."""
-        if resolve_secure(cfg):
-            return RunRandomness(secrets.token_bytes(KEY_BYTES), SECURE)
-        return RunRandomness(research_key(cfg), RESEARCH, paired=paired(cfg))
+    def fresh() -> "RunRandomness":
+        """Secure mode: a fresh key from the OS CSPRNG (a research key is derived by the caller:
+        :func:`fedpriv.research_key.run_randomness`)."""
+        return RunRandomness(secrets.token_bytes(KEY_BYTES), SECURE)
 
     @property
     def secure(self) -> bool:
@@ -166,11 +148,6 @@ class NoiseStream:
         self._key = key
         self.draws = 0
 
-    @staticmethod
-    def from_seed(seed: int) -> "NoiseStream":
-        """A research stream from an integer (tests and scripts)."""
-        return RunRandomness(key_from_seed(seed), RESEARCH).noise()
-
     def normal(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
         draw_key = keystream(self._key, "noise", (self.draws,), KEY_BYTES)
         self.draws += 1
@@ -220,14 +197,6 @@ class ClientRandomness:
     """Where clients' draws come from: the research key (reproducible), or OS entropy (secure)."""
 
     research: bytes | None = field(default=None, repr=False)  # the research key; None in secure mode
-
-    @staticmethod
-    def for_config(cfg: Mapping[str, Any]) -> "ClientRandomness":
-        return ClientRandomness(None if resolve_secure(cfg) else research_key(cfg))
-
-    @staticmethod
-    def from_seed(seed: int) -> "ClientRandomness":
-        return ClientRandomness(key_from_seed(seed))
 
     def draws(self, round_idx: int, user: int) -> ClientDraws:
         """Client ``user``'s randomness in round ``round_idx``: in secure mode a fresh 256-bit key

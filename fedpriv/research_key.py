@@ -35,6 +35,7 @@ from typing import Any
 
 from fedpriv import schema
 from fedpriv.content_digest import identity
+from fedpriv.randomness import RESEARCH, ClientRandomness, NoiseStream, RunRandomness
 
 CONFIG_TAG = b"fedpriv research run key v2\x00"
 PAIRED_TAG = b"fedpriv paired research key v1\x00"
@@ -92,22 +93,61 @@ def _canonical(section: Any, base: Any, root: Mapping[str, Any], default_name: s
     return out
 
 
+def _typed(cfg: Mapping[str, Any]) -> schema.RunConfig:
+    """``cfg`` (plain, possibly partial) parsed: a value the schema refuses raises ConfigError."""
+    return schema.parse(json.loads(json.dumps(dict(cfg), default=str)))
+
+
 def canonical_config(cfg: Mapping[str, Any]) -> dict:
     """What the research key covers (the module docstring): a plain, JSON-able dict. ``cfg`` may
     be partial (missing keys take their defaults); a value the schema refuses raises ConfigError."""
-    typed = schema.parse(json.loads(json.dumps(dict(cfg), default=str)))
+    typed = _typed(cfg)
     return _canonical(typed, schema.RunConfig(), schema.as_dict(typed))
 
 
-def paired(cfg: Mapping[str, Any]) -> bool:
-    """Whether ``cfg`` asks for paired randomness (``privacy.research_key=seed``)."""
-    return (cfg.get("privacy") or {}).get("research_key", "config") == "seed"
+def _paired(typed: schema.RunConfig) -> bool:
+    """Whether the run asks for paired randomness (``privacy.research_key=seed``)."""
+    return typed.privacy.research_key == "seed"
 
 
 def research_key(cfg: Mapping[str, Any]) -> bytes:
     """The research-mode run key of a resolved config: its canonical form's digest, or the seed's
     alone under ``privacy.research_key=seed``."""
-    if paired(cfg):
-        return hashlib.sha256(PAIRED_TAG + json.dumps({"seed": int(cfg.get("seed", 0))}).encode()).digest()
-    text = json.dumps(canonical_config(cfg), sort_keys=True, separators=(",", ":"))
+    return _key(_typed(cfg))
+
+
+def _key(typed: schema.RunConfig) -> bytes:
+    if _paired(typed):
+        return hashlib.sha256(PAIRED_TAG + json.dumps({"seed": typed.seed}).encode()).digest()
+    text = json.dumps(_canonical(typed, schema.RunConfig(), schema.as_dict(typed)), sort_keys=True,
+                      separators=(",", ":"))
     return hashlib.sha256(CONFIG_TAG + text.encode()).digest()
+
+
+def key_from_seed(seed: int) -> bytes:
+    """A research key from a bare integer seed (tests, scripts, calculators)."""
+    return research_key({"seed": int(seed)})
+
+
+def noise_from_seed(seed: int) -> NoiseStream:
+    """The mechanism's research noise stream of a bare integer seed (tests and scripts)."""
+    return RunRandomness(key_from_seed(seed), RESEARCH).noise()
+
+
+def clients_from_seed(seed: int) -> ClientRandomness:
+    """Clients' research randomness of a bare integer seed (tests and scripts)."""
+    return ClientRandomness(key_from_seed(seed))
+
+
+def run_randomness(cfg: Mapping[str, Any]) -> RunRandomness:
+    """The run's key: secure mode (:func:`fedpriv.schema.resolve_secure`), a fresh key from the OS
+    CSPRNG; research mode, the key derived from ``cfg`` (paired: from its seed alone)."""
+    if schema.resolve_secure(cfg):
+        return RunRandomness.fresh()
+    typed = _typed(cfg)
+    return RunRandomness(_key(typed), RESEARCH, paired=_paired(typed))
+
+
+def client_randomness(cfg: Mapping[str, Any]) -> ClientRandomness:
+    """Where clients' draws come from under ``cfg``: OS entropy (secure) or its research key."""
+    return ClientRandomness(None if schema.resolve_secure(cfg) else research_key(cfg))

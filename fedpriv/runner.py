@@ -34,9 +34,9 @@ from fedpriv.console import ADVICE_LOGGER, format_result
 from fedpriv.models import set_flat_params
 from fedpriv.observe import RoundObserver, check_observability
 from fedpriv.public.stages import Stage, build_stages
-from fedpriv.randomness import RunRandomness, mode_label, research_key
+from fedpriv.randomness import RunRandomness, mode_label
 from fedpriv.replies import RoundFn
-from fedpriv.research_key import canonical_config
+from fedpriv.research_key import canonical_config, research_key, run_randomness
 from fedpriv.rundir import CHECKPOINT_FORMAT, RunDirectory
 from fedpriv.schema import RunConfig
 from fedpriv.sampling import make_sampler
@@ -343,7 +343,7 @@ def _randomness(cfg: dict, checkpoint: dict | None, run: RunDirectory) -> RunRan
     """A fresh run's randomness (research: from the config; secure: a new OS-CSPRNG key), or the
     checkpoint's when resuming, so the noise stream and the cohorts continue where they stopped."""
     if checkpoint is None:
-        return RunRandomness.for_config(cfg)
+        return run_randomness(cfg)
     try:
         randomness = RunRandomness.from_state(checkpoint["randomness"])
     except (KeyError, TypeError, ValueError, AttributeError):

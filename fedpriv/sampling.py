@@ -37,6 +37,7 @@ import numpy as np
 
 from fedpriv.errors import ConfigError
 from fedpriv.randomness import uint64s, uniforms
+from fedpriv.schema import option_preset, register_sampler_kind
 
 POISSON = "poisson"
 FIXED_SIZE = "fixed"
@@ -430,6 +431,7 @@ def register_sampler(kind: str, public_rate: bool = False) -> Callable[[SamplerF
     sampler whose rate the config's ``population`` may fix). The factory returns a :class:`Sampler`."""
     def add(factory: SamplerFactory) -> SamplerFactory:
         SAMPLERS[kind] = factory
+        register_sampler_kind(kind)  # the config's check of sampling=KIND reads the kinds there
         if public_rate:
             PUBLIC_RATE_KINDS.add(kind)
         return factory
@@ -488,8 +490,6 @@ def resolve_sampling(kind: str, mechanism: str) -> str:
     returned unchanged (and validated later)."""
     if kind != "auto":
         return kind
-    from fedpriv.schema import option_preset
-
     option = option_preset("mechanism", mechanism)
     return getattr(option, "default_sampling", kind) if option is not None else kind
 

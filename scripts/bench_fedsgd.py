@@ -26,7 +26,7 @@ from fedpriv.aggregation import clip_factor  # noqa: E402
 from fedpriv.allocator import retain_freed_memory  # noqa: E402
 from fedpriv.cohort import CohortClipper  # noqa: E402
 from fedpriv.compose import compose_config  # noqa: E402
-from fedpriv.randomness import ClientRandomness, key_from_seed  # noqa: E402
+from fedpriv.research_key import clients_from_seed, key_from_seed  # noqa: E402
 from fedpriv.rundir import write_json  # noqa: E402
 from fedpriv.clients import client_update  # noqa: E402
 from fedpriv.sampling import make_sampler  # noqa: E402
@@ -60,7 +60,7 @@ def main() -> None:
     clipper, full_layout = make_clipper(), make_clipper()
     full_layout.flat = False  # the output layer on every position of [B, T] (before issue 18)
     params = task.initial_params
-    rng = ClientRandomness.from_seed(0)
+    rng = clients_from_seed(0)
     one_pass, one_pass_full, loop, rows = [], [], [], []
     for r in range(args.rounds + 1):  # round 0 is warm-up
         cohort = sampler.sample(r)

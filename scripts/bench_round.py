@@ -53,7 +53,7 @@ def main() -> None:
     import torch
 
     from client.app import make_client_app
-    from fedpriv.randomness import ClientRandomness
+    from fedpriv.research_key import client_randomness
     from fedpriv.rundir import json_text, write_json
     from fedpriv.clients import client_update, in_process_round_fn
     from fedpriv.runner import prepare
@@ -66,7 +66,7 @@ def main() -> None:
     task, server = session.task, session.server
     round_fns = {"local": in_process_round_fn(task, session.cfg),
                   "grid": grid_round_fn(LocalGrid(make_client_app(session.cfg)), 1, None)}
-    rng = ClientRandomness.for_config(session.cfg)
+    rng = client_randomness(session.cfg)
     times: dict[str, list[float]] = {"compute": [], "local": [], "grid": []}
     ratios: dict[str, list[float]] = {"local": [], "grid": []}
     for r in range(args.rounds + 2):  # rounds 0 and 1 warm up both paths

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedpriv.compose import compose_config  # noqa: E402
 from fedpriv.data.stackoverflow_writer import write_examples  # noqa: E402
-from fedpriv.randomness import ClientRandomness  # noqa: E402
+from fedpriv.research_key import client_randomness  # noqa: E402
 from fedpriv.clients import client_updates  # noqa: E402
 from fedpriv.replies import ClientReplies  # noqa: E402
 from fedpriv.runner import prepare  # noqa: E402
@@ -109,7 +109,7 @@ def bench_device(args: argparse.Namespace, folder: Path, device: str) -> dict:
                              folder / f"run-{device}-par")
     session = prepare(par_cfg)  # the server side (sampler, mechanism, optimizer) of the parallel config
     loop_task, par_task = _load_task(task_key(loop_cfg)), session.task
-    rng = ClientRandomness.for_config(par_cfg)
+    rng = client_randomness(par_cfg)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     loop_s, par_s, server_s, rows, worst = [], [], [], [], 0.0
     for r in range(args.rounds + args.warmup):  # the first `warmup` rounds are not timed

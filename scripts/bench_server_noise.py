@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedpriv.clipping import GaussianKeystream  # noqa: E402
-from fedpriv.randomness import KEY_BYTES, NoiseStream, key_from_seed, uniforms  # noqa: E402
+from fedpriv.randomness import KEY_BYTES, NoiseStream, uniforms  # noqa: E402
+from fedpriv.research_key import key_from_seed  # noqa: E402
 from fedpriv.rundir import write_json  # noqa: E402
 
 COORDINATES = 4_050_748  # the StackOverflow LSTM of scripts/bench_round.py

@@ -15,7 +15,8 @@ import torch
 
 from fedpriv.accounting.tree import tree_accounting
 from fedpriv.data.federated import FederatedDataset
-from fedpriv.randomness import ClientDraws, ClientRandomness
+from fedpriv.randomness import ClientDraws
+from fedpriv.research_key import clients_from_seed
 
 
 # ------------------------------------------------------------------ tree aggregation (fedpriv.accounting.tree)
@@ -99,7 +100,7 @@ def interrupt_and_resume(cfg: dict, crash_round: int, before_resume=None):
 
 def client_draws(seed: int) -> ClientDraws:
     """A client's reproducible draws for tests: research mode, derived from ``seed``."""
-    return ClientRandomness.from_seed(seed).draws(0, 0)
+    return clients_from_seed(seed).draws(0, 0)
 
 
 def assert_script_runs(script: str, timeout: float = 120) -> None:

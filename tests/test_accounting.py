@@ -18,7 +18,7 @@ from fedpriv.accounting.__main__ import main as cli_main
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.sampling import FixedSizeSampler, PoissonSampler
-from fedpriv.randomness import key_from_seed
+from fedpriv.research_key import key_from_seed
 
 REPO = Path(__file__).resolve().parents[1]
 ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE

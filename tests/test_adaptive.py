@@ -18,7 +18,7 @@ from fedpriv.optim import DPAdaptive, build_server_optimizer
 from fedpriv.rundir import read_jsonl
 from fedpriv.runner import prepare
 from fedpriv.sampling import make_sampler
-from fedpriv.randomness import NoiseStream, key_from_seed
+from fedpriv.research_key import key_from_seed, noise_from_seed
 from server.app import run_local
 from tests.conftest import compose_cfg
 
@@ -37,7 +37,7 @@ def server(name: str, users: int, sigma: float = 0.0, clip: float = 1e6, **kwarg
     params = torch.randn(DIM)
     optimizer = build_server_optimizer(name, lr=0.05, **kwargs)
     sampler = make_sampler("poisson", users, users, key_from_seed(0))  # rate 1: every user, every round
-    return DPFedAvg(params, sampler, GaussianMechanism(sigma, clip, noise=NoiseStream.from_seed(3)), clip, optimizer)
+    return DPFedAvg(params, sampler, GaussianMechanism(sigma, clip, noise=noise_from_seed(3)), clip, optimizer)
 
 
 def run(srv: DPFedAvg, rounds: int, users: int) -> list[dict]:

@@ -16,7 +16,7 @@ from fedpriv.aggregation import RoundAggregate
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.queries import QueryPlan, privatize
-from fedpriv.randomness import NoiseStream
+from fedpriv.research_key import noise_from_seed
 from tests.conftest import compose_cfg
 
 SMOKE = ("+experiment=smoke", "progress=false", "privacy.clipping=adaptive")
@@ -59,7 +59,7 @@ def test_release_is_the_unit_sensitivity_stream_read_back_block_by_block():
     torch.manual_seed(0)
     d, denominator = 50, 6.0
     clip = _clip(bound=0.7, sigma=1.2, count_noise=2.0)
-    mech = GaussianMechanism(1.2, 1.0, noise=NoiseStream.from_seed(3))  # unit sensitivity
+    mech = GaussianMechanism(1.2, 1.0, noise=noise_from_seed(3))  # unit sensitivity
     agg = RoundAggregate.zeros(d, clip.bound)
     deltas = [torch.randn(d) * s for s in (0.01, 0.05, 0.2, 1.0, 3.0)]
     for delta in deltas:
@@ -78,7 +78,7 @@ def test_noise_std_of_update_and_count_statistically():
     """Per coordinate: update noise std z_Δ·C_t on the sum, count noise std σ_b (independent noise)."""
     d, rounds = 20_000, 400
     clip = _clip(bound=0.3, sigma=0.9, count_noise=1.5)
-    mech = GaussianMechanism(0.9, 1.0, noise=NoiseStream.from_seed(11))
+    mech = GaussianMechanism(0.9, 1.0, noise=noise_from_seed(11))
     agg = RoundAggregate.zeros(d, clip.bound)
     release = privatize(agg, mech.noise(0, (d + 1,)), QueryPlan(), mech, 1.0, clip=clip)
     assert float(release.update.std()) == pytest.approx(clip.bound * clip.update_multiplier, rel=0.03)
@@ -94,7 +94,7 @@ def test_bound_converges_to_the_target_quantile_of_the_norms(start):
     rng = np.random.default_rng(0)
     for quantile, expected in ((0.5, 0.4), (0.8, 0.4 * math.exp(0.5 * 0.8416))):
         clip = _clip(bound=start, sigma=0.6, count_noise=7.5, q=quantile)
-        noise = NoiseStream.from_seed(1)
+        noise = noise_from_seed(1)
         for _ in range(300):
             norms = 0.4 * np.exp(0.5 * rng.standard_normal(150))
             unclipped = int((norms <= clip.bound).sum())
@@ -201,7 +201,7 @@ def test_normalized_step_is_the_bound_step_times_s_over_c_t():
     releases = {}
     for step in ("bound", "normalized"):
         clip = _clip(bound=0.7, sigma=1.2, count_noise=2.0, step=step, scale=0.5)
-        mech = GaussianMechanism(1.2, 1.0, noise=NoiseStream.from_seed(3))
+        mech = GaussianMechanism(1.2, 1.0, noise=noise_from_seed(3))
         agg = RoundAggregate.zeros(d, clip.bound)
         for delta in deltas:
             agg.add(delta)
@@ -219,7 +219,7 @@ def test_normalized_step_noise_does_not_grow_with_the_bound(bound):
     the normalized step's is S·z_Δ/D whatever C_t (here measured on 20,000 coordinates)."""
     d = 20_000
     clip = _clip(bound=bound, sigma=0.9, count_noise=1.5, step="normalized", scale=0.5)
-    mech = GaussianMechanism(0.9, 1.0, noise=NoiseStream.from_seed(4))
+    mech = GaussianMechanism(0.9, 1.0, noise=noise_from_seed(4))
     release = privatize(RoundAggregate.zeros(d, clip.bound), mech.noise(0, (d + 1,)), QueryPlan(), mech, 1.0,
                         clip=clip)
     assert float(release.update.std()) == pytest.approx(0.5 * clip.update_multiplier, rel=0.03)

@@ -19,7 +19,7 @@ from fedpriv.audit.bound import epsilon_lower_bound, guess_grid, one_run_audit, 
 from fedpriv.audit.canaries import CanarySet
 from fedpriv.audit.estimate import estimate_epsilon, gaussian_epsilon
 from fedpriv.errors import ConfigError
-from fedpriv.randomness import key_from_seed
+from fedpriv.research_key import key_from_seed
 from fedpriv.sampling import make_sampler
 
 

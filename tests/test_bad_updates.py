@@ -11,7 +11,7 @@ from flwr.clientapp import ClientApp
 
 from client.app import make_client_app
 from fedpriv.aggregation import clip_factor
-from fedpriv.randomness import ClientRandomness
+from fedpriv.research_key import client_randomness
 from fedpriv.clients import client_update
 from fedpriv.runner import prepare
 from server.app import grid_round_fn
@@ -65,7 +65,7 @@ def test_bad_updates_are_rejected_or_dropped_and_counted(tmp_path):
     good = by_node[1][2:] + by_node[3]
     total = torch.zeros_like(before)
     for user in good:
-        delta = client_update(session.task, before, user, 0, ClientRandomness.for_config(session.cfg)).delta
+        delta = client_update(session.task, before, user, 0, client_randomness(session.cfg)).delta
         factor, _ = clip_factor(delta, server.clip_norm)
         total += factor * delta
     expected = before + total / server.sampler.expected_cohort

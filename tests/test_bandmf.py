@@ -18,7 +18,7 @@ from fedpriv.mechanisms.bandmf import (
     strategy_problem,
 )
 from fedpriv.sampling import CyclicPoissonSampler, CyclicSampler, PoissonSampler, make_sampler
-from fedpriv.randomness import NoiseStream, key_from_seed
+from fedpriv.research_key import key_from_seed, noise_from_seed
 from tests.helpers import sensitivity_sq_brute_force
 
 
@@ -94,7 +94,7 @@ def test_cached_strategy_is_revalidated_on_load(tmp_path, damage, caplog):
 def test_a_given_strategy_is_checked_too():
     c = optimize_strategy(8, 2, "general", iterations=50)
     c[:, 0] *= 3.0
-    mech = BandMFMechanism(1.0, 1.0, rounds=8, bands=2, noise=NoiseStream.from_seed(0), strategy=c)
+    mech = BandMFMechanism(1.0, 1.0, rounds=8, bands=2, noise=noise_from_seed(0), strategy=c)
     with pytest.raises(ConfigError, match="norm"):
         mech.noise(0, (3,))
 
@@ -102,9 +102,9 @@ def test_a_given_strategy_is_checked_too():
 @pytest.mark.parametrize("bands", [1, 3, 5])
 def test_online_noise_equals_inverse_strategy_times_draws(bands):
     n, d = 12, 5
-    mech = BandMFMechanism(1.3, 0.7, rounds=n, bands=bands, noise=NoiseStream.from_seed(4))
+    mech = BandMFMechanism(1.3, 0.7, rounds=n, bands=bands, noise=noise_from_seed(4))
     online = torch.stack([mech.noise(t, (d,)) for t in range(n)]).double()
-    stream = NoiseStream.from_seed(4)  # the same stream, read in draw order
+    stream = noise_from_seed(4)  # the same stream, read in draw order
     draws = torch.stack([stream.normal((d,)) * 1.3 * 0.7 for _ in range(n)]).double()
     torch.testing.assert_close(online, mech.matrix(n) @ draws, rtol=1e-5, atol=1e-5)
     # the release C·x + Z: C times the residuals gives back the draws
@@ -148,15 +148,15 @@ def test_cyclic_poisson_sampler_draws_from_the_rounds_group():
 
 
 def test_resumed_bandmf_continues_the_same_noise():
-    a = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, noise=NoiseStream.from_seed(2))
+    a = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, noise=noise_from_seed(2))
     full = [a.noise(t, (3,)) for t in range(9)]
-    b = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, noise=NoiseStream.from_seed(2))
+    b = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, noise=noise_from_seed(2))
     head = [b.noise(t, (3,)) for t in range(4)]
-    c = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, noise=NoiseStream.from_seed(2))  # the run key's stream
+    c = BandMFMechanism(1.0, 1.0, rounds=9, bands=3, noise=noise_from_seed(2))  # the run key's stream
     c.load_state_dict(b.state_dict())
     tail = [c.noise(t, (3,)) for t in range(4, 9)]
     torch.testing.assert_close(torch.stack(head + tail), torch.stack(full), rtol=0, atol=0)
-    other = BandMFMechanism(1.0, 1.0, rounds=9, bands=2, noise=NoiseStream.from_seed(2))
+    other = BandMFMechanism(1.0, 1.0, rounds=9, bands=2, noise=noise_from_seed(2))
     with pytest.raises(ValueError, match="strategy differs"):
         other.load_state_dict(b.state_dict())
 

@@ -13,7 +13,7 @@ from fedpriv.cohort_parallel import CohortTrainer
 from fedpriv.errors import ConfigError
 from fedpriv.local_dp import ExampleDP
 from fedpriv.models import LSTMLanguageModel, TransformerLanguageModel, get_flat_params, vmappable
-from fedpriv.randomness import research_key
+from fedpriv.research_key import research_key
 from fedpriv.runner import prepare
 from fedpriv.training import LocalConfig, local_update
 

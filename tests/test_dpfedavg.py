@@ -13,7 +13,7 @@ from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.mechanisms.base import ADD_REMOVE, REPLACE_ONE
 from fedpriv.optim import ServerSGD
 from fedpriv.sampling import FixedSizeSampler, PoissonSampler
-from fedpriv.randomness import NoiseStream, key_from_seed
+from fedpriv.research_key import key_from_seed, noise_from_seed
 
 
 @pytest.mark.parametrize("scale", [1e-3, 0.5, 1.0, 3.0, 1e4])
@@ -43,7 +43,7 @@ def test_nonfinite_and_misshaped_deltas_are_rejected_not_summed():
 
 
 def _server(sampler, sigma=0.0, clip=1.0, dim=4):
-    return DPFedAvg(torch.zeros(dim), sampler, GaussianMechanism(sigma, clip, noise=NoiseStream.from_seed(0)), clip,
+    return DPFedAvg(torch.zeros(dim), sampler, GaussianMechanism(sigma, clip, noise=noise_from_seed(0)), clip,
                     ServerSGD(lr=1.0))
 
 
@@ -69,7 +69,7 @@ def test_round_rejects_outsiders_duplicates_and_counts_dropped():
 
 
 def test_noise_std_is_sigma_times_clip():
-    mech = GaussianMechanism(noise_multiplier=1.3, clip_norm=0.7, noise=NoiseStream.from_seed(1))
+    mech = GaussianMechanism(noise_multiplier=1.3, clip_norm=0.7, noise=noise_from_seed(1))
     z = mech.noise(0, (400_000,))
     want = 1.3 * 0.7
     # the sample std of n normals has relative standard error ~ 1/sqrt(2n) = 0.0011
@@ -84,11 +84,11 @@ def test_zero_noise_multiplier_adds_nothing_and_is_non_private():
 
 
 def test_noise_stream_resumes_from_state_dict():
-    a = GaussianMechanism(1.0, 1.0, noise=NoiseStream.from_seed(3))
+    a = GaussianMechanism(1.0, 1.0, noise=noise_from_seed(3))
     first = [a.noise(t, (5,)) for t in range(3)]
     state = a.state_dict()
     rest = [a.noise(t, (5,)) for t in range(3, 6)]
-    b = GaussianMechanism(1.0, 1.0, noise=NoiseStream.from_seed(3))  # the run key's stream, at its start
+    b = GaussianMechanism(1.0, 1.0, noise=noise_from_seed(3))  # the run key's stream, at its start
     b.load_state_dict(state)
     for want, t in zip(rest, range(3, 6)):
         torch.testing.assert_close(b.noise(t, (5,)), want)
@@ -96,11 +96,11 @@ def test_noise_stream_resumes_from_state_dict():
 
 
 def test_secure_rng_is_not_replayable_from_config():
-    from fedpriv.randomness import RunRandomness
+    from fedpriv.research_key import run_randomness
 
     cfg = {"seed": 0, "privacy": {"secure_rng": True}}
-    a = GaussianMechanism(1.0, 1.0, noise=RunRandomness.for_config(cfg).noise())
-    b = GaussianMechanism(1.0, 1.0, noise=RunRandomness.for_config(cfg).noise())
+    a = GaussianMechanism(1.0, 1.0, noise=run_randomness(cfg).noise())
+    b = GaussianMechanism(1.0, 1.0, noise=run_randomness(cfg).noise())
     assert not torch.equal(a.noise(0, (8,)), b.noise(0, (8,)))
 
 

@@ -240,7 +240,7 @@ def test_the_ledger_splits_the_confidence_over_its_prefix_claims():
     so the smallest holds at 1 − γ (union bound), and calibration uses the same settings."""
     from fedpriv.accounting.ledger import MC_PREFIX_CHECKPOINTS, PrivacyLedger, prefix_checkpoints
     from fedpriv.mechanisms.gaussian import GaussianMechanism
-    from fedpriv.randomness import key_from_seed
+    from fedpriv.research_key import key_from_seed
     from fedpriv.sampling import make_sampler
 
     assert prefix_checkpoints(16) == [2, 4, 6, 8, 10, 12, 14, 16] and prefix_checkpoints(3) == [1, 2, 3]
@@ -300,7 +300,7 @@ def test_cli_refuses_what_cannot_be_accounted():
 
 
 def test_balls_in_bins_sampler_gives_each_user_one_secret_bin_and_its_rounds():
-    from fedpriv.randomness import key_from_seed
+    from fedpriv.research_key import key_from_seed
     from fedpriv.sampling import BallsInBinsSampler, make_sampler
 
     key = key_from_seed(5)

@@ -27,7 +27,7 @@ from fedpriv.accounting.monte_carlo import MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import NoiseMechanism
 from fedpriv.optim.base import ServerOptimizerBase
-from fedpriv.randomness import NoiseStream, key_from_seed
+from fedpriv.research_key import key_from_seed, noise_from_seed
 from fedpriv.sampling import SAMPLERS, Sampler, make_sampler
 from fedpriv.schema import options
 from tests.conftest import compose_cfg
@@ -169,7 +169,7 @@ def test_mechanism_checkpoint_continues_the_same_noise(name):
     sampler = _samplers(option)[option.default_sampling]
 
     def build():
-        return option.build(0.7, 2.0, noise=NoiseStream.from_seed(3), rounds=ROUNDS, sampler=sampler)
+        return option.build(0.7, 2.0, noise=noise_from_seed(3), rounds=ROUNDS, sampler=sampler)
 
     first, reference = build(), build()
     for t in range(3):

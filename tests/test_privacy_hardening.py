@@ -86,7 +86,7 @@ def test_secure_key_is_only_in_the_owner_only_checkpoint(tmp_path):
             data = path.read_bytes()
             assert key not in data and key.hex().encode() not in data, path
     # what it derives is not derivable from the published config either
-    from fedpriv.randomness import research_key
+    from fedpriv.research_key import research_key
 
     assert research_key(session.cfg) != key
 
@@ -102,13 +102,13 @@ def test_secure_cohorts_do_not_follow_from_the_seed(tmp_path):
 
 
 def test_client_randomness_is_fresh_in_secure_mode():
-    from fedpriv.randomness import ClientRandomness
+    from fedpriv.research_key import client_randomness
 
-    secure = ClientRandomness.for_config({"seed": 0, "privacy": {"secure_rng": True}})
+    secure = client_randomness({"seed": 0, "privacy": {"secure_rng": True}})
     a, b = secure.draws(3, 7), secure.draws(3, 7)
     assert a.key != b.key and not np.array_equal(a.mask_uniforms(0, 4), b.mask_uniforms(0, 4))
     assert not torch.equal(torch.rand(4, generator=a.order), torch.rand(4, generator=b.order))
-    research = ClientRandomness.for_config({"seed": 0, "privacy": {"secure_rng": False}})
+    research = client_randomness({"seed": 0, "privacy": {"secure_rng": False}})
     a, b = research.draws(3, 7), research.draws(3, 7)
     assert a.key == b.key and research.draws(3, 8).key != a.key
     torch.testing.assert_close(torch.rand(4, generator=a.order), torch.rand(4, generator=b.order))
@@ -172,7 +172,7 @@ def test_curves_plot_reads_no_training_statistics(tmp_path):
 # ------------------------------------------------------------------ finding 6: cyclic-Poisson groups
 
 def test_cyclic_poisson_groups_are_stable_when_users_are_added():
-    from fedpriv.randomness import key_from_seed
+    from fedpriv.research_key import key_from_seed
     from fedpriv.sampling import make_sampler, user_groups
 
     key = key_from_seed(0)

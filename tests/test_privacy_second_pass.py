@@ -15,7 +15,8 @@ import torch
 from fedpriv.clipping import BookKeeping, GaussianKeystream
 from fedpriv.local_dp import ExampleDP
 from fedpriv.models import build_model, get_flat_params
-from fedpriv.randomness import ClientDraws, ClientRandomness
+from fedpriv.randomness import ClientDraws
+from fedpriv.research_key import client_randomness, clients_from_seed
 from fedpriv.training import LocalConfig, local_update
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,12 +158,12 @@ def test_example_masks_are_keyed_poisson_draws():
 
 
 def test_secure_client_keys_are_fresh_256_bit_keys_and_research_keys_follow_the_run_key():
-    secure = ClientRandomness.for_config({"seed": 0, "privacy": {"secure_rng": True}})
+    secure = client_randomness({"seed": 0, "privacy": {"secure_rng": True}})
     keys = {secure.draws(0, 0).key for _ in range(50)}
     assert len(keys) == 50 and all(len(k) == 32 for k in keys)
-    research = ClientRandomness.from_seed(0)
+    research = clients_from_seed(0)
     assert research.draws(1, 2).key == research.draws(1, 2).key != research.draws(2, 1).key
-    assert ClientRandomness.from_seed(1).draws(1, 2).key != research.draws(1, 2).key
+    assert clients_from_seed(1).draws(1, 2).key != research.draws(1, 2).key
 
 
 # names of the functions under fedpriv/ allowed to seed a torch generator, with why none of them is
@@ -504,7 +505,7 @@ def test_with_a_public_population_one_more_user_moves_nobody_else(kind):
     (3 of 10,000 over 200 rounds in the review). With the rate fixed by the config's public
     population, the other users' participation is identical, and add/remove-one holds."""
     from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT, amplified_relation
-    from fedpriv.randomness import key_from_seed
+    from fedpriv.research_key import key_from_seed
     from fedpriv.sampling import make_sampler
 
     key, n, m, groups = key_from_seed(7), 10_000, 100, 4
@@ -534,7 +535,7 @@ def test_zero_out_and_add_remove_give_the_sampled_gaussian_the_same_epsilon(acco
 def test_privacy_json_names_the_relation_that_holds(tmp_path):
     from conftest import compose_cfg
     from fedpriv.errors import ConfigError
-    from fedpriv.randomness import research_key
+    from fedpriv.research_key import research_key
     from fedpriv.runner import prepare
     from server.app import run_local
 

@@ -15,7 +15,8 @@ from fedpriv import schema
 from fedpriv.config import resolve_config
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.gaussian import GaussianNoise
-from fedpriv.randomness import PAIRED_NOTE, research_key
+from fedpriv.randomness import PAIRED_NOTE
+from fedpriv.research_key import research_key
 from fedpriv.research_key import canonical_config
 from fedpriv.runner import prepare
 from server.app import run_local
@@ -145,9 +146,9 @@ def test_paired_runs_share_cohorts_and_noise_whatever_else_differs(tmp_path):
     _, sc = _paired_run(tmp_path, "unpaired", "optimizer=dpadam_post")
     assert sc["final"]["loss"] != sa["final"]["loss"]
     # the same mechanism stream: paired runs with noise draw the same normals
-    from fedpriv.randomness import RunRandomness
+    from fedpriv.research_key import run_randomness
 
-    keys = {RunRandomness.for_config(s.cfg).noise().normal((4,)).sum().item() for s in (a, b)}
+    keys = {run_randomness(s.cfg).noise().normal((4,)).sum().item() for s in (a, b)}
     assert len(keys) == 1
 
 

@@ -16,7 +16,7 @@ from fedpriv.mechanisms.__main__ import main as mechanisms_main
 from fedpriv.mechanisms.tree import node_variances
 from fedpriv.optim.server import ServerFTRL, ServerSGD
 from fedpriv.sampling import CyclicSampler, PoissonSampler
-from fedpriv.randomness import NoiseStream, key_from_seed
+from fedpriv.research_key import key_from_seed, noise_from_seed
 from tests.helpers import brute_force_sensitivity_sq, tree_event
 
 ZERO_OUT = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
@@ -95,10 +95,10 @@ def test_efficient_estimator_beats_plain_tree(capsys):
 @pytest.mark.parametrize("restart", [None, 5])
 def test_online_noise_equals_explicit_matrix_form(estimator, restart):
     n, d = 13, 6
-    mech = TreeMechanism(1.7, 0.5, noise=NoiseStream.from_seed(3), estimator=estimator, restart_every=restart)
+    mech = TreeMechanism(1.7, 0.5, noise=noise_from_seed(3), estimator=estimator, restart_every=restart)
     online = torch.stack([mech.noise(t, (d,)) for t in range(n)]).double()
     matrix = mech.matrix(n)
-    stream = NoiseStream.from_seed(3)  # the same stream, read in draw order
+    stream = noise_from_seed(3)  # the same stream, read in draw order
     draws = torch.stack([stream.normal((d,)) * 1.7 * 0.5 for _ in range(matrix.shape[1])]).double()
     torch.testing.assert_close(online, matrix @ draws, rtol=1e-5, atol=1e-5)
 
@@ -115,16 +115,16 @@ def test_prefix_noise_variance_is_the_tiling_of_node_variances():
 
 
 def test_resumed_tree_continues_the_same_noise():
-    a = TreeMechanism(2.0, 1.0, noise=NoiseStream.from_seed(7), restart_every=6)
+    a = TreeMechanism(2.0, 1.0, noise=noise_from_seed(7), restart_every=6)
     full = [a.noise(t, (4,)) for t in range(11)]
-    b = TreeMechanism(2.0, 1.0, noise=NoiseStream.from_seed(7), restart_every=6)
+    b = TreeMechanism(2.0, 1.0, noise=noise_from_seed(7), restart_every=6)
     head = [b.noise(t, (4,)) for t in range(5)]
     state = b.state_dict()
     # a resumed run rebuilds its streams from the run key (checkpointed beside the mechanism); the
     # mechanism's state is the stream position and the tree's online state
-    c = TreeMechanism(2.0, 1.0, noise=NoiseStream.from_seed(7), restart_every=6)
+    c = TreeMechanism(2.0, 1.0, noise=noise_from_seed(7), restart_every=6)
     assert not torch.equal(c.noise(0, (4,)), full[5])
-    c = TreeMechanism(2.0, 1.0, noise=NoiseStream.from_seed(7), restart_every=6)
+    c = TreeMechanism(2.0, 1.0, noise=noise_from_seed(7), restart_every=6)
     c.load_state_dict(state)
     tail = [c.noise(t, (4,)) for t in range(5, 11)]
     torch.testing.assert_close(torch.stack(head + tail), torch.stack(full), rtol=0, atol=0)

@@ -20,8 +20,8 @@ what Hydra composed (its research key, a hash of the config, is what reproducibi
 a partial dict given to ``fedpriv.config.validate`` is completed with the defaults first.
 
 The package's modules, each one job: :mod:`.checks` (field validators, field roles),
-:mod:`.sections` (the sections and each group's contract), :mod:`.registry` (options and
-registered sections), :mod:`.run_config` (the whole run), :mod:`.parser` (parsing, plain form,
+:mod:`.sections` (the sections and each group's contract), :mod:`.registry` (options,
+registered sections, sampler kinds), :mod:`.run_config` (the whole run), :mod:`.parser` (parsing, plain form,
 Hydra). Everything is importable from ``fedpriv.schema``.
 """
 
@@ -31,8 +31,9 @@ from fedpriv.schema.checks import (LOCATION, PRESENTATION, divisible, in_unit_in
                                    positive)
 from fedpriv.schema.parser import as_dict, describe, known_keys, load, parse, register, unknown_key  # noqa: F401
 from fedpriv.schema.registry import (DEFAULT_OPTIONS, GROUP_BASES, GROUPS, OPTIONS, PLUGINS, SECTIONS,  # noqa: F401
-                                     option_class, option_preset, options, register_option, register_section)
-from fedpriv.schema.run_config import RunConfig, secure_mode  # noqa: F401
+                                     SAMPLER_KINDS, option_class, option_preset, options, register_option,
+                                     register_sampler_kind, register_section, sampler_kinds)
+from fedpriv.schema.run_config import RunConfig, resolve_secure, secure_mode  # noqa: F401
 from fedpriv.schema.sections import (AdaptiveClipping, AlgorithmOption, Audit, BackendOption, Client,  # noqa: F401
                                      DeploymentBackend, ExampleDP, FlowerBackend, LocalBackend, MechanismOption,
                                      ModelOption, Option, OptimizerOption, Privacy, Public, Section, TeacherModel,

@@ -1,7 +1,8 @@
 """The option registry: which options each group has (``group=name``), the contract each group's
 options meet (:data:`GROUP_BASES`, checked by :func:`register_option`), and the sections public
-stages add (:func:`register_section`). Options register themselves from the modules that
-implement them; :func:`options` imports those modules."""
+stages add (:func:`register_section`) and the sampler kinds (:func:`register_sampler_kind`).
+Options and samplers register themselves from the modules that implement them; :func:`options`
+and :func:`sampler_kinds` import those modules (by name: the config imports no implementation)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,26 @@ def options(group: str) -> dict[str, Option]:
 
         importlib.import_module(PLUGINS[group])
     return OPTIONS.get(group, {})
+
+
+# the kinds ``sampling=KIND`` may name: fedpriv.sampling.register_sampler adds each (its factory
+# stays there); read through sampler_kinds(), which imports the module registering the built-ins
+SAMPLER_KINDS: set[str] = set()
+SAMPLER_PLUGINS = ("fedpriv.sampling",)
+
+
+def register_sampler_kind(kind: str) -> None:
+    """Make ``kind`` a valid ``sampling=`` value (called by :func:`fedpriv.sampling.register_sampler`)."""
+    SAMPLER_KINDS.add(kind)
+
+
+def sampler_kinds() -> set[str]:
+    """The registered sampler kinds (importing the module whose samplers register themselves)."""
+    import importlib
+
+    for name in SAMPLER_PLUGINS:
+        importlib.import_module(name)
+    return SAMPLER_KINDS
 
 
 # parent section class -> key -> the section class another module registered under it

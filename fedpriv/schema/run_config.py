@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from fedpriv.errors import ConfigError
 from fedpriv.schema.checks import PRESENTATION, _key, in_unit_interval, nonnegative, positive
-from fedpriv.schema.registry import _default
+from fedpriv.schema.registry import _default, sampler_kinds
 from fedpriv.schema.sections import (AlgorithmOption, Audit, BackendOption, Client, LocalBackend, MechanismOption,
                                      ModelOption, OptimizerOption, Privacy, Public, Section, TextPipeline)
 
@@ -15,6 +16,14 @@ from fedpriv.schema.sections import (AlgorithmOption, Audit, BackendOption, Clie
 def secure_mode(secure_rng: bool | None, backend: str | None) -> bool:
     """``privacy.secure_rng``, where null means: secure for deployments, research otherwise."""
     return backend == "deployment" if secure_rng is None else secure_rng
+
+
+def resolve_secure(cfg: Mapping[str, Any]) -> bool:
+    """``privacy.secure_rng`` of a plain config (:func:`secure_mode`), its type checked."""
+    value = (cfg.get("privacy") or {}).get("secure_rng")
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"privacy.secure_rng must be true, false or null (by backend), got {value!r}")
+    return secure_mode(value, (cfg.get("backend") or {}).get("name"))
 
 
 @dataclass
@@ -62,11 +71,10 @@ class RunConfig(Section):
         if not self.run_dir.strip():  # `run_dir=$UNSET`: never the current directory
             raise ConfigError(f"{_key(path, 'run_dir')} is empty (an unset shell variable?): give a directory, "
                               "or leave run_dir out for outputs/<date>/<time>")
-        from fedpriv.sampling import SAMPLERS  # registered samplers (sampling imports this module)
-
-        if self.sampling != "auto" and self.sampling not in SAMPLERS:
+        kinds = sampler_kinds()
+        if self.sampling != "auto" and self.sampling not in kinds:
             raise ConfigError(f"unknown {_key(path, 'sampling')} {self.sampling!r} (choose one of: "
-                              f"{', '.join(['auto', *sorted(SAMPLERS)])})")
+                              f"{', '.join(['auto', *sorted(kinds)])})")
         positive(self, "rounds", "cohort_size", "eval_every", "population", path=path)
         in_unit_interval(self, "ema_decay", path, closed_right=False, open_left=False)
         if self.algorithm.central and not isinstance(self.backend, LocalBackend):
