@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.accounting.ledger import json_epsilon, prefix_claim_settings
+from fedpriv.accounting.monte_carlo import MonteCarloSettings
 from fedpriv.adaptive_clipping import build_adaptive_clip
 from fedpriv.audit.run import audit_label, build_canaries, finish_audit
 from fedpriv.config import diagnostics_enabled, resolve_config, resolved, validate, validate_against_data
@@ -54,13 +55,13 @@ def _noise_multiplier(spec: RunConfig, mechanism: Mechanism, sampler) -> float:
     return calibrate_noise_multiplier(
         lambda s: mechanism.dp_event(sampler, spec.rounds, noise_multiplier=s),
         privacy.target_epsilon, privacy.delta, privacy.accountant, mechanism.neighboring_relation(sampler),
-        monte_carlo_settings=prefix_claim_settings(privacy.mc.settings(), spec.rounds))
+        monte_carlo_settings=prefix_claim_settings(MonteCarloSettings.of(privacy.mc), spec.rounds))
 
 
 def _monte_carlo_settings(spec: RunConfig):
     """The Monte-Carlo accountant's settings for the ledger's claims: shared over the σ grid when σ
     was calibrated on it (:func:`fedpriv.accounting.monte_carlo.calibrate`), as given otherwise."""
-    settings = spec.privacy.mc.settings()
+    settings = MonteCarloSettings.of(spec.privacy.mc)
     return settings if spec.privacy.noise_multiplier is not None else settings.calibrated()
 
 

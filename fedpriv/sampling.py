@@ -348,6 +348,14 @@ class ParticipationBound(SeparatedPattern):
 _MIN_SEP_RUNS: dict[tuple, tuple[np.ndarray, list[np.ndarray]]] = {}  # (key, domain, units, b, p) -> replay
 
 
+def warm_start(separation: int, probability: float) -> np.ndarray:
+    """P(first eligible round = j), j = 0 … b−1, in the stationary state of the eligibility chain."""
+    b, p = separation, probability
+    start = np.full(b, p / (1.0 + (b - 1) * p))
+    start[0] = 1.0 / (1.0 + (b - 1) * p)
+    return start
+
+
 def min_separation_cohorts(key: bytes, domain: str, units: int, separation: int, probability: float,
                            round_idx: int) -> np.ndarray:
     """Round ``round_idx``'s participants of the b-min-sep chain of ``units`` units: each starts in
@@ -355,8 +363,6 @@ def min_separation_cohorts(key: bytes, domain: str, units: int, separation: int,
     takes part iff its round-t uniform is below p. A unit's draws are the u-th values of the
     rounds' keystreams, so they do not depend on how many units there are. Rounds are replayed
     from round 0 once and kept (a resumed run replays the rounds before it)."""
-    from fedpriv.accounting.min_separation import warm_start
-
     cache_key = (key, domain, units, separation, probability)
     if cache_key not in _MIN_SEP_RUNS:
         if len(_MIN_SEP_RUNS) > 8:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from dp_accounting.pld import PLDAccountant
 
-from fedpriv.accounting.min_separation import MinSeparationDpEvent, warm_start
+from fedpriv.accounting.min_separation import MinSeparationDpEvent
+from fedpriv.sampling import warm_start
 from fedpriv.accounting.monte_carlo import BallsInBinsDpEvent, LossSamples, MonteCarloSettings
 from fedpriv.errors import ConfigError
 

@@ -48,6 +48,9 @@ CALIBRATION_RTOL = 1e-4
 
 Relation = dp_accounting.NeighboringRelation
 EventMaker = Callable[[float], dp_accounting.DpEvent]
+# how privacy.json names a neighbouring relation (REPLACE_SPECIAL: zeroing out one user's data)
+RELATION_NAMES = {Relation.ADD_OR_REMOVE_ONE: "add_or_remove_one", Relation.REPLACE_ONE: "replace_one",
+                  Relation.REPLACE_SPECIAL: "zero_out"}
 
 
 # ---------------------------------------------------------------- validation (shared with CLI)
@@ -73,10 +76,7 @@ def check_accountant(accountant: str) -> str:
 
 
 def relation_name(relation: Relation) -> str:
-    """Lower-case name of a neighbouring relation (same spelling as the mechanisms' RELATION_NAMES;
-    imported here, not with this module, which imports without torch)."""
-    from fedpriv.mechanisms.base import RELATION_NAMES
-
+    """Lower-case name of a neighbouring relation (:data:`RELATION_NAMES`)."""
     return RELATION_NAMES.get(relation, relation.name.lower())
 
 

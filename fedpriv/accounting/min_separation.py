@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from fedpriv.accounting.monte_carlo import (CHUNK, LossSampler, MonteCarloDpEvent, Progress, check_column,
                                             check_sigma, column_digest, generator, normals)
 from fedpriv.errors import ConfigError
+from fedpriv.sampling import warm_start
 
 
 @attr.s(frozen=True, repr=False)
@@ -74,14 +75,6 @@ class MinSeparationDpEvent(MonteCarloDpEvent):
                    progress: Progress | None = None) -> np.ndarray:
             return losses(attr.evolve(self, noise_multiplier=sigma), samples, seed, positive, progress)
         return sample
-
-
-def warm_start(separation: int, probability: float) -> np.ndarray:
-    """P(first eligible round = j), j = 0 … b−1, in the stationary state of the eligibility chain."""
-    b, p = separation, probability
-    start = np.full(b, p / (1.0 + (b - 1) * p))
-    start[0] = 1.0 / (1.0 + (b - 1) * p)
-    return start
 
 
 def _geometric(gen: torch.Generator, size: int, p: float) -> torch.Tensor:

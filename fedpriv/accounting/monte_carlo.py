@@ -64,6 +64,7 @@ import numpy as np
 from scipy import linalg
 
 from fedpriv.errors import ConfigError
+from fedpriv.schema.sections import MonteCarloAccounting
 
 MC = "mc"
 GRID_PER_OCTAVE = 64  # calibration's σ grid: 2^(j/64), a step of 1.09%
@@ -85,9 +86,9 @@ class MonteCarloSettings:
     how many claims the confidence is shared over (the σ grid's size for a calibrated σ, times the
     prefix claims a run reports the smallest of; 1 for one σ given as is)."""
 
-    samples: int | None = None
-    confidence: float = 0.999
-    seed: int = 0
+    samples: int | None = MonteCarloAccounting.samples  # the defaults are privacy.mc's (one copy)
+    confidence: float = MonteCarloAccounting.confidence
+    seed: int = MonteCarloAccounting.seed
     candidates: int = 1
 
     def __post_init__(self) -> None:
@@ -100,6 +101,11 @@ class MonteCarloSettings:
             raise ConfigError(f"Monte-Carlo seed must be an integer >= 0, got {self.seed!r}")
         if isinstance(self.candidates, bool) or not isinstance(self.candidates, int) or self.candidates < 1:
             raise ConfigError(f"Monte-Carlo candidates must be an integer >= 1, got {self.candidates!r}")
+
+    @staticmethod
+    def of(section: MonteCarloAccounting) -> "MonteCarloSettings":
+        """The settings of a run's ``privacy.mc`` section (checked there)."""
+        return MonteCarloSettings(section.samples, section.confidence, section.seed)
 
     def count(self, delta: float) -> int:
         """Samples per direction for claims at ``delta``."""

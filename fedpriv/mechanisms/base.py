@@ -24,8 +24,6 @@ ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 REPLACE_ONE = dp_accounting.NeighboringRelation.REPLACE_ONE
 ZERO_OUT = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
 
-RELATION_NAMES = {ADD_REMOVE: "add_or_remove_one", REPLACE_ONE: "replace_one", ZERO_OUT: "zero_out"}
-
 
 def amplified_relation(sampler) -> dp_accounting.NeighboringRelation:
     """The relation a Poisson-type sampler (Poisson, cyclic-Poisson) is accounted under.

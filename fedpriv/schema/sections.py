@@ -200,18 +200,10 @@ class MonteCarloAccounting(Section):
     seed: int = 0  # public seed of the accountant's samples; seed k is charged 6/(pi^2 (k+1)^2) of 1 - confidence
 
     def check(self, path: str) -> None:
-        from fedpriv.accounting.monte_carlo import MonteCarloSettings
-
         in_unit_interval(self, "confidence", path, closed_right=False)
         nonnegative(self, "seed", path=path)
         if self.samples is not None and self.samples < 100:
             _fail(_key(path, "samples"), "null (50/delta) or at least 100", self.samples)
-        MonteCarloSettings(self.samples, self.confidence, self.seed)  # its own validator, once
-
-    def settings(self):
-        from fedpriv.accounting.monte_carlo import MonteCarloSettings
-
-        return MonteCarloSettings(self.samples, self.confidence, self.seed)
 
 
 @dataclass
