@@ -54,13 +54,13 @@ import numpy as np
 
 from fedpriv.data import stackoverflow_rowmap
 from fedpriv.data.federated import FederatedDataset, Vocabulary
+from fedpriv.data.stackoverflow_writer import VOCAB_FILE_NAME, write_tiny_dataset
 from fedpriv.data.tf_example import decode_example
 from fedpriv.errors import ConfigError
 from fedpriv.schema import LOCATION, TextPipeline, register_option
 
 logger = logging.getLogger(__name__)
 
-VOCAB_FILE_NAME = "stackoverflow.word_count"
 TFF_SQLITE_URL = "https://storage.googleapis.com/tff-datasets-public/stackoverflow.sqlite.lzma"
 _TRAIN, _TEST = "train", "test"
 _TEST_FETCH_CHUNK = 500  # rowids per ``IN (...)`` query, below SQLite's bound-parameter limit
@@ -514,8 +514,6 @@ class StackOverflowData(TextPipeline):
 
     def example_overrides(self, directory) -> list[str]:
         """A generated TFF-schema file of 12 users, and its word counts, under ``directory``."""
-        from fedpriv.data.stackoverflow_writer import write_tiny_dataset
-
         return [f"data.path={write_tiny_dataset(Path(directory))}", "data.vocab_size=8", "data.seq_len=6"]
 
     def implied_locations(self) -> dict[str, str]:

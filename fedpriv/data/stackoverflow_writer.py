@@ -12,6 +12,8 @@ from pathlib import Path
 
 from fedpriv.data.tf_example import encode_example
 
+VOCAB_FILE_NAME = "stackoverflow.word_count"  # TFF's vocabulary file, beside the sqlite file (the reader's too)
+
 
 def write_examples(path: Path, rows: Iterable[tuple[str, str, str]], *, metadata: bool = False,
                    index: bool = False) -> Path:
@@ -44,7 +46,6 @@ def write_tiny_dataset(directory: Path) -> Path:
     and its ``stackoverflow.word_count`` under ``directory``: a runnable instance for the contract
     tests (tests/test_plugins.py). Returns the sqlite file's path."""
     from fedpriv.atomic import write_atomic
-    from fedpriv.data.stackoverflow import VOCAB_FILE_NAME
 
     words = ["how", "to", "sort", "a", "list", "in", "python", "i", "do", "it"]
     rows = [(split, f"{split[0]}{u}", " ".join(words[(u + k) % 10] for k in range(3 + u % 4)))
