@@ -187,6 +187,19 @@ def preflight(cfg: dict) -> None:
         quiet.setLevel(level)
 
 
+def preflight_sweep(members: list[tuple[str, dict]]) -> None:
+    """:func:`preflight` for every member of a ``-m`` sweep of more than one (what needs the data:
+    population, sampler and mechanism, budget), as ``(its overrides, its config)`` pairs from
+    :func:`fedpriv.compose.check_overrides`, before Hydra starts the first (``ConfigError``)."""
+    if len(members) < 2:
+        return
+    for member, plain in members:
+        try:
+            preflight(plain)
+        except ConfigError as err:
+            raise ConfigError(f"sweep member {member}: {err} (no member was run)") from None
+
+
 def fit_to_population(cfg: dict, spec: RunConfig, population: int) -> RunConfig:
     """``spec`` (and, in place, ``cfg``) with the mechanism's defaults fitted to the population
     (:meth:`MechanismOption.fitted`, e.g. BandMF's bands); the run says what changed."""

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import ROOT, compose_cfg
 from fedpriv.compose import check_overrides
+from fedpriv.runner import preflight_sweep
 from fedpriv.errors import ConfigError
 
 
@@ -84,7 +85,8 @@ def test_a_key_of_one_option_in_a_mixed_sweep_says_to_run_one_sweep_per_option()
 def test_a_sweep_checks_the_sampler_and_mechanism_of_every_member():
     # sampling=poisson cannot account BandMF: member 2 is refused before member 1 runs
     with pytest.raises(ConfigError, match="sweep member mechanism=bandmf"):
-        check_overrides(["+experiment=smoke", "mechanism=gaussian,bandmf", "sampling=poisson"], multirun=True)
+        preflight_sweep(check_overrides(["+experiment=smoke", "mechanism=gaussian,bandmf", "sampling=poisson"],
+                                        multirun=True))
 
 
 def test_bandmf_default_bands_fit_a_small_population_and_the_run_says_so(tmp_path, caplog):
