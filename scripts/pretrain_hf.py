@@ -2,7 +2,7 @@
 model directory for ``model=hf`` (issue 29's experiment, docs/RESULTS.md).
 
 It writes a random-init model and word-level tokenizer over the dataset's words
-(:mod:`fedpriv.models.make_hf`), then runs the same public pre-training routine as the in-run
+(:mod:`fedpriv.models.tiny_hf`), then runs the same public pre-training routine as the in-run
 stage ``+experiment=public_pretrain`` (:func:`fedpriv.public.pretrain.pretrain`: plain SGD on the
 public sentences, the same steps, batch and rate), and saves the result in place with its
 tokenizer. Public data only: no privacy cost.
@@ -34,7 +34,7 @@ def main() -> None:
     from fedpriv.compose import compose_config
     from fedpriv.models import get_flat_params
     from fedpriv.models.hf import HFCausalLM, save_release
-    from fedpriv.models.make_hf import write_model_dir
+    from fedpriv.models.tiny_hf import write_model_dir
     from fedpriv.public.pretrain import pretrain
     from fedpriv.public.setup import pretrain_subset
     from fedpriv.task import load_dataset

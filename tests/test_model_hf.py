@@ -17,7 +17,7 @@ from fedpriv.errors import ConfigError  # noqa: E402
 from fedpriv.metrics import sequence_token_losses  # noqa: E402
 from fedpriv.models import get_flat_params  # noqa: E402
 from fedpriv.models.hf import HFCausalLM  # noqa: E402
-from fedpriv.models.make_hf import write_model_dir  # noqa: E402
+from fedpriv.models.tiny_hf import write_model_dir  # noqa: E402
 from tests.conftest import compose_cfg  # noqa: E402
 from tests.test_clipping import MODES, one_thread  # noqa: E402, F401 (a module fixture: one torch thread)
 from tests.test_clipping_hf import check_against_loop  # noqa: E402
@@ -41,7 +41,7 @@ def gpt2_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def opt_dir(tmp_path_factory):
     """OPT: learned positions computed from the attention mask, which per-sample clipping refuses."""
-    from fedpriv.models.make_hf import word_tokenizer
+    from fedpriv.models.tiny_hf import word_tokenizer
 
     path = tmp_path_factory.mktemp("hf") / "opt"
     tok = word_tokenizer(WORDS)

@@ -181,7 +181,7 @@ SEEDED_NOT_SECRET = {
     ("fedpriv/clipping/engine.py", "__init__"): "which samples the forward replay perturbs, and how: a "
                                                 "structural check whose outputs are compared, never used "
                                                 "or released",
-    ("fedpriv/models/make_hf.py", "write_model_dir"): "the random initial weights of a model directory a "
+    ("fedpriv/models/tiny_hf.py", "write_model_dir"): "the random initial weights of a model directory a "
                                                       "user is given to start from (public)",
     ("fedpriv/accounting/monte_carlo.py", "generator"): "the Monte-Carlo accountant's own samples of the "
                                                          "dominating pair: public by design (its seed is in "

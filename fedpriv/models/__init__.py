@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import nn
 
 from fedpriv.errors import ConfigError
 from fedpriv.models.lstm import LSTM, LSTMLanguageModel
 from fedpriv.models.transformer import CausalSelfAttention, TransformerLanguageModel
+from fedpriv.models.flat import get_flat_params, set_flat_params
 from fedpriv.models import hf as _hf  # noqa: F401 (registers model=hf; transformers is imported on use only)
 
 
@@ -23,25 +23,6 @@ def build_model(name: str, vocab_size: int, pad_id: int = 0, **kwargs) -> nn.Mod
     if name not in classes:
         raise ConfigError(f"unknown model {name!r} (choose one of: {', '.join(sorted(classes))})")
     return classes[name](vocab_size=vocab_size, pad_id=pad_id, **kwargs)
-
-
-def get_flat_params(model: nn.Module) -> torch.Tensor:
-    """All trainable parameters concatenated in ``model.parameters()`` order (a copy)."""
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad])
-
-
-def set_flat_params(model: nn.Module, flat: torch.Tensor) -> None:
-    """Inverse of :func:`get_flat_params`; copies ``flat`` into the trainable parameters in place."""
-    offset = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            if not p.requires_grad:
-                continue
-            n = p.numel()
-            p.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
-    if offset != flat.numel():
-        raise ValueError(f"flat vector has {flat.numel()} entries, model has {offset}")
 
 
 def vmappable(model: nn.Module) -> nn.Module:

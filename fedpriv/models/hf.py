@@ -206,7 +206,7 @@ def save_release(model: HFCausalLM, params: torch.Tensor, directory: str | Path,
     (``adapter_config.json`` with ``task_type`` ``CAUSAL_LM`` and ``base_name`` as the base,
     :func:`base_model_name`; ``adapter_model.safetensors``), which ``peft.AutoPeftModelForCausalLM``
     loads."""
-    from fedpriv.models import set_flat_params
+    from fedpriv.models.flat import set_flat_params
 
     directory = Path(directory)
     replica = copy.deepcopy(model).cpu()
@@ -312,8 +312,8 @@ class HFModel(ModelOption):
 
     def example_overrides(self, directory) -> list[str]:
         """A random-init two-layer Llama and its word tokenizer for the smoke run's words, written
-        under ``directory`` (:mod:`fedpriv.models.make_hf`)."""
-        from fedpriv.models.make_hf import write_model_dir
+        under ``directory`` (:mod:`fedpriv.models.tiny_hf`)."""
+        from fedpriv.models.tiny_hf import write_model_dir
 
         words = tuple(f"w{i}" for i in range(1, 301))  # the synthetic datasets' words
         out = write_model_dir(Path(directory) / "hf_llama", words, "llama", hidden=32, layers=2, heads=4)

@@ -2,11 +2,9 @@
 directory, offline: a model directory for ``model=hf`` (and ``public.teacher=hf``) when none is
 at hand, used by the README's command, the tests and scripts/pretrain_hf.py.
 
-The tokenizer (``tokenizers`` WordLevel, whitespace split) numbers the dataset's words as the
-word vocabulary does (:meth:`fedpriv.text.vocabulary.Vocabulary.of_words`: ``[PAD]`` 0, words
-1..V, ``[UNK]`` V+1, ``[BOS]`` V+2, ``[EOS]`` V+3), so a run with ``data.tokenizer=hf`` sees the
-same token ids as the word-level LSTM. Families: ``llama`` (RMSNorm, rotary positions, SwiGLU,
-grouped-query attention) and ``gpt2`` (LayerNorm, learned positions, Conv1D, tied embeddings).
+This module is the command (an entry point, the top floor: it composes the config and loads the
+dataset whose words the tokenizer knows; nothing imports it); what it writes is
+:func:`fedpriv.models.tiny_hf.write_model_dir`.
 
     python -m fedpriv.models.make_hf DIR [--family llama] [--hidden 64] [--layers 2] [--heads 4]
         [OVERRIDES...]   # the data whose words it knows: Hydra overrides, default +experiment=smoke
@@ -19,72 +17,16 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-import torch
-
-FAMILIES = ("llama", "gpt2")
-SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "bos_token": "[BOS]", "eos_token": "[EOS]"}
-
-
-def word_tokenizer(words: Sequence[str]):
-    """A fast tokenizer with ids ``[PAD]`` 0, ``words`` 1..V, ``[UNK]``, ``[BOS]``, ``[EOS]``."""
-    import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"[PAD]": 0, **{w: i + 1 for i, w in enumerate(words)}}
-    for name in ("[UNK]", "[BOS]", "[EOS]"):
-        vocab[name] = len(vocab)
-    if len(vocab) != len(words) + 4:
-        raise ValueError("the word list repeats a word or holds a special token")
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIALS)
-
-
-def tiny_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
-                max_len: int = 128):
-    """The ``transformers`` config of a small ``family`` model (Llama: half as many KV heads)."""
-    import transformers
-
-    if family == "llama":
-        return transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=4 * hidden,
-                                        num_hidden_layers=layers, num_attention_heads=heads,
-                                        num_key_value_heads=max(1, heads // 2), max_position_embeddings=max_len,
-                                        pad_token_id=0, bos_token_id=vocab_size - 2, eos_token_id=vocab_size - 1,
-                                        tie_word_embeddings=False)
-    if family == "gpt2":
-        return transformers.GPT2Config(vocab_size=vocab_size, n_positions=max_len, n_embd=hidden, n_layer=layers,
-                                       n_head=heads, pad_token_id=0, bos_token_id=vocab_size - 2,
-                                       eos_token_id=vocab_size - 1)
-    raise ValueError(f"unknown family {family!r} (choose one of: {', '.join(FAMILIES)})")
-
-
-def write_model_dir(path: str | Path, words: Sequence[str], family: str = "llama", hidden: int = 64,
-                    layers: int = 2, heads: int = 4, max_len: int = 128, seed: int = 0) -> Path:
-    """Write the tokenizer of ``words`` and a random-init ``family`` model (seeded) to ``path``."""
-    from fedpriv.text.hf_tokenizer import transformers_module
-
-    transformers = transformers_module()
-    path = Path(path)
-    tokenizer = word_tokenizer(words)
-    config = tiny_config(family, len(tokenizer), hidden, layers, heads, max_len)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)  # public initialisation, not a privacy randomness
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    path.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(path)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+from fedpriv.compose import compose_config
+from fedpriv.errors import ConfigError
+from fedpriv.models.tiny_hf import FAMILIES, write_model_dir
+from fedpriv.task import load_dataset
 
 
 def _words(overrides: Sequence[str]) -> tuple[str, ...]:
-    from fedpriv.compose import compose_config
-    from fedpriv.task import load_dataset
-
     data = compose_config(list(overrides) or ["+experiment=smoke"])["data"]
     words = load_dataset({**data, "tokenizer": "word"}).vocab.words
     if not words:
-        from fedpriv.errors import ConfigError
-
         raise ConfigError("that dataset has no word vocabulary")
     return words
 
@@ -100,8 +42,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides naming the data (default: +experiment=smoke)")
     args = parser.parse_intermixed_args(argv)
-    from fedpriv.errors import ConfigError
-
     try:
         if min(args.hidden, args.layers, args.heads, args.max_len) < 1 or args.hidden % args.heads:
             raise ConfigError("--hidden, --layers, --heads, --max-len must be >= 1 and --hidden divisible by --heads")
