@@ -178,11 +178,14 @@ def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
 # patterns are full-match regular expressions on dotted module names. A CLI importer is exempt:
 # it is the top floor.
 _PKG = r"(\..+)?"
+FOUNDATIONS = (r"fedpriv\.(schema(\..+)?|research_key|content_digest|cache|randomness|keystream|rundir|atomic|devices"
+               r"|allocator|errors)")
 NEVER = [
     (r"fedpriv\.randomness", r"(?!fedpriv\.errors$|fedpriv\.keystream$).*", "imports",
      "randomness takes bytes and keys: nothing above errors (and the keystream it draws from)"),
     (r"fedpriv\.schema" + _PKG, r"fedpriv\.(runner|compose|plan|sampling|accounting|mechanisms)" + _PKG, "imports",
      "the config knows no run, sampler, accountant or mechanism (registries are filled from below)"),
+    (FOUNDATIONS, "(?!" + FOUNDATIONS + "$).*", "imports", "a foundation imports foundations only"),
     (r"fedpriv\.mechanisms" + _PKG, r"fedpriv\.clipping" + _PKG, "imports", "mechanisms never import clipping"),
     (r"fedpriv\.accounting" + _PKG, r"fedpriv\.mechanisms" + _PKG, "imports",
      "accounting never imports mechanisms (mechanisms state their events to it)"),
@@ -190,6 +193,44 @@ NEVER = [
      "a model or dataset never reaches up to the composer or the runner"),
     (r".*", "CLI", "imports", "CLIs live on the top floor: nothing imports one"),
 ]
+
+
+# the floors (docs/ARCHITECTURE.md), top first: a module imports its own floor or lower ones. A
+# module no pattern names (a new one) has no floor yet and is not checked here.
+FLOORS = [
+    ("entry points", "CLI"),
+    ("run composition", r"fedpriv\.(compose|runner|plan|backends|audit\.run|observe|console|tensorboard_events)"),
+    ("foundations", FOUNDATIONS),
+    ("parts", r"fedpriv\.(models|data|text|mechanisms|accounting|clipping|optim|public|audit)" + _PKG
+     + r"|fedpriv\.(sampling|aggregation|queries|replies|codec|adaptive_clipping|lora|metrics)"),
+    ("the round", r"fedpriv\.(task|algorithms|training|cohort|cohort_parallel|clients|dpfedavg|local_dp|config)"),
+]
+_FLOOR_ORDER = ["entry points", "run composition", "the round", "parts", "foundations"]
+
+
+def floor_of(name: str) -> str | None:
+    """The floor of module ``name`` (the first pattern of :data:`FLOORS` it matches; server/ and
+    client/ are entry points)."""
+    import re
+
+    if name.startswith(("server", "client")):
+        return "entry points"
+    for floor, pattern in FLOORS:
+        if _is_cli(name) if pattern == "CLI" else re.fullmatch(pattern, name):
+            return floor
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    rank = {floor: i for i, floor in enumerate(_FLOOR_ORDER)}
+    bad = []
+    for name in sorted(graph):
+        here = floor_of(name)
+        for target in sorted(graph[name]):
+            there = floor_of(target)
+            if here and there and rank[there] < rank[here]:
+                bad.append(f"{name} ({here}) imports {target} ({there})")
+    return bad
 
 
 def never_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -218,6 +259,10 @@ def test_never_rules_hold():
     assert never_violations(import_graph()) == []
 
 
+def test_imports_point_down_the_floors():
+    assert upward_imports(import_graph()) == []
+
+
 def test_graph_checks_see_what_they_guard():
     """Not vacuous: the graph has the edges a reader sees, a planted cycle is found, and each rule
     matches the modules it names."""
@@ -233,4 +278,7 @@ def test_graph_checks_see_what_they_guard():
     assert any(b.startswith("fedpriv.models.lstm reaches fedpriv.runner") for b in bad)
     assert any(b.startswith("fedpriv.randomness imports fedpriv.schema") for b in bad)
     assert any(b.startswith("fedpriv.accounting.ledger imports fedpriv.mechanisms.base") for b in bad)
+    assert upward_imports(planted) == ["fedpriv.models.lstm (parts) imports fedpriv.task (the round)",
+                                       "fedpriv.task (the round) imports fedpriv.runner (run composition)"]
+    assert floor_of("fedpriv.schema.sections") == "foundations" and floor_of("server.app") == "entry points"
     assert _is_cli("fedpriv.simulate") and _is_cli("fedpriv.audit.__main__") and not _is_cli("fedpriv.runner")

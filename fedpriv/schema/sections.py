@@ -190,6 +190,15 @@ class AdaptiveClipping(Section):
         positive(self, "learning_rate", "count_noise", "initial_bound", path=path)
 
 
+def missing_path_message(source: str) -> str:
+    """The error for ``data.public_source=source`` (c4 or text) without ``data.public_path``."""
+    if source == "c4":
+        return ("data.public_source=c4 needs data.public_path: fedpriv never downloads C4; download shards of "
+                "allenai/c4 realnewslike from Hugging Face (e.g. realnewslike/c4-train.00000-of-00512.json.gz) "
+                "and pass data.public_path=FILE|DIR|GLOB")
+    return "data.public_source=text needs data.public_path (a .txt, .jsonl or .json file, directory or glob)"
+
+
 @dataclass
 class MonteCarloAccounting(Section):
     """``privacy.mc``: the Monte-Carlo accountant (``privacy.accountant=mc``; balls-in-bins sampling),
@@ -390,8 +399,6 @@ class TextPipeline(Option):
         positive(self, "seq_len", "public_max_sentences", "sp_vocab_size", "sp_seq_len", path=path)
         nonnegative(self, "seed", path=path)
         if self.public_source in ("c4", "text") and not self.public_path:  # local files only, never downloaded
-            from fedpriv.text.corpora import missing_path_message
-
             raise ConfigError(missing_path_message(self.public_source))
 
     def example_overrides(self, directory) -> list[str]:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fedpriv.errors import ConfigError
+from fedpriv.schema.sections import missing_path_message
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -79,15 +80,6 @@ def _documents_from_files(path: str | Path, text_field: str) -> Iterator[str]:
                 if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
                     raise ConfigError(f"{file}:{n}: no string field {text_field!r}")
                 yield record[text_field]
-
-
-def missing_path_message(source: str) -> str:
-    """The error for ``data.public_source=source`` (c4 or text) without ``data.public_path``."""
-    if source == "c4":
-        return ("data.public_source=c4 needs data.public_path: fedpriv never downloads C4; download shards of "
-                "allenai/c4 realnewslike from Hugging Face (e.g. realnewslike/c4-train.00000-of-00512.json.gz) "
-                "and pass data.public_path=FILE|DIR|GLOB")
-    return "data.public_source=text needs data.public_path (a .txt, .jsonl or .json file, directory or glob)"
 
 
 def _documents_from_c4(path: str | Path | None) -> Iterator[str]:
