@@ -1,4 +1,4 @@
-"""The typed config schema (fedpriv/schema.py): unknown keys name the closest valid one, values
+"""The typed config schema (fedpriv/schema/): unknown keys name the closest valid one, values
 are type-checked strictly (no truthy strings, no 3.0 for an int), ranges are checked before
 anything is written, defaults live in one place, and experiments combine."""
 

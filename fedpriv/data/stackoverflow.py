@@ -488,7 +488,7 @@ def load_stackoverflow(
     )
 
 
-# --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+# --- config options (fedpriv/schema/parser.py registers them with Hydra) -------------------------
 
 
 @dataclass

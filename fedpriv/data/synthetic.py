@@ -352,7 +352,7 @@ def generate(cfg: SyntheticConfig | None = None) -> FederatedDataset:
     return generate_with_truth(cfg or SyntheticConfig())[0]
 
 
-# --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+# --- config options (fedpriv/schema/parser.py registers them with Hydra) -------------------------
 
 
 _GENERATOR = SyntheticConfig()  # the one copy of the generator's defaults

@@ -344,7 +344,7 @@ class BandMFMechanism(CorrelatedMechanism):
         super().load_state_dict(state)
 
 
-# --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
+# --- config option (fedpriv/schema/parser.py registers it with Hydra) --------------------------
 
 
 @dataclass

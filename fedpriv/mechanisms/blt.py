@@ -347,7 +347,7 @@ class BLTMechanism(CorrelatedMechanism):
         super().load_state_dict(state)
 
 
-# --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
+# --- config option (fedpriv/schema/parser.py registers it with Hydra) --------------------------
 
 
 @dataclass

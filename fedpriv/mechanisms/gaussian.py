@@ -82,7 +82,7 @@ class GaussianMechanism(NoiseMechanism):
         return dp_accounting.SelfComposedDpEvent(self.round_event(sampler, noise_multiplier), rounds)
 
 
-# --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
+# --- config option (fedpriv/schema/parser.py registers it with Hydra) --------------------------
 
 
 @dataclass

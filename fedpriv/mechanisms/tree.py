@@ -175,7 +175,7 @@ class TreeMechanism(CorrelatedMechanism):
 __all__ = ["ESTIMATORS", "TreeMechanism", "TreeOperator", "TreeState", "node_variances"]
 
 
-# --- config option (fedpriv/schema.py registers it with Hydra) ---------------------------------
+# --- config option (fedpriv/schema/parser.py registers it with Hydra) --------------------------
 
 
 @dataclass

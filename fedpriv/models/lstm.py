@@ -268,7 +268,7 @@ class LSTMLanguageModel(nn.Module):
         return self.head(features if keep is None else flat_positions(features, keep))
 
 
-# --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+# --- config options (fedpriv/schema/parser.py registers them with Hydra) -------------------------
 
 
 @dataclass

@@ -197,7 +197,7 @@ ADAPTIVE_NAMES = {f"dp{rule}_{variant}": (rule, variant) for rule in RULES for v
 ADAPTIVE_NAMES.update({f"{rule}_noiseless_precond": (rule, "noiseless") for rule in RULES})
 
 
-# --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+# --- config options (fedpriv/schema/parser.py registers them with Hydra) -------------------------
 
 
 @dataclass

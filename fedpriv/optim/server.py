@@ -103,7 +103,7 @@ def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> Se
     return load("optimizer", {"name": name, **kwargs}).build(rounds)
 
 
-# --- config options (fedpriv/schema.py registers them with Hydra) --------------------------------
+# --- config options (fedpriv/schema/parser.py registers them with Hydra) -------------------------
 
 
 @dataclass
