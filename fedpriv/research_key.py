@@ -117,6 +117,7 @@ def research_key(cfg: Mapping[str, Any]) -> bytes:
 
 
 def _key(typed: schema.RunConfig) -> bytes:
+    """``SHA-256(tag ‖ canonical JSON)`` of a parsed config, or of its seed alone when paired."""
     if _paired(typed):
         return hashlib.sha256(PAIRED_TAG + json.dumps({"seed": typed.seed}).encode()).digest()
     text = json.dumps(_canonical(typed, schema.RunConfig(), schema.as_dict(typed)), sort_keys=True,
