@@ -308,3 +308,86 @@ def test_a_layer_called_outside_the_models_forward_is_refused_on_a_replayed_step
     bk = BookKeeping(model, clip_norm=1.0)
     with pytest.raises(UnsupportedLayerError, match=r"^b \(Linear\) was called outside the model's forward"):
         bk.backward(F.cross_entropy(model.b(model(x)), y, reduction="none"))
+
+
+# ----------------------------------------------------------------------------- mixing after the last layer
+
+
+class AfterLast(nn.Module):
+    """A batch statistic of the last layer's output added to it (issue 41 review): no hooked call's
+    input sees it, so only the model's return value shows it. ``inplace``: added in place to that
+    output (the same tensor is returned, changed)."""
+
+    def __init__(self, detach: bool = True, mixing: bool = True, inplace: bool = False) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 9), nn.Linear(9, 3)
+        self.detach, self.mixing, self.inplace = detach, mixing, inplace
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b(torch.tanh(self.a(x)))
+        if not self.mixing:
+            return y
+        m = y.mean(0)
+        m = 50 * (m.detach() if self.detach else m)
+        if self.inplace:
+            return y.add_(m)
+        return y + m
+
+
+@pytest.mark.parametrize("detach, inplace", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("later", [False, True])
+def test_mixing_after_the_last_layer_is_refused(detach: bool, inplace: bool, later: bool) -> None:
+    """From the first step, or from the second (after the separability probe's only run)."""
+    torch.manual_seed(0)
+    model = AfterLast(detach, mixing=not later, inplace=inplace)
+    bk = BookKeeping(model, clip_norm=1.0)
+    if later:
+        bk.backward(class_loss(model, *data()))
+        model.mixing = True
+    with pytest.raises(UnsupportedLayerError, match=r"^(the model's output \(AfterLast\): .*" + MIXING
+                       + r"|a \(Linear\): a sample's loss depends on other samples' rows)"):
+        bk.backward(class_loss(model, *data(seed=1)))
+
+
+@pytest.mark.parametrize("later", [False, True])
+def test_without_the_output_check_mixing_after_the_last_layer_breaks_the_bound(monkeypatch, later: bool) -> None:
+    monkeypatch.setattr("fedpriv.clipping.engine.output_mismatch", lambda *a: None)
+    mix = (lambda m: setattr(m, "mixing", True)) if later else None
+    torch.manual_seed(0)
+    ratio = replace_one_ratio(AfterLast(mixing=not later), class_loss, data(), data(seed=5, scale=30.0), clip=1e-3,
+                              before=mix)
+    assert ratio > 1.05, ratio
+
+
+class Catches(nn.Module):
+    """Calls ``b`` on a mixed input inside ``try``; if that raises, it goes on without it (the
+    replay's mismatch swallowed), then returns ``b(h)`` plus that call's output when it has one."""
+
+    def __init__(self, bare: bool) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 9), nn.Linear(9, 3)
+        self.bare = bare
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        m = None
+        if self.bare:
+            try:
+                m = self.b(h + h.detach().mean(0))
+            except:  # noqa: E722 - what is tested: even a bare except cannot hide the mismatch
+                pass
+        else:
+            try:
+                m = self.b(h + h.detach().mean(0))
+            except Exception:
+                pass
+        return self.b(h) if m is None else self.b(h) + m
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_a_model_that_catches_the_replays_exception_is_still_refused(bare: bool) -> None:
+    model = Catches(bare)
+    bk = BookKeeping(model, clip_norm=1.0)
+    with pytest.raises(UnsupportedLayerError, match=r"^b \(Linear\): .*" + MIXING):
+        bk.backward(class_loss(model, *data()))
+    assert all(p.grad is None for p in model.parameters())

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
@@ -53,8 +53,9 @@ from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer
 from fedpriv.keystream import GaussianKeystream
 from fedpriv.clipping.provenance import (CallPrint, Provenance, UnsupportedLayerError, ambiguous_batch_dim,
                                          call_print, check_data_independent, check_separable, choose_perturbed,
-                                         declared_rows, expand_rows, perturb_samples, perturbed, replay_error,
-                                         replay_mismatch, separability_probe)
+                                         declared_rows, expand_rows, output_mismatch, output_prints,
+                                         perturb_samples, perturbed, replay_error, replay_mismatch,
+                                         separability_probe)
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule
 from fedpriv.clipping.subclass_rules import subclass_rule
 
@@ -111,24 +112,37 @@ class _Forward:
     rng: tuple[Tensor, list[tuple[int, Tensor]]]  # torch's CPU state, (device, state) per CUDA device
     batch: int
     prints: list[tuple[CallPrint, Optional[str]]]  # with the expansion the engine applied ("shared", "broadcast")
+    # the model's return value as compared (output_prints); None: it is the last call's output, unchanged (a
+    # registered layer's, compared by that call's input, so the replay may end before that call)
+    output: Optional[list[CallPrint]] = None
+    # while the forward runs: the last hooked call's output, its version and whether it may end the replay,
+    # and the outputs of calls on flattened positions with their rows' samples (dropped when it returns)
+    last: Optional[tuple[Tensor, int, bool]] = None
+    flat: list[tuple[Tensor, Tensor]] = field(default_factory=list)
 
 
 @dataclass
 class _Replaying:
-    """The state of one replay: the forward replayed, the perturbed samples, the next call."""
+    """The state of one replay: the forward replayed, the perturbed samples, the next call, the
+    outputs of its calls on flattened positions (with their rows' samples), and the first
+    mismatch found (kept here too, so a model that catches :class:`_ReplayMismatch` cannot hide it)."""
 
     forward: _Forward
     chosen: Tensor
     next: int = 0
+    flat: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    mismatch: Optional[tuple[str, nn.Module, str]] = None
 
 
-class _ReplayMismatch(Exception):
-    """Ends a replay at the first call that differs (turned into an UnsupportedLayerError)."""
+class _ReplayMismatch(BaseException):
+    """Ends a replay at the first call that differs (turned into an UnsupportedLayerError). A
+    ``BaseException``, so that a model's ``except Exception`` does not swallow it."""
 
 
-class _ReplayDone(Exception):
-    """Ends a replay before its last call, a registered layer whose input was compared (the output
-    layer of a language model, its largest product, is not computed again)."""
+class _ReplayDone(BaseException):
+    """Ends a replay before its last call when that call's output is the model's return value,
+    unchanged, and of a registered layer whose input was compared (the output layer of a language
+    model, its largest product, is not computed again)."""
 
 
 _RECORDERS: "weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]]" = weakref.WeakKeyDictionary()
@@ -232,6 +246,7 @@ class BookKeeping:
         self._in_forward = False  # inside a forward of the model (hooked calls outside cannot be replayed)
         self._outside: Optional[str] = None  # a hooked call made outside the model's forward
         self._replaying: Optional[_Replaying] = None
+        self._open: Optional[_Forward] = None  # the recorded forward now running (its return value is kept)
         self._replay_draws = torch.Generator().manual_seed(0x4E9A7)  # which samples, and how, a replay perturbs
         managed, to_prepare = self._inspect(model)
         # profiler labels (scripts/profile_bk.py): "bk.<phase>.<layer kind>"
@@ -384,14 +399,24 @@ class BookKeeping:
             devices = sorted({p.device.index or 0 for p in self.model.parameters() if p.device.type == "cuda"})
             rng = (torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in devices])
             self._forwards.append(_Forward(args, dict(kwargs), rng, x.shape[0], []))
+            self._open = self._forwards[-1]
         new_args = tuple(proof.trace_input(a) for a in args)
         new_kwargs = {k: proof.trace_input(v) for k, v in kwargs.items()}
         changed = any(a is not b for a, b in zip(new_args, args)) or any(new_kwargs[k] is not kwargs[k] for k in kwargs)
         return (new_args, new_kwargs) if changed else None
 
     def _off_root(self, module: nn.Module, args: tuple, output: Any) -> None:
-        """The model's forward has returned (or raised)."""
+        """The model's forward has returned (or raised): a recorded forward to replay keeps what the
+        replay compares of its return value (:func:`~fedpriv.clipping.provenance.output_prints`),
+        unless that is the last hooked call's output, unchanged, which may end the replay early."""
         self._in_forward = False
+        forward, self._open = self._open, None
+        if forward is None:
+            return
+        last, flat = forward.last, forward.flat
+        forward.last, forward.flat = None, []
+        if not (last is not None and last[2] and output is last[0] and output._version == last[1]):
+            forward.output = output_prints(output, forward.batch, flat)
 
     def _on_forward(self, path: str, rule: LayerRule, module: nn.Module, args: tuple,
                     kwargs: dict, output: Any, recorded: bool = False) -> Optional[Tensor]:
@@ -444,43 +469,62 @@ class BookKeeping:
             self._outside = self._outside or f"{path} ({type(module).__name__})"
             return
         trusted = type(module) in RULES and not recorded
-        self._forwards[-1].prints.append((call_print(path, kind, x, None if trusted else output, rows), expand))
+        forward = self._forwards[-1]
+        forward.prints.append((call_print(path, kind, x, None if trusted else output, rows), expand))
+        forward.last = (output, output._version, trusted and expand is None)
+        if rows is not None:
+            forward.flat.append((output, rows))
 
     def _replay_call(self, path: str, module: nn.Module, x: Tensor, output: Tensor,
                      recorded: bool) -> Optional[Tensor]:
         """A hooked call of the replay: compared with the same call of the original forward (the
         engine's expansion of a shared call applied again, so the forward runs as it did)."""
         state = self._replaying
+        if state.mismatch is not None:  # a mismatch the model caught: end the replay again
+            raise _ReplayMismatch()
         prints = state.forward.prints
         if state.next >= len(prints) or prints[state.next][0].path != path:
-            raise _ReplayMismatch(path, module, "the sequence of layer calls changed")
+            self._mismatch(path, module, "the sequence of layer calls changed")
         original, expand = prints[state.next]
         state.next += 1
         trusted = type(module) in RULES and not recorded
         rows = declared_rows(x)
         again = call_print(path, original.kind, x, None if trusted else output, rows, copy=False)
         if (original.output is None) != (again.output is None):
-            raise _ReplayMismatch(path, module, "the way this layer was called changed")
+            self._mismatch(path, module, "the way this layer was called changed")
         problem = replay_mismatch(original, again, state.chosen)
         if problem:
-            raise _ReplayMismatch(path, module, problem)
+            self._mismatch(path, module, problem)
+        if rows is not None:
+            state.flat.append((output, rows))
         if expand is None:
             return None
         return expand_rows(x, output, state.forward.batch, new_dim=expand == "shared")[1]
 
-    def _replay_last(self, path: str, module: nn.Module, x: Optional[Tensor]) -> None:
-        """Before the replay's last call: if the original compared only its input (a registered
-        layer, which computes row i of its output from input row i alone), compare that input
-        now and end the replay without computing the output."""
+    def _mismatch(self, path: str, module: nn.Module, what: str) -> None:
+        """Record the replay's first mismatch on its state and end the replay."""
         state = self._replaying
+        if state.mismatch is None:
+            state.mismatch = (path, module, what)
+        raise _ReplayMismatch()
+
+    def _replay_last(self, path: str, module: nn.Module, x: Optional[Tensor]) -> None:
+        """Before the replay's last call: if the original forward returned that call's output
+        unchanged and compared only its input (a registered layer, which computes row i of its
+        output from input row i alone), compare that input now and end the replay without
+        computing the output."""
+        state = self._replaying
+        if state.mismatch is not None:  # a mismatch the model caught: end the replay again
+            raise _ReplayMismatch()
         prints = state.forward.prints
         last = prints[-1][0] if prints else None
-        if x is None or state.next != len(prints) - 1 or last.path != path or last.output is not None:
+        if (x is None or state.forward.output is not None or state.next != len(prints) - 1 or last.path != path
+                or last.output is not None):
             return
         original = last
         problem = replay_mismatch(original, call_print(path, original.kind, x, None, declared_rows(x)), state.chosen)
         if problem:
-            raise _ReplayMismatch(path, module, problem)
+            self._mismatch(path, module, problem)
         state.next += 1
         raise _ReplayDone()
 
@@ -500,26 +544,35 @@ class BookKeeping:
             args = tuple(perturb_samples(a, chosen, self._replay_draws) for a in forward.args)
             kwargs = {k: perturb_samples(v, chosen, self._replay_draws) for k, v in forward.kwargs.items()}
             cpu, cuda = forward.rng
-            self._replaying = _Replaying(forward, chosen)
+            state = self._replaying = _Replaying(forward, chosen)
+            output, ended = None, False
             try:
                 with torch.random.fork_rng(devices=[d for d, _ in cuda]), torch.enable_grad():
                     torch.set_rng_state(cpu)
-                    for device, state in cuda:
-                        torch.cuda.set_rng_state(state, device)
+                    for device, rng in cuda:
+                        torch.cuda.set_rng_state(rng, device)
                     try:
-                        self.model(*args, **kwargs)
+                        output = self.model(*args, **kwargs)
                     except _ReplayDone:
-                        pass
-                done = self._replaying.next
-            except _ReplayMismatch as mismatch:
-                raise replay_error(*mismatch.args[:2], chosen, mismatch.args[2]) from None
+                        ended = True
+            except _ReplayMismatch:
+                pass  # recorded on the state
             except Exception as err:  # noqa: BLE001 - refused with the reason, whatever the model raised
-                raise UnsupportedLayerError(
-                    f"the model's forward raised {type(err).__name__} ({err}) in the forward replay (the proof that no "
-                    "row mixes samples: the same forward with some samples' inputs perturbed); a forward must run on "
-                    "any valid input of the same shapes") from err
+                if state.mismatch is None:
+                    raise UnsupportedLayerError(
+                        f"the model's forward raised {type(err).__name__} ({err}) in the forward replay (the proof "
+                        "that no row mixes samples: the same forward with some samples' inputs perturbed); a forward "
+                        "must run on any valid input of the same shapes") from err
             finally:
                 self._replaying = None
+            if state.mismatch is not None:  # (also where the model caught the exception that ended the replay)
+                raise replay_error(*state.mismatch[:2], chosen, state.mismatch[2])
+            done = state.next
+            if forward.output is not None and not ended:
+                problem = output_mismatch(forward.output, output_prints(output, forward.batch, state.flat, copy=False),
+                                          chosen)
+                if problem:
+                    raise replay_error("the model's output", self.model, chosen, problem)
             if done != len(forward.prints):
                 path = forward.prints[done][0].path
                 module = dict(self.model.named_modules())[path]

@@ -524,6 +524,45 @@ def replay_mismatch(original: CallPrint, again: CallPrint, chosen: Tensor) -> Op
     return None
 
 
+def _tensors(value: Any) -> list[Tensor]:
+    """The tensors in ``value`` (itself, or in its tuples, lists and dict values, in order)."""
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def output_prints(output: Any, batch: int, flat: Sequence[tuple[Tensor, Tensor]], copy: bool = True
+                  ) -> list[CallPrint]:
+    """What the forward replay compares of the model's return value, the tensor(s) the per-sample
+    loss is computed from: each tensor in it (:func:`_tensors`), as "positions" if it is the output
+    of a hooked call on flattened positions (``flat``: such outputs with their rows' samples), as
+    "rows" if its dim 0 is the ``batch``, else "whole" (e.g. a statistic over the batch); copied
+    (``copy``), as the caller may change it in place before the backward."""
+    prints = []
+    for t in _tensors(output):
+        samples = next((rows for out, rows in flat if out is t), None)
+        kind = "positions" if samples is not None else "rows" if t.dim() and t.shape[0] == batch else "whole"
+        prints.append(call_print("the model's output", kind, t, None, samples, copy=False))
+        if copy:
+            prints[-1].input = prints[-1].input.clone()
+    return prints
+
+
+def output_mismatch(original: Sequence[CallPrint], again: Sequence[CallPrint], chosen: Tensor) -> Optional[str]:
+    """What of the model's return value (:func:`output_prints`) changed in the replay where it
+    must not (rows of samples not ``chosen``; a "whole" tensor anywhere), or None."""
+    if [p.kind for p in original] != [q.kind for q in again]:
+        return "its tensors changed in number or layout"
+    for p, q in zip(original, again):
+        if _rows_differ(p, q, p.input, q.input, chosen):
+            return "it changed" if p.kind == "whole" else "its rows of the samples left unchanged changed"
+    return None
+
+
 def replay_error(path: str, module: nn.Module, chosen: Tensor, what: str) -> UnsupportedLayerError:
     """The refusal of a forward replay that found ``what`` at call ``path``."""
     samples = ", ".join(str(int(i)) for i in torch.nonzero(chosen)[:, 0][:8]) + (", ..." if chosen.sum() > 8 else "")
