@@ -25,6 +25,7 @@ from torch import nn
 
 from fedpriv import schema
 from fedpriv.clipping import BookKeeping, UnsupportedLayerError
+from fedpriv.clipping.engine import REPLAY_EVERY
 from fedpriv.cohort import CohortClipper, CohortSum
 from fedpriv.local_dp import resolve_example_dp
 from fedpriv.replies import RoundInputs
@@ -50,6 +51,11 @@ BatchedRound = Callable[[RoundInputs], CohortSum]
 PER_SAMPLE_SETTINGS = "client.dp=example, algorithm=dp_fedsgd and algorithm=dpsgd"
 
 
+def _replay_every(client: schema.Client) -> int:
+    """``client.bk_replay_every``, or Book-Keeping's default schedule where it is null."""
+    return REPLAY_EVERY if client.bk_replay_every is None else client.bk_replay_every
+
+
 class Algorithm:
     """One training algorithm. ``spec`` is its typed config option (``fedpriv.schema``)."""
 
@@ -70,7 +76,7 @@ class Algorithm:
     def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
         """What each client runs on its unit in a round."""
         return LocalConfig(epochs=client.epochs, batch_size=client.batch_size, lr=float(client.lr),
-                           max_steps=client.max_steps)
+                           max_steps=client.max_steps, replay_every=_replay_every(client))
 
     def per_sample_setting(self, batched: bool) -> str | None:
         """The setting that makes this algorithm clip per sample (Book-Keeping) in its clients'
@@ -124,7 +130,8 @@ class ExampleLevelFedAvg(FedAvg):
 
     def client_engine(self, model: nn.Module, local: LocalConfig) -> BookKeeping | None:
         dp = local.dp
-        return BookKeeping(model, clip_norm=dp.clip_norm, noise_multiplier=dp.noise_multiplier, mode=dp.mode)
+        return BookKeeping(model, clip_norm=dp.clip_norm, noise_multiplier=dp.noise_multiplier, mode=dp.mode,
+                           replay_every=local.replay_every)
 
 
 class FedSGD(Algorithm):
@@ -142,7 +149,8 @@ class FedSGD(Algorithm):
         return f"algorithm={self.name}" if batched and self._one_pass else None
 
     def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
-        return LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client.lr), max_steps=1)
+        return LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client.lr), max_steps=1,
+                           replay_every=_replay_every(client))
 
     def batched_round(self, model: nn.Module, local: LocalConfig, pad_id: int,
                       units: Sequence[np.ndarray]) -> BatchedRound | None:
@@ -155,7 +163,7 @@ class FedSGD(Algorithm):
             nonlocal clipper
             if clipper is None:
                 clipper = CohortClipper(replica, inputs.clip_norm, local.lr, pad_id, mode=self.spec.clipping_mode,
-                                        max_rows=self.spec.max_rows)
+                                        max_rows=self.spec.max_rows, replay_every=local.replay_every)
             clipper.set_clip_norm(inputs.clip_norm)  # this round's bound (adaptive clipping: C_t)
             return clipper.clipped_sum(inputs.params, inputs.cohort, lambda u: units[u])
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from fedpriv.clipping import BookKeeping
+from fedpriv.clipping.engine import REPLAY_EVERY
 from fedpriv.metrics import sequence_token_losses
 from fedpriv.models import set_flat_params
 
@@ -76,7 +77,7 @@ class CohortClipper:
     """
 
     def __init__(self, model: nn.Module, clip_norm: float, lr: float, pad_id: int,
-                 mode: str = "mixopt", max_rows: int = 512) -> None:
+                 mode: str = "mixopt", max_rows: int = 512, replay_every: int = REPLAY_EVERY) -> None:
         if not lr > 0:
             raise ValueError(f"lr must be positive, got {lr}")
         self.model = model
@@ -84,7 +85,8 @@ class CohortClipper:
         self.lr = float(lr)
         self.pad_id = pad_id
         self.max_rows = int(max_rows)
-        self.bk = BookKeeping(model, clip_norm=self.clip_norm / self.lr, noise_multiplier=0.0, mode=mode)
+        self.bk = BookKeeping(model, clip_norm=self.clip_norm / self.lr, noise_multiplier=0.0, mode=mode,
+                              replay_every=replay_every)
         self._params = [p for p in model.parameters() if p.requires_grad]
         # the output layer on non-pad targets only (flattened positions), where the model offers it
         # and no weight is shared between layers (BK needs one layout per parameter)

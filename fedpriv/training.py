@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from fedpriv.clipping import BookKeeping
+from fedpriv.clipping.engine import REPLAY_EVERY
 from fedpriv.data.federated import rows_tensor
 from fedpriv.local_dp import ExampleDP, dp_sgd_steps
 from fedpriv.metrics import token_loss
@@ -30,6 +31,7 @@ class LocalConfig:
     lr: float = 0.5
     max_steps: int | None = None  # cap on local steps per round (None: full epochs)
     dp: ExampleDP | None = None  # example-level DP-SGD steps instead of plain SGD (client.dp=example)
+    replay_every: int = REPLAY_EVERY  # every Book-Keeping engine's forward-replay schedule (client.bk_replay_every)
 
 
 def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray, cfg: LocalConfig,

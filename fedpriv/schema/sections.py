@@ -117,9 +117,12 @@ class Client(Section):
     # the loop runs instead unless parallel_on_cpu (measured 2.6-6.9x slower there: docs/BENCHMARKS.md)
     parallel: int = field(default=1, metadata=PRESENTATION)
     parallel_on_cpu: bool = field(default=False, metadata=PRESENTATION)  # true: client.parallel on the CPU too
+    # every Book-Keeping engine of the run replays a step's forward (refusing models that mix samples) on its
+    # first 4 steps and every N-th after; null: the engine's REPLAY_EVERY; 1: every step (about +25% per step)
+    bk_replay_every: Optional[int] = field(default=None, metadata=PRESENTATION)
 
     def check(self, path: str) -> None:
-        positive(self, "epochs", "batch_size", "lr", "max_steps", "parallel", path=path)
+        positive(self, "epochs", "batch_size", "lr", "max_steps", "parallel", "bk_replay_every", path=path)
 
 
 @dataclass
