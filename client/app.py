@@ -12,16 +12,22 @@ reply carries statistics of the user's data beside the delta only when diagnosti
 
 from __future__ import annotations
 
+import logging
+import re
+
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedpriv.codec import decode, train_reply_content
+from fedpriv.clipping import UnsupportedLayerError
+from fedpriv.codec import decode, refusal_content, train_reply_content
 from fedpriv.config import client_diagnostics_enabled, resolve_config
 from fedpriv.randomness import ClientRandomness
 from fedpriv.research_key import client_randomness
 from fedpriv.clients import client_updates
 from fedpriv.task import load_task
 from fedpriv.allocator import retain_freed_memory
+
+log = logging.getLogger(__name__)
 
 
 def train_reply(cfg: dict, msg: Message, rng: ClientRandomness) -> Message:
@@ -44,6 +50,17 @@ def make_client_app(cfg: dict) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         del context  # the users to simulate come with the message, not from the node
-        return train_reply(cfg, msg, rng)
+        try:
+            return train_reply(cfg, msg, rng)
+        except UnsupportedLayerError as err:  # the engine refused the model (e.g. its forward mixes samples)
+            log.error("the per-sample clipping engine refused the model: %s", err)  # the node's own log
+            return Message(content=refusal_content(type(err).__name__, _layer(str(err))), reply_to=msg)
 
     return app
+
+
+def _layer(message: str) -> str:
+    """The ``path (Type)`` a refusal's message starts with, or empty: the rest of the message (shapes,
+    the batch's sample indices) stays in the node's log."""
+    head = message.split(":", 1)[0]
+    return head if re.fullmatch(r"[\w.<>' -]+ \([\w.]+\)", head) else ""

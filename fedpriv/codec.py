@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Iterable
 
 import torch
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedpriv.replies import ClientUpdate
 
@@ -34,6 +34,24 @@ def decode(array: Array) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # non-writable buffer: never written in place
         return torch.frombuffer(array.data, dtype=torch.float32)
+
+
+REFUSED = "refused"  # a node's reply that its per-sample clipping engine refused the model
+
+
+def refusal_content(kind: str, where: str) -> RecordDict:
+    """A node's reply that it refused the model (``kind``: the error's type; ``where``: the layer,
+    as ``path (Type)``, or empty): the model's structure only, never the users' data."""
+    return RecordDict({REFUSED: ConfigRecord({"kind": kind, "where": where})})
+
+
+def refusal(content: RecordDict) -> str | None:
+    """What a reply's :func:`refusal_content` says, as one phrase, or None for any other reply."""
+    record = content.config_records.get(REFUSED)
+    if record is None:
+        return None
+    kind, where = str(record.get("kind", "")), str(record.get("where", ""))
+    return f"{kind or 'a refusal'}{f' at {where}' if where else ''}"
 
 
 def train_reply_content(updates: Iterable[ClientUpdate]) -> RecordDict:

@@ -127,6 +127,8 @@ def _run(cfg) -> None:
     except OutputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
+    except ConfigError as err:  # refused mid-run (a client's engine found that the model mixes samples)
+        _fail(stopped_message(err, session.ledger.rounds_done, int(plain["rounds"])))
     except KeyboardInterrupt:  # Ctrl-C: the last checkpoint is left as it is, for resume=true
         summary = None
     if summary is None:  # outside the handler, so the progress bar is closed before the line below
@@ -145,6 +147,14 @@ def _run(cfg) -> None:
         sys.exit(_exit_code())
     print(format_result(summary))
     print(f"outputs in {run_dir}")
+
+
+def stopped_message(err: Exception, done: int, rounds: int) -> str:
+    """The ``error:`` line of a run refused after ``done`` of its ``rounds`` rounds: what was
+    published (each round's checkpoint, metrics and ledger are written together after it) stays."""
+    kept = ("no round was completed" if not done else "round 1 stays published and consistent" if done == 1
+            else f"rounds 1-{done} stay published and consistent")
+    return f"{err} (the run stopped at round {done + 1} of {rounds}: {kept}; round {done + 1} released nothing)"
 
 
 # the signal that stopped the run (SIGTERM from a scheduler, or SIGINT): its exit code is 128 + its number

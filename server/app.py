@@ -17,6 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedpriv.backends import client_app_factory
 from fedpriv.clients import in_process_round_fn
+from fedpriv.errors import ConfigError
 from fedpriv.replies import ClientReplies, RoundFn, RoundInputs
 from fedpriv.runner import RunSession, train
 from server.strategy import CohortStrategy
@@ -74,14 +75,18 @@ def grid_round_fn(grid: Grid, num_nodes: int, timeout: float | None, node_wait: 
 
 
 def make_server_app(session: RunSession, num_nodes: int, result: dict) -> ServerApp:
-    """A ServerApp running ``session``; the summary lands in ``result['summary']``."""
+    """A ServerApp running ``session``; the summary lands in ``result['summary']`` (a ``ConfigError``
+    that stopped the run, in ``result['error']``)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         del context
         timeout = session.cfg["backend"].get("round_timeout")
-        result["summary"] = train(session, grid_round_fn(grid, num_nodes, timeout))
+        try:
+            result["summary"] = train(session, grid_round_fn(grid, num_nodes, timeout))
+        except ConfigError as err:  # a client refused the model mid-run: raised again after the engine stops
+            result["error"] = err
 
     return app
 
@@ -145,6 +150,8 @@ def run_flower_simulation(session: RunSession) -> dict:
                                                  # workers' output (fedpriv's warnings from clients
                                                  # included) still reaches the console
                                                  "logging_level": "ERROR", "log_to_driver": True}})
+    if "error" in result:
+        raise result["error"]
     if "summary" not in result:
         raise RuntimeError("Flower simulation ended without a result (see the log above)")
     return result["summary"]

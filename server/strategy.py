@@ -7,7 +7,8 @@ ClientApp process per message):
 
 * server → node: ``arrays/params`` (the global model), ``config`` ``{"round": r, "users": [...]}``;
 * node → server: ``deltas`` (an ArrayRecord keyed by ``str(user)``) and one MetricRecord
-  ``metrics.<user>`` per user.
+  ``metrics.<user>`` per user; or ``refused`` (:func:`fedpriv.codec.refusal_content`) where the
+  node's per-sample clipping engine refused the model, which ends the run (a ``ConfigError``).
 
 Attribution never trusts the reply: the users of a reply are those the server sent to the
 replying node this round. A user whose delta is missing or malformed gets ``delta=None`` and is
@@ -24,7 +25,8 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from fedpriv.codec import decode, encode
+from fedpriv.codec import decode, encode, refusal
+from fedpriv.errors import ConfigError
 from fedpriv.replies import ClientUpdate
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,10 @@ class CohortStrategy:
                             error_kind(reply.error.reason))
                 continue
             content = reply.content
+            refused = refusal(content)
+            if refused is not None:  # the model itself is refused: no other node can train it either
+                raise ConfigError(f"a client refused the model ({refused}): per-sample clipping (Book-Keeping) "
+                                  "cannot clip it, e.g. its forward mixes samples; the node's log has the details")
             deltas = content.array_records.get("deltas")
             for user in users:
                 delta = None
