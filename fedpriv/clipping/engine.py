@@ -25,7 +25,8 @@ One step, given the per-sample losses ``ℓ_i`` of a batch-first forward:
 
 Which inputs are per sample is *proven*, never guessed from a shape, that no sample's loss
 depends on another sample's rows, and (by a forward replay with some samples perturbed, on a
-schedule: ``replay_every``) that no row of a hooked call depends on another sample, by
+schedule: ``replay_every``) that no row of a hooked call, nor of the model's return value,
+depends on another sample, by
 :mod:`fedpriv.clipping.provenance` (its docstring states what is proven and under which
 assumptions). A shared call's output is returned with a new leading
 batch dim (an ``expand`` view), so each sample gets its own part of the gradient.
@@ -201,8 +202,8 @@ class BookKeeping:
     on exit.
 
     ``backward`` replays the step's forward with a random half of the samples perturbed (the RNG
-    restored) and refuses a model whose hooked calls' rows of the other samples change: a model
-    that mixes samples in its forward (:mod:`fedpriv.clipping.provenance`, 4). It does so on the
+    restored) and refuses a model whose hooked calls' rows, or its return value's, of the other
+    samples change: a model that mixes samples in its forward (:mod:`fedpriv.clipping.provenance`, 4). It does so on the
     first ``REPLAY_FIRST`` (4) steps of the engine and on every ``replay_every``-th step after
     (default 8; 1: every step, one more forward per step, about +25% of a step on the LSTM and the
     transformer); a step with one sample is not replayed (nothing to compare). Every hooked call

@@ -43,9 +43,13 @@ What it proves, for every hooked module call of one step:
    input — or its output rows, for a call whose output is not computed by a registered layer's own
    forward (a subclass accepted by its computation, a :func:`record_call` product), or if the
    sequence of calls changes. The output of a registered layer type (``RULES``) is not compared:
-   its forward computes output row i from input row i and the parameters alone (so the replay ends
-   before the last call when that is such a layer, a language model's output layer). It runs on
-   an engine's first steps and on every ``replay_every``-th step after (the engine's schedule).
+   its forward computes output row i from input row i and the parameters alone. The model's return
+   value, what the per-sample loss is computed from, is (:func:`output_prints`: each tensor in it,
+   by rows, flattened positions, or whole), so mixing after the last hooked call is seen; only where
+   the model returns its last call's output itself, unchanged (no in-place change), and that call
+   is a registered layer's, its compared input suffices and the replay ends before that call (a
+   language model's output layer, its largest product, is not computed again). It runs on an
+   engine's first steps and on every ``replay_every``-th step after (the engine's schedule).
 
 Assumptions: dim 0 of the model's input is the batch; a shared input that depends on the samples
 changes under the replay's perturbation (integer inputs resampled from their own values, float
@@ -61,8 +65,9 @@ the next one; ``replay_every=1`` replays every step); a kept row that depends on
 changes in some bit (a dependence the perturbation leaves unchanged, or one on kept samples only,
 is seen only at a replay whose random half separates them); the forward reads no state that earlier
 batches wrote other than the parameters; a registered rule's module computes its output row by row;
-and the per-sample loss is formed from the model's output row by row (checked by 3, on the first
-backward only).
+and the per-sample loss is formed from the model's return value row by row (the engine cannot run
+the caller's loss computation again: 3 sees a backward dependence there on the first backward only,
+and a detached statistic over the batch inside the loss computation goes unnoticed).
 """
 
 from __future__ import annotations
