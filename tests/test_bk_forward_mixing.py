@@ -391,3 +391,33 @@ def test_a_model_that_catches_the_replays_exception_is_still_refused(bare: bool)
     with pytest.raises(UnsupportedLayerError, match=r"^b \(Linear\): .*" + MIXING):
         bk.backward(class_loss(model, *data()))
     assert all(p.grad is None for p in model.parameters())
+
+
+class ViewOfLast(nn.Module):
+    """Returns a view within the rows of the last layer's output (an LM wrapper's ``logits[..., :V]``),
+    with ``mixing`` a detached batch mean added to it in place."""
+
+    def __init__(self, mixing: bool) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 9), nn.Linear(9, 4)
+        self.mixing = mixing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        view = self.b(torch.tanh(self.a(x)))[:, :3]
+        return view.add_(50 * view.detach().mean(0)) if self.mixing else view
+
+
+@pytest.mark.parametrize("mixing", [False, True])
+def test_a_view_within_the_last_layers_rows_ends_the_replay_early_unless_changed(mixing: bool) -> None:
+    """Its input compared, the last layer is not computed again (one call of ``b`` per step); a
+    view changed in place is compared (refused)."""
+    model = ViewOfLast(mixing)
+    calls = []
+    model.b.register_forward_hook(lambda *_: calls.append(1))
+    bk = BookKeeping(model, clip_norm=1.0)
+    if mixing:
+        with pytest.raises(UnsupportedLayerError, match=r"^the model's output \(ViewOfLast\): .*" + MIXING):
+            bk.backward(class_loss(model, *data()))
+    else:
+        bk.backward(class_loss(model, *data()))
+        assert len(calls) == 1

@@ -56,7 +56,7 @@ from fedpriv.clipping.provenance import (CallPrint, Provenance, UnsupportedLayer
                                          call_print, check_data_independent, check_separable, choose_perturbed,
                                          declared_rows, expand_rows, output_mismatch, output_prints,
                                          perturb_samples, perturbed, replay_error, replay_mismatch,
-                                         separability_probe)
+                                         rows_within, separability_probe)
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule
 from fedpriv.clipping.subclass_rules import subclass_rule
 
@@ -409,14 +409,15 @@ class BookKeeping:
     def _off_root(self, module: nn.Module, args: tuple, output: Any) -> None:
         """The model's forward has returned (or raised): a recorded forward to replay keeps what the
         replay compares of its return value (:func:`~fedpriv.clipping.provenance.output_prints`),
-        unless that is the last hooked call's output, unchanged, which may end the replay early."""
+        unless that is the last hooked call's output (or a view within its rows,
+        :func:`~fedpriv.clipping.provenance.rows_within`), unchanged, which may end the replay early."""
         self._in_forward = False
         forward, self._open = self._open, None
         if forward is None:
             return
         last, flat = forward.last, forward.flat
         forward.last, forward.flat = None, []
-        if not (last is not None and last[2] and output is last[0] and output._version == last[1]):
+        if not (last is not None and last[2] and rows_within(output, last[0]) and output._version == last[1]):
             forward.output = output_prints(output, forward.batch, flat)
 
     def _on_forward(self, path: str, rule: LayerRule, module: nn.Module, args: tuple,

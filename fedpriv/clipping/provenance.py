@@ -46,8 +46,8 @@ What it proves, for every hooked module call of one step:
    its forward computes output row i from input row i and the parameters alone. The model's return
    value, what the per-sample loss is computed from, is (:func:`output_prints`: each tensor in it,
    by rows, flattened positions, or whole), so mixing after the last hooked call is seen; only where
-   the model returns its last call's output itself, unchanged (no in-place change), and that call
-   is a registered layer's, its compared input suffices and the replay ends before that call (a
+   the model returns its last call's output itself, or a view within its rows (:func:`rows_within`),
+   unchanged (no in-place change), and that call is a registered layer's, its compared input suffices and the replay ends before that call (a
    language model's output layer, its largest product, is not computed again). It runs on an
    engine's first steps and on every ``replay_every``-th step after (the engine's schedule).
 
@@ -538,6 +538,23 @@ def _tensors(value: Any) -> list[Tensor]:
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _tensors(v)]
     return []
+
+
+def rows_within(t: Any, base: Tensor) -> bool:
+    """Whether ``t`` is ``base`` or a view of it whose row i holds only elements of ``base``'s row
+    i (e.g. ``base[..., :V]``): ``base`` contiguous (row i is one contiguous range of its storage),
+    ``t`` on the same storage with the same dim 0 and row stride, each row's span inside that range."""
+    if t is base:
+        return True
+    if not (isinstance(t, Tensor) and t.dim() and base.dim() and base.is_contiguous() and t.numel()
+            and t.dtype == base.dtype and t.device == base.device and t.shape[0] == base.shape[0]
+            and t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()):
+        return False
+    if base.shape[0] > 1 and t.stride(0) != base.stride(0) or any(s < 0 for s in t.stride()):
+        return False
+    start = t.storage_offset() - base.storage_offset()
+    span = sum((n - 1) * s for n, s in zip(t.shape[1:], t.stride()[1:]))
+    return 0 <= start and start + span < math.prod(base.shape[1:])
 
 
 def output_prints(output: Any, batch: int, flat: Sequence[tuple[Tensor, Tensor]], copy: bool = True
