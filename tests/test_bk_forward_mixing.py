@@ -421,3 +421,35 @@ def test_a_view_within_the_last_layers_rows_ends_the_replay_early_unless_changed
     else:
         bk.backward(class_loss(model, *data()))
         assert len(calls) == 1
+
+
+class FrozenHeadFlat(nn.Module):
+    """A frozen (unhooked) output layer on flattened positions (a LoRA model's head), optionally
+    with a detached mean over all positions added after it."""
+
+    def __init__(self, mixing: bool) -> None:
+        super().__init__()
+        self.emb, self.out = nn.Embedding(VOCAB, 8), nn.Linear(8, VOCAB)
+        self.out.requires_grad_(False)
+        self.mixing = mixing
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        y = self.out(flat_positions(torch.tanh(self.emb(x)), keep))
+        return y + 50 * y.detach().mean(0) if self.mixing else y
+
+
+@pytest.mark.parametrize("mixing", [False, True])
+def test_a_flattened_output_is_compared_by_its_rows_samples(mixing: bool) -> None:
+    model = FrozenHeadFlat(mixing)
+    bk = BookKeeping(model, clip_norm=1.0)
+    for seed in range(2):
+        x = tokens(6, 7, VOCAB, pad_tail=True, seed=seed)
+        keep = x != 0
+        ce = F.cross_entropy(model(x, keep), x[keep], reduction="none")
+        loss = ce.new_zeros(6).index_add(0, torch.nonzero(keep)[:, 0], ce)
+        if mixing:
+            with pytest.raises(UnsupportedLayerError, match=r"^the model's output \(FrozenHeadFlat\): .*" + MIXING):
+                bk.backward(loss)
+            return
+        bk.backward(loss)
+    assert bk.last_norms.shape == (6,)

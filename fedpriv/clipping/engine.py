@@ -52,9 +52,9 @@ from torch.profiler import record_function
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
 from fedpriv.keystream import GaussianKeystream
-from fedpriv.clipping.provenance import (CallPrint, Provenance, UnsupportedLayerError, ambiguous_batch_dim,
-                                         call_print, check_data_independent, check_separable, choose_perturbed,
-                                         declared_rows, expand_rows, output_mismatch, output_prints,
+from fedpriv.clipping.provenance import (FLAT_LISTENERS, CallPrint, Provenance, UnsupportedLayerError,
+                                         ambiguous_batch_dim, call_print, check_data_independent, check_separable,
+                                         choose_perturbed, declared_rows, expand_rows, output_mismatch, output_prints,
                                          perturb_samples, perturbed, replay_error, replay_mismatch,
                                          rows_within, separability_probe)
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule
@@ -117,9 +117,9 @@ class _Forward:
     # registered layer's, compared by that call's input, so the replay may end before that call)
     output: Optional[list[CallPrint]] = None
     # while the forward runs: the last hooked call's output, its version and whether it may end the replay,
-    # and the outputs of calls on flattened positions with their rows' samples (dropped when it returns)
+    # and the samples of the rows of each flat_positions it made (dropped when it returns)
     last: Optional[tuple[Tensor, int, bool]] = None
-    flat: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    flat: list[Tensor] = field(default_factory=list)
 
 
 @dataclass
@@ -131,7 +131,7 @@ class _Replaying:
     forward: _Forward
     chosen: Tensor
     next: int = 0
-    flat: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    flat: list[Tensor] = field(default_factory=list)
     mismatch: Optional[tuple[str, nn.Module, str]] = None
 
 
@@ -263,6 +263,7 @@ class BookKeeping:
             self._handles.append(module.register_forward_pre_hook(self._make_pre_hook(path), with_kwargs=True))
             _RECORDERS[module] = hook
             self._recorded.append(module)
+        FLAT_LISTENERS.add(self)
 
     # ------------------------------------------------------------------ set-up
 
@@ -348,6 +349,7 @@ class BookKeeping:
         self._handles = []
         for module in self._recorded:
             _RECORDERS.pop(module, None)
+        FLAT_LISTENERS.discard(self)
         self._recorded = []
         for undo in reversed(self._undo):
             undo()
@@ -474,8 +476,6 @@ class BookKeeping:
         forward = self._forwards[-1]
         forward.prints.append((call_print(path, kind, x, None if trusted else output, rows), expand))
         forward.last = (output, output._version, trusted and expand is None)
-        if rows is not None:
-            forward.flat.append((output, rows))
 
     def _replay_call(self, path: str, module: nn.Module, x: Tensor, output: Tensor,
                      recorded: bool) -> Optional[Tensor]:
@@ -497,11 +497,17 @@ class BookKeeping:
         problem = replay_mismatch(original, again, state.chosen)
         if problem:
             self._mismatch(path, module, problem)
-        if rows is not None:
-            state.flat.append((output, rows))
         if expand is None:
             return None
         return expand_rows(x, output, state.forward.batch, new_dim=expand == "shared")[1]
+
+    def flattened(self, rows: Tensor) -> None:
+        """:func:`~fedpriv.clipping.provenance.flat_positions` made rows of samples ``rows``: kept
+        while this engine's recorded forward to replay, or its replay, runs (:meth:`_off_root`)."""
+        if self._replaying is not None:
+            self._replaying.flat.append(rows)
+        elif self._open is not None:
+            self._open.flat.append(rows)
 
     def _mismatch(self, path: str, module: nn.Module, what: str) -> None:
         """Record the replay's first mismatch on its state and end the replay."""

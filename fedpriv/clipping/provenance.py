@@ -47,9 +47,11 @@ What it proves, for every hooked module call of one step:
    value, what the per-sample loss is computed from, is (:func:`output_prints`: each tensor in it,
    by rows, flattened positions, or whole), so mixing after the last hooked call is seen; only where
    the model returns its last call's output itself, or a view within its rows (:func:`rows_within`),
-   unchanged (no in-place change), and that call is a registered layer's, its compared input suffices and the replay ends before that call (a
-   language model's output layer, its largest product, is not computed again). It runs on an
-   engine's first steps and on every ``replay_every``-th step after (the engine's schedule).
+   unchanged (no in-place change), and that call is a registered layer's, its compared input
+   suffices and the replay ends before that call (a language model's output layer, its largest
+   product, is not computed again). A flattened output (rows of :func:`flat_positions`, through a
+   frozen head, say) is attributed to its rows' samples. It runs on an engine's first steps and on
+   every ``replay_every``-th step after (the engine's schedule).
 
 Assumptions: dim 0 of the model's input is the batch; a shared input that depends on the samples
 changes under the replay's perturbation (integer inputs resampled from their own values, float
@@ -73,6 +75,7 @@ and a detached statistic over the batch inside the loss computation goes unnotic
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence
 
@@ -82,6 +85,9 @@ from torch import Tensor, nn
 from fedpriv.clipping.rules import LayerRule
 from fedpriv.errors import ConfigError
 
+# the attached engines (``flattened(rows)`` is called for each :func:`flat_positions`; their forward
+# replay attributes a model output with that many rows to those samples)
+FLAT_LISTENERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _SOURCE = "_fedpriv_computed_from"
 _POSITIONS = "_fedpriv_positions_of"
 
@@ -143,7 +149,10 @@ def flat_positions(x: Tensor, keep: Tensor) -> Tensor:
         raise ValueError(f"keep must be a bool mask of shape {tuple(x.shape[:2])}, got {keep.dtype} "
                          f"{tuple(keep.shape)}")
     flat = x[keep]
-    setattr(flat, _POSITIONS, (x, torch.nonzero(keep)[:, 0]))
+    rows = torch.nonzero(keep)[:, 0]
+    setattr(flat, _POSITIONS, (x, rows))
+    for listener in list(FLAT_LISTENERS):  # engines attribute a flattened model output to samples
+        listener.flattened(rows)
     return flat
 
 
@@ -557,16 +566,16 @@ def rows_within(t: Any, base: Tensor) -> bool:
     return 0 <= start and start + span < math.prod(base.shape[1:])
 
 
-def output_prints(output: Any, batch: int, flat: Sequence[tuple[Tensor, Tensor]], copy: bool = True
-                  ) -> list[CallPrint]:
+def output_prints(output: Any, batch: int, flat: Sequence[Tensor], copy: bool = True) -> list[CallPrint]:
     """What the forward replay compares of the model's return value, the tensor(s) the per-sample
-    loss is computed from: each tensor in it (:func:`_tensors`), as "positions" if it is the output
-    of a hooked call on flattened positions (``flat``: such outputs with their rows' samples), as
-    "rows" if its dim 0 is the ``batch``, else "whole" (e.g. a statistic over the batch); copied
-    (``copy``), as the caller may change it in place before the backward."""
+    loss is computed from: each tensor in it (:func:`_tensors`), as "positions" if its dim 0 has as
+    many rows as a :func:`flat_positions` of that forward made (``flat``: each one's rows' samples;
+    the last such), as "rows" if its dim 0 is the ``batch``, else "whole" (e.g. a statistic over the
+    batch); copied (``copy``), as the caller may change it in place before the backward."""
     prints = []
+    counts = {int(rows.shape[0]): rows for rows in flat}
     for t in _tensors(output):
-        samples = next((rows for out, rows in flat if out is t), None)
+        samples = counts.get(int(t.shape[0])) if t.dim() else None
         kind = "positions" if samples is not None else "rows" if t.dim() and t.shape[0] == batch else "whole"
         prints.append(call_print("the model's output", kind, t, None, samples, copy=False))
         if copy:
