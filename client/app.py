@@ -20,9 +20,10 @@ from flwr.clientapp import ClientApp
 
 from fedpriv.clipping import UnsupportedLayerError
 from fedpriv.codec import decode, refusal_content, train_reply_content
-from fedpriv.config import client_diagnostics_enabled, resolve_config
+from fedpriv.config import client_diagnostics_enabled, run_config
 from fedpriv.randomness import ClientRandomness
 from fedpriv.research_key import client_randomness
+from fedpriv.schema import RunConfig, as_dict
 from fedpriv.clients import client_updates
 from fedpriv.task import load_task
 from fedpriv.allocator import retain_freed_memory
@@ -30,20 +31,20 @@ from fedpriv.allocator import retain_freed_memory
 log = logging.getLogger(__name__)
 
 
-def train_reply(cfg: dict, msg: Message, rng: ClientRandomness) -> Message:
-    """The reply to one ``train`` message under the experiment ``cfg`` (resolved)."""
-    task = load_task(cfg)
+def train_reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Message:
+    """The reply to one ``train`` message under the experiment's resolved typed config ``spec``."""
+    task = load_task(spec)
     conf = msg.content["config"]
     params = decode(msg.content["arrays"]["params"])
-    diagnostics = client_diagnostics_enabled(cfg)
+    diagnostics = client_diagnostics_enabled(spec)
     updates = client_updates(task, params, [int(user) for user in conf["users"]], int(conf["round"]), rng, diagnostics)
     return Message(content=train_reply_content(updates), reply_to=msg)
 
 
 def make_client_app(cfg: dict) -> ClientApp:
-    """A ClientApp for the experiment ``cfg`` (plain dict of the Hydra config)."""
-    cfg = resolve_config(cfg)
-    rng = client_randomness(cfg)
+    """A ClientApp for the experiment ``cfg`` (plain dict of the Hydra config, parsed once here)."""
+    spec = run_config(cfg)
+    rng = client_randomness(as_dict(spec))
     retain_freed_memory()  # clients reallocate the same large tensors every step (fedpriv.allocator)
     app = ClientApp()
 
@@ -51,7 +52,7 @@ def make_client_app(cfg: dict) -> ClientApp:
     def train(msg: Message, context: Context) -> Message:
         del context  # the users to simulate come with the message, not from the node
         try:
-            return train_reply(cfg, msg, rng)
+            return train_reply(spec, msg, rng)
         except UnsupportedLayerError as err:  # the engine refused the model (e.g. its forward mixes samples)
             log.error("the per-sample clipping engine refused the model: %s", err)  # the node's own log
             return Message(content=refusal_content(type(err).__name__, _layer(str(err))), reply_to=msg)

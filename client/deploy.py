@@ -12,23 +12,24 @@ from flwr.clientapp import ClientApp
 
 from client.app import train_reply
 from fedpriv.compose import deployment_config
-from fedpriv.config import resolve_config
+from fedpriv.config import run_config
 from fedpriv.randomness import ClientRandomness
 from fedpriv.research_key import client_randomness
+from fedpriv.schema import RunConfig, as_dict
 
 app = ClientApp()
 
 
 @functools.lru_cache(maxsize=4)
-def _config(run_config_json: str) -> tuple[dict, ClientRandomness]:
-    """The run's resolved config and where this node's randomness comes from (OS entropy in secure
-    mode, the deployment default: the node never learns anything that regenerates server noise or
-    cohorts)."""
-    cfg = resolve_config(deployment_config(json.loads(run_config_json)))
-    return cfg, client_randomness(cfg)
+def _config(run_config_json: str) -> tuple[RunConfig, ClientRandomness]:
+    """The run's resolved typed config (parsed once per node) and where this node's randomness comes
+    from (OS entropy in secure mode, the deployment default: the node never learns anything that
+    regenerates server noise or cohorts)."""
+    spec = run_config(deployment_config(json.loads(run_config_json)))
+    return spec, client_randomness(as_dict(spec))
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    cfg, rng = _config(json.dumps(dict(context.run_config), sort_keys=True, default=str))
-    return train_reply(cfg, msg, rng)
+    spec, rng = _config(json.dumps(dict(context.run_config), sort_keys=True, default=str))
+    return train_reply(spec, msg, rng)

@@ -1,6 +1,7 @@
-"""Resolution and validation of a composed run config. Every check raises ``ConfigError`` (one
+"""Resolution and validation of a run's typed config. Every check raises ``ConfigError`` (one
 line, exit 2) before anything is written; the per-field checks live with the types in
-:mod:`fedpriv.schema`."""
+:mod:`fedpriv.schema`. :func:`run_config` is a run's one parse of its plain config; everything
+after it reads the typed :class:`~fedpriv.schema.RunConfig`."""
 
 from __future__ import annotations
 
@@ -10,94 +11,75 @@ import logging
 from fedpriv.devices import resolve_device
 from fedpriv.errors import ConfigError
 from fedpriv.sampling import resolve_sampling
-from fedpriv.schema import RunConfig, as_dict, parse, resolve_secure
+from fedpriv.schema import RunConfig, as_dict, complete, parse
 
 log = logging.getLogger(__name__)
 
 
-def resolve_config(cfg: dict) -> dict:
-    """Resolve, in place, the values that mean "pick for me" — ``sampling=auto`` (the mechanism's
+def run_config(cfg: dict) -> RunConfig:
+    """The validated, resolved typed config of the plain ``cfg`` (:func:`validate`, then
+    :func:`resolve`): the only parse of a run's config."""
+    return resolve(validate(cfg))  # validated first: `secure_rng=abc` is an error, not a truthy value
+
+
+def resolve(spec: RunConfig) -> RunConfig:
+    """``spec`` with the values that mean "pick for me" resolved — ``sampling=auto`` (the mechanism's
     sampler), ``privacy.secure_rng=null`` (secure for deployments) and, for ``model=hf`` with
-    ``data.tokenizer=hf``, an unset ``data.tokenizer_path`` (``model.path``) — so that config.yaml names
-    what the run does and server and clients derive the same research key. Idempotent."""
-    cfg["sampling"] = resolve_sampling(cfg.get("sampling"), (cfg.get("mechanism") or {}).get("name"))
-    privacy = cfg.setdefault("privacy", {})
-    privacy["secure_rng"] = resolve_secure(cfg)
-    data, model = cfg.get("data") or {}, cfg.get("model") or {}
-    if data.get("tokenizer") == "hf" and not data.get("tokenizer_path") and model.get("name") == "hf":
-        data["tokenizer_path"] = model.get("path")  # model=hf: its tokenizer lives beside it
-    return cfg
+    ``data.tokenizer=hf``, an unset ``data.tokenizer_path`` (``model.path``) — so that config.yaml
+    (its plain form) names what the run does and server and clients derive the same research key.
+    Idempotent."""
+    data = spec.data
+    if data.tokenizer == "hf" and not data.tokenizer_path and spec.model.name == "hf":
+        data = dataclasses.replace(data, tokenizer_path=getattr(spec.model, "path", None))  # its tokenizer beside it
+    return dataclasses.replace(spec, sampling=resolve_sampling(spec.sampling, spec.mechanism.name),
+                               privacy=dataclasses.replace(spec.privacy, secure_rng=spec.secure), data=data)
 
 
-def resolved(spec: RunConfig, cfg: dict) -> RunConfig:
-    """``spec`` with the values :func:`resolve_config` resolved in ``cfg`` (no second parse)."""
-    return dataclasses.replace(spec, sampling=cfg["sampling"],
-                               privacy=dataclasses.replace(spec.privacy, secure_rng=cfg["privacy"]["secure_rng"]),
-                               data=dataclasses.replace(spec.data, tokenizer_path=cfg["data"]["tokenizer_path"]))
+def resolve_config(cfg: dict) -> dict:
+    """The resolved plain form of ``cfg`` (:func:`run_config`): what config.yaml holds."""
+    return as_dict(run_config(cfg))
 
 
-def diagnostics_enabled(cfg: dict) -> bool:
+def diagnostics_enabled(spec: RunConfig) -> bool:
     """Whether the run computes statistics of training users (``diagnostics.jsonl``): only in
     research mode, never in secure mode or a deployment, and only with ``diagnostics=true``."""
-    backend = (cfg.get("backend") or {}).get("name")
-    return bool(cfg.get("diagnostics", True)) and not resolve_secure(cfg) and backend != "deployment"
+    return spec.diagnostics and not spec.secure and spec.backend.name != "deployment"
 
 
-def client_diagnostics_enabled(cfg: dict) -> bool:
+def client_diagnostics_enabled(spec: RunConfig) -> bool:
     """Whether clients report statistics of their data beside the delta (train loss, counts):
     with diagnostics, and never under example-level DP, whose replies carry the privatized delta
     and nothing else (the example-level guarantee is against the server too)."""
-    return diagnostics_enabled(cfg) and ((cfg.get("client") or {}).get("dp") or "none") != "example"
+    return diagnostics_enabled(spec) and spec.client.dp != "example"
 
 
 def validate(cfg: dict) -> RunConfig:
     """Check the parts of ``cfg`` that do not need the dataset — the typed schema
     (:func:`fedpriv.schema.parse`: unknown keys, types, ranges, unsupported combinations) — and
-    add, in place, the schema's default for every key ``cfg`` lacks (a composed config lacks none),
-    so that code reads ``cfg[key]`` and no default is written twice."""
+    add, in place, the schema's default for every key ``cfg`` lacks (a composed config lacks none;
+    :func:`fedpriv.schema.complete`), so that config.yaml and the research key see every key."""
     parsed = parse(cfg)
     resolve_device(parsed.device)  # device=cuda without CUDA: refused here, before anything is written
-    _fill(cfg, as_dict(parsed))
-    return parsed
+    return complete(cfg, parsed)
 
 
-def _fill(cfg: dict, defaults: dict, root: dict | None = None) -> None:
-    root = cfg if root is None else root
-    for key, value in defaults.items():
-        if key not in cfg:
-            cfg[key] = _resolve(value, root)
-        elif isinstance(value, dict) and isinstance(cfg[key], dict):
-            _fill(cfg[key], value, root)
-
-
-def _resolve(value, root: dict):
-    """A default of the form ``${a.b}`` (Hydra interpolation) read from the config it fills."""
-    if isinstance(value, str) and value.startswith("${") and value.endswith("}") and ":" not in value:
-        node = root
-        for part in value[2:-1].split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        return node
-    return value
-
-
-def _larger_data(cfg: dict) -> str:
+def _larger_data(spec: RunConfig) -> str:
     """The data key that sets the population, where the chosen dataset has one (the synthetic
     generator's user count; StackOverflow's cap on users), as a hint for a cohort that is too large."""
-    data = cfg.get("data") or {}
-    if isinstance(data.get("synthetic"), dict) and "num_users" in data["synthetic"]:
-        return f" (data.synthetic.num_users={cfg['cohort_size']} or more)"
-    if data.get("max_users") is not None:
+    if hasattr(getattr(spec.data, "synthetic", None), "num_users"):
+        return f" (data.synthetic.num_users={spec.cohort_size} or more)"
+    if getattr(spec.data, "max_users", None) is not None:
         return " (data.max_users=null: all users)"
     return ""
 
 
-def validate_against_data(cfg: dict, population: int, unit: str = "user") -> None:
+def validate_against_data(spec: RunConfig, population: int, unit: str = "user") -> None:
     """Checks that need the population size (of users, or of examples for ``unit="example"``);
     warns when δ ≥ 1/N (a weak guarantee)."""
-    if cfg["cohort_size"] > population:
-        raise ConfigError(f"cohort_size {cfg['cohort_size']} exceeds the population of {population} {unit}s: set "
-                          f"cohort_size<={population} or use a larger dataset{_larger_data(cfg)}")
-    delta = cfg["privacy"]["delta"]
+    if spec.cohort_size > population:
+        raise ConfigError(f"cohort_size {spec.cohort_size} exceeds the population of {population} {unit}s: set "
+                          f"cohort_size<={population} or use a larger dataset{_larger_data(spec)}")
+    delta = spec.privacy.delta
     if delta >= 1.0 / population:
         log.warning("privacy.delta=%g >= 1/N=%g (N = %d %ss): the guarantee allows leaking a whole %s", delta,
                     1.0 / population, population, unit, unit)

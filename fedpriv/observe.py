@@ -21,15 +21,16 @@ import logging
 from pathlib import Path
 
 from fedpriv.errors import ConfigError
+from fedpriv.schema import RunConfig
 
 round_log = logging.getLogger("fedpriv.rounds")
 
 _LINE_KEYS = (("round", "round", "d"), ("epsilon", "epsilon", ".4g"))
 
 
-def check_observability(cfg: dict) -> None:
+def check_observability(spec: RunConfig) -> None:
     """Fail before the run when TensorBoard logging is asked for but not installed."""
-    if cfg.get("tensorboard") and importlib.util.find_spec("tensorboard") is None:
+    if spec.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError('tensorboard=true needs the tensorboard package: pip install -e ".[tensorboard]"')
 
 
@@ -57,12 +58,12 @@ class RoundObserver:
     ``history``: the rows of rounds already done (a resumed run's event file is written anew with
     them, so it holds every round once)."""
 
-    def __init__(self, cfg: dict, run_dir: Path, texts: dict[str, str] | None = None,
+    def __init__(self, spec: RunConfig, run_dir: Path, texts: dict[str, str] | None = None,
                  history: list[dict] | None = None) -> None:
-        round_log.setLevel(logging.INFO if cfg.get("verbose") else logging.WARNING)
+        round_log.setLevel(logging.INFO if spec.verbose else logging.WARNING)
         self.events = None
-        if cfg.get("tensorboard"):
-            check_observability(cfg)
+        if spec.tensorboard:
+            check_observability(spec)
             from fedpriv.tensorboard_events import EventFile
 
             self.events = EventFile(run_dir / "tensorboard", texts or {}, history or [])

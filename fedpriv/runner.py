@@ -26,7 +26,7 @@ from fedpriv.accounting.ledger import json_epsilon, prefix_claim_settings
 from fedpriv.accounting.monte_carlo import MonteCarloSettings
 from fedpriv.adaptive_clipping import build_adaptive_clip
 from fedpriv.audit.run import audit_label, build_canaries, finish_audit
-from fedpriv.config import diagnostics_enabled, resolve_config, resolved, validate, validate_against_data
+from fedpriv.config import diagnostics_enabled, run_config, validate_against_data
 from fedpriv.dpfedavg import DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
 from fedpriv.mechanisms import Mechanism
@@ -39,7 +39,7 @@ from fedpriv.randomness import RunRandomness, mode_label
 from fedpriv.replies import RoundFn
 from fedpriv.research_key import canonical_config, research_key, run_randomness
 from fedpriv.rundir import CHECKPOINT_FORMAT, RunDirectory
-from fedpriv.schema import RunConfig
+from fedpriv.schema import RunConfig, as_dict
 from fedpriv.sampling import make_sampler
 from fedpriv.task import Task, load_task
 from fedpriv.allocator import retain_freed_memory
@@ -69,8 +69,7 @@ def _monte_carlo_settings(spec: RunConfig):
 class RunSession:
     """Everything a run needs, built and validated before anything is written."""
 
-    cfg: dict  # the resolved plain config (config.yaml, the research key, clients)
-    spec: RunConfig  # its typed view (the builders' input)
+    spec: RunConfig  # the run's validated, resolved config: everything reads its typed sections
     run: RunDirectory
     task: Task
     server: DPFedAvg
@@ -84,8 +83,14 @@ class RunSession:
     diagnostics: list[dict] = field(default_factory=list)  # diagnostics.jsonl rows (research only)
 
     @property
+    def cfg(self) -> dict:
+        """The plain form of ``spec`` (config.yaml, the research key, what clients receive): written
+        and sent, never read for a field."""
+        return as_dict(self.spec)
+
+    @property
     def diagnostics_enabled(self) -> bool:
-        return diagnostics_enabled(self.cfg)
+        return diagnostics_enabled(self.spec)
 
 
 def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
@@ -94,27 +99,21 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
 
     Raises ``ConfigError`` for bad input before writing any file; a directory locked by another
     run is refused (``RunDirectoryBusy``) without touching it. ``run``: a directory the caller has
-    already locked (and cleans up on error); otherwise this call locks ``cfg["run_dir"]`` and, on
-    error, removes it only if it created it and it is still empty. ``sampling=auto`` and
-    ``privacy.secure_rng=null`` are resolved here, so config.yaml names what the run does.
+    already locked (and cleans up on error); otherwise this call locks ``run_dir`` and, on
+    error, removes it only if it created it and it is still empty. ``cfg`` is parsed once
+    (:func:`fedpriv.config.run_config`: ``sampling=auto`` and ``privacy.secure_rng=null`` resolved,
+    so config.yaml names what the run does); everything after reads the typed ``RunConfig``.
     """
-    spec = _typed(cfg)
+    spec = run_config(cfg)
     retain_freed_memory()  # the run reallocates the same large tensors every step (fedpriv.allocator)
     own = run is None
-    run = run if run is not None else RunDirectory(cfg["run_dir"]).lock()
+    run = run if run is not None else RunDirectory(spec.run_dir).lock()
     try:
-        return _build(cfg, spec, run)
+        return _build(spec, run)
     except BaseException:
         if own:
             run.abandon()
         raise
-
-
-def _typed(cfg: dict) -> RunConfig:
-    """The validated, resolved typed view of ``cfg`` (resolved in place: ``sampling=auto``,
-    ``privacy.secure_rng=null``)."""
-    spec = validate(cfg)  # before resolving: `secure_rng=abc` is an error, not a truthy value
-    return resolved(spec, resolve_config(cfg))
 
 
 @dataclass
@@ -129,11 +128,11 @@ class _Plan:
     ledger: PrivacyLedger
 
 
-def _plan(cfg: dict, spec: RunConfig, task: Task, randomness: RunRandomness | None,
+def _plan(spec: RunConfig, task: Task, randomness: RunRandomness | None,
           checkpoint: dict | None = None, run: RunDirectory | None = None) -> _Plan:
     """The checks and builds that need the data's population (``randomness`` None: a sampler and
     a mechanism that only state their accounting, for :func:`preflight`)."""
-    validate_against_data(cfg, len(task.units), task.algorithm.privacy_unit)
+    validate_against_data(spec, len(task.units), task.algorithm.privacy_unit)
     if spec.backend.batched_rounds:  # its one-pass / central round clips per sample: refused before any write
         task.algorithm.check_model(task.client_model, spec.model.per_sample_alternative(), batched=True)
     privacy = spec.privacy
@@ -160,10 +159,10 @@ def _plan(cfg: dict, spec: RunConfig, task: Task, randomness: RunRandomness | No
     ledger = PrivacyLedger(mechanism, sampler, privacy.delta, privacy.accountant, target_epsilon=target,
                            planned_rounds=spec.rounds, non_private_reason=reason,
                            randomness=randomness.describe() if randomness else {},
-                           query=None if clip is None else clip.describe(), audit=audit_label(cfg),
+                           query=None if clip is None else clip.describe(), audit=audit_label(spec.audit),
                            dimension=task.initial_params.numel(), monte_carlo_settings=_monte_carlo_settings(spec))
     ledger.check_can_run(spec.rounds)
-    check_observability(cfg)
+    check_observability(spec)
     return _Plan(sampler, mechanism, optimizer, clip, ledger)
 
 
@@ -173,16 +172,14 @@ def preflight(cfg: dict) -> None:
     sweep runs it for each member before the first one starts (``ConfigError`` on a problem)."""
     import copy
 
-    cfg = copy.deepcopy(cfg)
-    cfg["resume"] = False
-    spec = _typed(cfg)
+    spec = run_config(copy.deepcopy(cfg))  # the caller's dict is left as it is
     quiet = logging.getLogger("fedpriv")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # the run itself says what its checks warn about
     try:
-        task = load_task(cfg)
-        spec = fit_to_population(cfg, spec, len(task.units))
-        _plan(cfg, spec, task, None)
+        task = load_task(spec)
+        spec = fit_to_population(spec, len(task.units))
+        _plan(spec, task, None)
     finally:
         quiet.setLevel(level)
 
@@ -200,8 +197,8 @@ def preflight_sweep(members: list[tuple[str, dict]]) -> None:
             raise ConfigError(f"sweep member {member}: {err} (no member was run)") from None
 
 
-def fit_to_population(cfg: dict, spec: RunConfig, population: int) -> RunConfig:
-    """``spec`` (and, in place, ``cfg``) with the mechanism's defaults fitted to the population
+def fit_to_population(spec: RunConfig, population: int) -> RunConfig:
+    """``spec`` with the mechanism's defaults fitted to the population
     (:meth:`MechanismOption.fitted`, e.g. BandMF's bands); the run says what changed."""
     population = spec.population or population  # a public population fixes the rates, as for the sampler
     fitted = spec.mechanism.fitted(population, spec.cohort_size, spec.rounds, spec.sampling)
@@ -212,18 +209,17 @@ def fit_to_population(cfg: dict, spec: RunConfig, population: int) -> RunConfig:
         if after != before:
             log.warning("mechanism.%s=%s does not fit %d rounds of cohorts of %d from %d units: using %s, "
                         "the largest that fits", name, before, spec.rounds, spec.cohort_size, population, after)
-            cfg["mechanism"][name] = after
     return dataclasses.replace(spec, mechanism=fitted)
 
 
-def _build(cfg: dict, spec: RunConfig, run: RunDirectory) -> RunSession:
-    """The session of the resolved plain ``cfg`` (what config.yaml and the research key hold) and
-    its typed view ``spec`` (what the builders take)."""
-    task = load_task(cfg)
-    spec = fit_to_population(cfg, spec, len(task.units))  # before the key: config.yaml names what runs
-    checkpoint = _resumable_checkpoint(run, cfg)
-    randomness = _randomness(cfg, checkpoint, run)
-    plan = _plan(cfg, spec, task, randomness, checkpoint, run)
+def _build(spec: RunConfig, run: RunDirectory) -> RunSession:
+    """The session of the resolved typed config ``spec`` (its plain form is what config.yaml and
+    the research key hold)."""
+    task = load_task(spec)
+    spec = fit_to_population(spec, len(task.units))  # before the key: config.yaml names what runs
+    checkpoint = _resumable_checkpoint(run, spec)
+    randomness = _randomness(spec, checkpoint, run)
+    plan = _plan(spec, task, randomness, checkpoint, run)
     privacy, sampler, mechanism, optimizer, clip, ledger = (spec.privacy, plan.sampler, plan.mechanism, plan.optimizer,
                                                             plan.clip, plan.ledger)
     if ledger.non_private_reason:
@@ -232,14 +228,14 @@ def _build(cfg: dict, spec: RunConfig, run: RunDirectory) -> RunSession:
         log.warning("privacy.noise_multiplier=%g is used as given: the target epsilon %g (from the experiment or "
                     "the defaults) is not, and epsilon follows from sigma", privacy.noise_multiplier,
                     privacy.target_epsilon)
-    stages = build_stages(cfg["public"], task, spec.seed, spec.rounds)
+    stages = build_stages(spec.public, task, spec.seed, spec.rounds)
     initial = task.initial_params
     for stage in stages:
         initial = stage.initial_params(initial)
-    canaries = build_canaries(cfg, initial.numel(), sampler, randomness)
+    canaries = build_canaries(spec.audit, privacy.clip_norm, initial.numel(), sampler, randomness)
     server = DPFedAvg(initial, sampler, mechanism, privacy.clip_norm, optimizer, ema_decay=spec.ema_decay,
                       canaries=canaries, clip=clip)
-    session = RunSession(cfg=cfg, spec=spec, run=run, task=task, server=server, ledger=ledger, stages=stages,
+    session = RunSession(spec=spec, run=run, task=task, server=server, ledger=ledger, stages=stages,
                          randomness=randomness)
     if checkpoint is not None:
         _restore(session, checkpoint)
@@ -305,41 +301,41 @@ def _does_not_fit(run: RunDirectory, err: Exception) -> DamagedFileError:
                             "cannot resume from it: use another run_dir")
 
 
-def _resumable_checkpoint(run: RunDirectory, cfg: dict) -> dict | None:
+def _resumable_checkpoint(run: RunDirectory, spec: RunConfig) -> dict | None:
     """The checkpoint to resume from (None: a fresh run); refuses a directory that holds another run."""
     saved_cfg = run.read_config()
     checkpoint = run.load_checkpoint()
     if checkpoint is None:
         if saved_cfg is None:
-            if cfg.get("resume"):
+            if spec.resume:
                 raise ConfigError(f"resume=true, but run directory {run.path} holds no run to resume "
                                   "(check run_dir)")
             return None
         if run.read_metrics() or (run.path / "summary.json").exists():
             raise ConfigError(f"run directory {run.path} holds the outputs of a run but no checkpoint, so it cannot "
                               "be resumed (and is not overwritten): use another run_dir")
-        if not cfg.get("resume"):
+        if not spec.resume:
             raise ConfigError(f"run directory {run.path} already holds a run: pass resume=true or another run_dir")
-        if diff := _config_diff(saved_cfg, cfg):
-            raise ConfigError(_differs_message(run, diff, saved_cfg, cfg))
+        if diff := _config_diff(saved_cfg, spec):
+            raise ConfigError(_differs_message(run, diff, saved_cfg, spec))
         return None  # it stopped before its first checkpoint: start it again
-    if not cfg.get("resume"):
+    if not spec.resume:
         raise ConfigError(f"run directory {run.path} already holds a checkpoint: pass resume=true or another run_dir")
     saved = checkpoint["config"]
     if not isinstance(saved, dict):
         raise DamagedFileError(f"checkpoint {run.checkpoint_path} is damaged (its config is not a mapping)")
-    if diff := _config_diff(saved, cfg):
-        raise ConfigError(_differs_message(run, diff, saved, cfg))
+    if diff := _config_diff(saved, spec):
+        raise ConfigError(_differs_message(run, diff, saved, spec))
     return checkpoint
 
 
-def _differs_message(run: RunDirectory, diff: list[str], saved: dict, cfg: dict) -> str:
+def _differs_message(run: RunDirectory, diff: list[str], saved: dict, spec: RunConfig) -> str:
     """Why a resume with another config is refused, and what to do: the rounds of a run are fixed
     when it starts (σ is calibrated and ε accounted for them), so a finished run cannot be extended."""
     text = f"cannot resume {run.path}: config differs in {', '.join(diff)}"
     if "rounds" not in diff:
         return f"{text}: resume with the config it was started with, or use another run_dir"
-    was, now = saved.get("rounds"), cfg.get("rounds")
+    was, now = saved.get("rounds"), spec.rounds  # saved: the config the checkpoint holds
     if (run.path / "summary.json").exists():
         return (f"{text} ({was} -> {now}): a finished run cannot be extended (its noise was calibrated and its "
                 f"epsilon accounted for {was} rounds); start a new run with rounds={now} and another run_dir")
@@ -347,22 +343,22 @@ def _differs_message(run: RunDirectory, diff: list[str], saved: dict, cfg: dict)
             f"with rounds={was}, or start a new run with rounds={now} and another run_dir")
 
 
-def _config_diff(saved: dict, cfg: dict) -> list[str]:
+def _config_diff(saved: dict, spec: RunConfig) -> list[str]:
     """Top-level keys whose computing values differ (presentation keys may change on resume)."""
-    mine, theirs = canonical_config(cfg), canonical_config(saved)
+    mine, theirs = canonical_config(as_dict(spec)), canonical_config(saved)
     return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
 
 
-def _randomness(cfg: dict, checkpoint: dict | None, run: RunDirectory) -> RunRandomness:
+def _randomness(spec: RunConfig, checkpoint: dict | None, run: RunDirectory) -> RunRandomness:
     """A fresh run's randomness (research: from the config; secure: a new OS-CSPRNG key), or the
     checkpoint's when resuming, so the noise stream and the cohorts continue where they stopped."""
     if checkpoint is None:
-        return run_randomness(cfg)
+        return run_randomness(as_dict(spec))  # the research key covers the plain form
     try:
         randomness = RunRandomness.from_state(checkpoint["randomness"])
     except (KeyError, TypeError, ValueError, AttributeError):
         raise DamagedFileError(f"checkpoint {run.checkpoint_path} is damaged (its randomness state)") from None
-    if not randomness.secure and randomness.key != research_key(cfg):
+    if not randomness.secure and randomness.key != research_key(as_dict(spec)):
         raise DamagedFileError(f"checkpoint {run.checkpoint_path} holds a research key that this config does "
                                "not derive: it was not written by this run")
     return randomness
@@ -407,18 +403,18 @@ def _settle_times(session: RunSession) -> None:
 
 
 def _train(session: RunSession, round_fn: RoundFn) -> dict:
-    cfg, run, server, ledger = session.cfg, session.run, session.server, session.ledger
-    rounds = int(cfg["rounds"])
-    eval_every = int(cfg.get("eval_every") or rounds)
+    spec, run, server, ledger = session.spec, session.run, session.server, session.ledger
+    rounds = spec.rounds
+    eval_every = spec.eval_every or rounds
     diagnostics = session.diagnostics_enabled
-    run.write_config(cfg)
+    run.write_config(session.cfg)
     _publish(session)  # a resumed run: whatever its last checkpoint holds that a crash kept from the files
-    observe = RoundObserver(cfg, run.path, _tensorboard_texts(session), session.history)
+    observe = RoundObserver(spec, run.path, _tensorboard_texts(session), session.history)
     started = time.perf_counter() - session.wall_s
     last_eval: dict[str, float] = {}
     audited = {"audit_canaries": ledger.audit["canaries"]} if ledger.audit else {}  # labelled from round 1
     bar = tqdm(range(session.start_round, rounds), total=rounds, initial=session.start_round,
-               desc=f"rounds ({session.randomness.label} mode)", disable=None if cfg.get("progress", True) else True,
+               desc=f"rounds ({session.randomness.label} mode)", disable=None if spec.progress else True,
                dynamic_ncols=True,
                bar_format=None if diagnostics else "{desc}: {n_fmt}/{total_fmt} |{bar}|{postfix}")
     for r in bar:
@@ -456,8 +452,8 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
         last_eval = evaluate_params(session.task, server.model_params)
     summary = _summary(session, last_eval, time.perf_counter() - started)
     if server.canaries is not None:  # post-processing of the releases and the canaries (docs/PRIVACY.md)
-        summary["audit"] = finish_audit(server.canaries, server.model_params, run.path, cfg,
-                                        ledger.reported_epsilon(), session.randomness.label)
+        summary["audit"] = finish_audit(server.canaries, server.model_params, run.path, spec.audit,
+                                        spec.privacy.delta, ledger.reported_epsilon(), session.randomness.label)
     # post-processing of the released model (the ledger covers it), labelled with the run's claim and mode
     release = session.spec.model.write_release(session.task.eval_model, server.model_params, run.path,
                                                session.task.data, card=format_result(summary))
@@ -498,7 +494,7 @@ def _publish(session: RunSession) -> None:
 
 
 def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dict:
-    cfg, data = session.cfg, session.task.data
+    spec, data = session.spec, session.task.data
     return {
         "final": final,
         "privacy": _privacy_summary(session),
@@ -509,9 +505,9 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dic
         **({"reference_source": data.reference_source} if data.reference_source else {}),
         "dataset": data.name, **({"num_users": data.num_users} if session.ledger.releases_data_count else {}),
         "privacy_unit": session.task.algorithm.privacy_unit,
-        "model": cfg["model"]["name"], "algorithm": cfg["algorithm"]["name"],
-        "optimizer": cfg["optimizer"]["name"], "backend": cfg["backend"]["name"],
-        "clip_norm": cfg["privacy"]["clip_norm"], "cohort_size": cfg["cohort_size"],
+        "model": spec.model.name, "algorithm": spec.algorithm.name,
+        "optimizer": spec.optimizer.name, "backend": spec.backend.name,
+        "clip_norm": spec.privacy.clip_norm, "cohort_size": spec.cohort_size,
         **({"clipping": "adaptive", "final_clip_norm": session.server.clip_norm} if session.server.clip else {}),
         **_example_privacy(session),
         **{k: v for stage in session.stages for k, v in stage.summary(session.history).items()},
@@ -533,11 +529,11 @@ def _example_privacy(session: RunSession) -> dict:
     if dp is None:
         return {}
     releases = max(session.client_releases, session.ledger.rounds_done)
-    eps = dp.epsilon(releases, session.cfg["privacy"]["accountant"])
+    eps = dp.epsilon(releases, session.spec.privacy.accountant)
     again = releases - session.ledger.rounds_done
     return {"example_privacy": {
         "epsilon": json_epsilon(eps), "delta": dp.delta, "noise_multiplier": dp.noise_multiplier,
-        "accountant": session.cfg["privacy"]["accountant"], "neighboring_relation": "add_or_remove_one",
+        "accountant": session.spec.privacy.accountant, "neighboring_relation": "add_or_remove_one",
         "sampling_rate": dp.sampling_rate, "steps_per_round": dp.steps, "clip_norm": dp.clip_norm,
         "denominator": dp.denominator, "rounds_charged": releases,
         **({"rounds_asked_again_after_an_interruption": again} if again else {}),

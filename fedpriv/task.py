@@ -1,7 +1,7 @@
 """The learning task shared by server and clients: dataset + model, built once per process.
 
-``load_task(cfg)`` is cached on the parts of the config that define the task, so the in-process
-backend builds the data once and every Flower worker process builds it once.
+``load_task(spec)`` is cached on the parts of the typed config that define the task, so the
+in-process backend builds the data once and every Flower worker process builds it once.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import functools
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -64,16 +64,27 @@ def _model(spec: schema.ModelOption, data: FederatedDataset, seed: int) -> nn.Mo
     return spec.build_model(data.vocab.size, data.vocab.pad_id, data.seq_len)
 
 
-def task_key(cfg: Mapping[str, Any]) -> str:
+def _task_device(spec: schema.RunConfig) -> str:
+    """``device``, except that ``device=auto`` with public stages (host memory only) is the host; an
+    explicit cuda is refused there."""
+    host_only = spec.public.pretrain_steps > 0 or spec.public.mid_training_round is not None
+    return "cpu" if host_only and spec.device == "auto" else spec.device
+
+
+def task_key(spec: schema.RunConfig) -> str:
     """The config parts that define the task, as a canonical JSON string."""
-    privacy = cfg.get("privacy") or {}
-    key = {k: cfg.get(k) for k in ("data", "model", "client", "algorithm", "seed", "rounds")}
-    public = cfg.get("public") or {}
-    host_only = (public.get("pretrain_steps") or 0) > 0 or public.get("mid_training_round") is not None
-    # device=auto with public stages (host memory only): the host; an explicit cuda is refused there
-    key["device"] = "cpu" if host_only and (cfg.get("device") or "auto") == "auto" else cfg.get("device")
-    key["privacy"] = {k: privacy.get(k) for k in ("accountant",)}
+    key = {k: schema.as_dict(getattr(spec, k)) for k in ("data", "model", "client", "algorithm", "seed", "rounds")}
+    key["device"] = _task_device(spec)
+    key["privacy"] = {"accountant": spec.privacy.accountant}
     return json.dumps(key, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class _Keyed:
+    """A typed config under its :func:`task_key`: the task cache compares and hashes the key only."""
+
+    key: str
+    spec: schema.RunConfig = field(compare=False, hash=False)
 
 
 def cohort_parallel(client: schema.Client, device: torch.device) -> bool:
@@ -91,10 +102,10 @@ def cohort_parallel(client: schema.Client, device: torch.device) -> bool:
 
 
 @functools.lru_cache(maxsize=2)
-def _load_task(key: str) -> Task:
-    spec = schema.parse(json.loads(key))  # the task's part of the config, typed once
+def _load_task(keyed: _Keyed) -> Task:
+    spec = keyed.spec  # only its task_key parts are read
     data = apply_text_pipeline(_load_words(spec.data), spec.data)
-    device = resolve_device(spec.device)
+    device = resolve_device(_task_device(spec))
     client_model = _model(spec.model, data, spec.seed)
     initial_params = get_flat_params(client_model)  # the server's copy, in host memory
     client_model.to(device)
@@ -112,6 +123,6 @@ def _load_task(key: str) -> Task:
                 initial_params=initial_params, local=local, algorithm=algorithm, trainer=trainer, device=device)
 
 
-def load_task(cfg: Mapping[str, Any]) -> Task:
-    """The process-wide task for ``cfg`` (a plain dict of the resolved config)."""
-    return _load_task(task_key(cfg))
+def load_task(spec: schema.RunConfig) -> Task:
+    """The process-wide task of the run's typed config ``spec``."""
+    return _load_task(_Keyed(task_key(spec), spec))

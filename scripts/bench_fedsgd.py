@@ -30,6 +30,7 @@ from fedpriv.research_key import clients_from_seed, key_from_seed  # noqa: E402
 from fedpriv.rundir import write_json  # noqa: E402
 from fedpriv.clients import client_update  # noqa: E402
 from fedpriv.sampling import make_sampler  # noqa: E402
+from fedpriv.config import run_config  # noqa: E402
 from fedpriv.task import load_task  # noqa: E402
 
 
@@ -48,7 +49,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     retained = False if args.system_malloc else retain_freed_memory()
     cfg = compose_config(["algorithm=dp_fedsgd", *args.overrides])
-    task = load_task(cfg)
+    task = load_task(run_config(cfg))
     if args.user_rows:
         task.units = [rows[: args.user_rows] for rows in task.units]
     clip = float(cfg["privacy"]["clip_norm"])

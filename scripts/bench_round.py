@@ -64,7 +64,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_round_"))
     session = prepare(compose(tmp / "local", args))
     task, server = session.task, session.server
-    round_fns = {"local": in_process_round_fn(task, session.cfg),
+    round_fns = {"local": in_process_round_fn(task, session.spec),
                   "grid": grid_round_fn(LocalGrid(make_client_app(session.cfg)), 1, None)}
     rng = client_randomness(session.cfg)
     times: dict[str, list[float]] = {"compute": [], "local": [], "grid": []}

@@ -39,7 +39,8 @@ from fedpriv.research_key import client_randomness  # noqa: E402
 from fedpriv.clients import client_updates  # noqa: E402
 from fedpriv.replies import ClientReplies  # noqa: E402
 from fedpriv.runner import prepare  # noqa: E402
-from fedpriv.task import _load_task, task_key  # noqa: E402
+from fedpriv.config import run_config  # noqa: E402
+from fedpriv.task import load_task  # noqa: E402
 
 WORDS = 10_000
 
@@ -108,8 +109,8 @@ def bench_device(args: argparse.Namespace, folder: Path, device: str) -> dict:
     par_cfg = compose_config(base + [f"client.parallel={args.parallel}", "client.parallel_on_cpu=true"],
                              folder / f"run-{device}-par")
     session = prepare(par_cfg)  # the server side (sampler, mechanism, optimizer) of the parallel config
-    loop_task, par_task = _load_task(task_key(loop_cfg)), session.task
-    rng = client_randomness(par_cfg)
+    loop_task, par_task = load_task(run_config(loop_cfg)), session.task
+    rng = client_randomness(session.cfg)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     loop_s, par_s, server_s, rows, worst = [], [], [], [], 0.0
     for r in range(args.rounds + args.warmup):  # the first `warmup` rounds are not timed

@@ -20,6 +20,7 @@ from fedpriv.clients import in_process_round_fn
 from fedpriv.errors import ConfigError
 from fedpriv.replies import ClientReplies, RoundFn, RoundInputs
 from fedpriv.runner import RunSession, train
+from fedpriv.schema import FlowerBackend
 from server.strategy import CohortStrategy
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def make_server_app(session: RunSession, num_nodes: int, result: dict) -> Server
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         del context
-        timeout = session.cfg["backend"].get("round_timeout")
+        timeout = getattr(session.spec.backend, "round_timeout", None)
         try:
             result["summary"] = train(session, grid_round_fn(grid, num_nodes, timeout))
         except ConfigError as err:  # a client refused the model mid-run: raised again after the engine stops
@@ -101,7 +102,7 @@ def run_local(session: RunSession) -> dict:
     batched = task.algorithm.batched_round(task.client_model, task.local, task.data.vocab.pad_id, task.units)
     if batched is not None:
         return train(session, batched)
-    return train(session, in_process_round_fn(task, session.cfg))
+    return train(session, in_process_round_fn(task, session.spec))
 
 
 def _not_run_simulation_deprecation(record: logging.LogRecord) -> bool:
@@ -123,12 +124,12 @@ def quiet_library_logs() -> None:
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
 
 
-def client_resources(backend: dict) -> dict[str, float]:
+def client_resources(backend: FlowerBackend) -> dict[str, float]:
     """What Ray reserves for each simulated node: CPUs, and GPUs with ``backend.client_gpus > 0``
     (Ray then makes that GPU the worker's only visible CUDA device, where ``device=auto`` finds it)."""
-    resources = {"num_cpus": float(backend["client_cpus"])}
-    if float(backend.get("client_gpus") or 0) > 0:
-        resources["num_gpus"] = float(backend["client_gpus"])
+    resources = {"num_cpus": float(backend.client_cpus)}
+    if float(backend.client_gpus or 0) > 0:
+        resources["num_gpus"] = float(backend.client_gpus)
     return resources
 
 
@@ -138,13 +139,13 @@ def run_flower_simulation(session: RunSession) -> dict:
     from flwr.simulation import run_simulation
 
     quiet_library_logs()
-    backend = session.cfg["backend"]
-    num_nodes = int(backend["num_supernodes"])
+    backend = session.spec.backend
+    num_nodes = int(backend.num_supernodes)
     result: dict = {}
     run_simulation(server_app=make_server_app(session, num_nodes, result),
                    client_app=client_app_factory()(session.cfg), num_supernodes=num_nodes,
                    backend_config={"client_resources": client_resources(backend),
-                                   "init_args": {"num_cpus": int(backend["num_cpus"]),
+                                   "init_args": {"num_cpus": int(backend.num_cpus),
                                                  "include_dashboard": False,
                                                  # ray.init: Ray's own logger in this process; the
                                                  # workers' output (fedpriv's warnings from clients

@@ -27,13 +27,11 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
-    cfg = deployment_config(context.run_config)
-    cfg["progress"] = False  # logs are streamed line by line: no progress bar, one structured line per round
-    cfg["verbose"] = True
-    session = prepare(cfg)
-    backend = cfg["backend"]
-    summary = train(session, grid_round_fn(grid, int(backend["num_supernodes"]), backend["round_timeout"],
-                                           node_wait=float(backend["node_wait_timeout"]),
-                                           skip_rounds=int(backend["skip_rounds"])))
+    # logs are streamed line by line: no progress bar, one structured line per round
+    session = prepare({**deployment_config(context.run_config), "progress": False, "verbose": True})
+    backend = session.spec.backend
+    summary = train(session, grid_round_fn(grid, int(backend.num_supernodes), backend.round_timeout,
+                                           node_wait=float(backend.node_wait_timeout),
+                                           skip_rounds=int(backend.skip_rounds)))
     print(format_result(summary), flush=True)
-    print(f"outputs in {cfg['run_dir']}", flush=True)
+    print(f"outputs in {session.spec.run_dir}", flush=True)

@@ -8,7 +8,8 @@ import torch
 
 from fedpriv.accounting.__main__ import main as accounting_main
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms import BandMFMechanism, build_mechanism
+from fedpriv.mechanisms import BandMFMechanism
+from fedpriv.schema import load
 from fedpriv.mechanisms.__main__ import main as mechanisms_main
 from fedpriv.mechanisms.bandmf import (
     band_mask,
@@ -174,7 +175,7 @@ def test_accounting_cli_bandmf(capsys):
 
 
 def test_build_and_simulate_bandmf(run_cli, tmp_path):
-    assert isinstance(build_mechanism({"name": "bandmf", "bands": 2}, 1.0, 1.0, rounds=5), BandMFMechanism)
+    assert isinstance(load("mechanism", {"name": "bandmf", "bands": 2}).build(1.0, 1.0, rounds=5), BandMFMechanism)
     proc = run_cli("+experiment=smoke", "mechanism=bandmf", "mechanism.bands=2", "sampling=cyclic_poisson",
                    "progress=false", f"run_dir={tmp_path / 'run'}",
                    )

@@ -137,8 +137,10 @@ def test_device_is_resolved_and_checked(tmp_path):
 
 
 def test_flower_client_gpus_become_ray_resources():
-    assert client_resources({"client_cpus": 1, "client_gpus": 0}) == {"num_cpus": 1.0}
-    assert client_resources({"client_cpus": 2, "client_gpus": 0.25}) == {"num_cpus": 2.0, "num_gpus": 0.25}
+    from fedpriv.schema import FlowerBackend
+
+    assert client_resources(FlowerBackend(client_cpus=1, client_gpus=0)) == {"num_cpus": 1.0}
+    assert client_resources(FlowerBackend(client_cpus=2, client_gpus=0.25)) == {"num_cpus": 2.0, "num_gpus": 0.25}
 
 
 # slow (a second Ray engine, ~25 s): the parallel ClientApp equals the loop end to end in
@@ -168,10 +170,11 @@ def test_public_stages_refuse_a_gpu_device():
     from types import SimpleNamespace
 
     from fedpriv.public.setup import prepare_public
+    from fedpriv.schema import Public
 
     task = SimpleNamespace(data=None, device=torch.device("cuda"), initial_params=None)
     with pytest.raises(ConfigError, match="device=cpu"):
-        prepare_public({"pretrain_steps": 5}, task, seed=0)
+        prepare_public(Public(pretrain_steps=5), task, seed=0)
 
 
 def test_parallel_example_dp_run_matches_the_loop(tmp_path):

@@ -146,11 +146,9 @@ def test_a_new_mechanism_is_its_module_only(tmp_path):
     """Extension point: an option registered by its own module (tests/plugin_scaled_gaussian.py:
     dataclass + mechanism + one register_option) is selectable, checked, built — and, with no
     line of its own, gets every contract test of tests/test_plugins.py (docs/ARCHITECTURE.md)."""
-    from fedpriv.mechanisms import build_mechanism
-
     cfg = compose_config(["+experiment=smoke", "mechanism=scaled_gaussian", "mechanism.factor=3"])
     assert cfg["mechanism"] == {"name": "scaled_gaussian", "factor": 3}
-    assert build_mechanism(cfg["mechanism"], 0.5, 1.0).noise_multiplier == 1.5
+    assert schema.parse(cfg).mechanism.build(0.5, 1.0).noise_multiplier == 1.5
     with pytest.raises(ConfigError, match="mechanism.factor must be > 0"):
         check_overrides(["mechanism=scaled_gaussian", "mechanism.factor=-1"])
 

@@ -44,7 +44,7 @@ def test_the_round_holds_one_delta_at_a_time(tmp_path, monkeypatch):
     monkeypatch.setattr(clients, "client_update", tracked)
     cohort = session.server.cohort(0)
     inputs = session.server.round_inputs(0, cohort)
-    replies = clients.in_process_round_fn(session.task, cfg)(inputs)
+    replies = clients.in_process_round_fn(session.task, session.spec)(inputs)
     agg = Counting.zeros(inputs.params.numel(), inputs.clip_norm)
     seen, _ = replies.add_to(agg, {int(u) for u in cohort}, 0)
     session.run.unlock()
@@ -59,7 +59,7 @@ def test_the_in_process_sum_equals_the_message_path_bit_for_bit(tmp_path):
     inputs = session.server.round_inputs(0, cohort)
     expected = {int(u) for u in cohort}
     streamed = RoundAggregate.zeros(inputs.params.numel(), inputs.clip_norm)
-    clients.in_process_round_fn(session.task, cfg)(inputs).add_to(streamed, expected, 0)
+    clients.in_process_round_fn(session.task, session.spec)(inputs).add_to(streamed, expected, 0)
     messages = RoundAggregate.zeros(inputs.params.numel(), inputs.clip_norm)
     grid_round_fn(LocalGrid(make_client_app(cfg), num_nodes=3), 3, None)(inputs).add_to(messages, expected, 0)
     session.run.unlock()

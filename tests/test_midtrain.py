@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from fedpriv import schema
 from fedpriv.runner import prepare
 from server.app import run_local
 from tests.conftest import compose_cfg
@@ -67,12 +68,12 @@ def test_mid_training_round_half_and_experiment_config(tmp_path):
     from fedpriv.public.midtrain import check_mid_training
 
     cfg = compose_cfg("+experiment=mid_training", run_dir=tmp_path / "r")
-    public = cfg["public"]
-    assert public["mid_training_round"] == "half" and public["teacher"] == "embedded"
+    public = schema.load(schema.Public, cfg["public"], "public")
+    assert public.mid_training_round == "half" and public.teacher == "embedded"
     assert check_mid_training(public, 220) == 110
     assert check_mid_training(public, 5) == 2
     with pytest.raises(Exception, match="mid_training_round"):
-        check_mid_training({**public, "mid_training_round": "third"}, 220)
+        schema.load(schema.Public, {**cfg["public"], "mid_training_round": "third"}, "public")
 
 
 def test_ftrl_reset_reanchors_at_the_new_model():
@@ -95,7 +96,7 @@ def test_mid_training_with_ftrl_keeps_the_mid_trained_model(tmp_path, monkeypatc
 
     marker = {}
 
-    def fake_mid_train(task, artifacts, params, public_cfg, seed):
+    def fake_mid_train(task, artifacts, params, public, seed):
         marker["params"] = torch.full_like(params, 0.125)
         return marker["params"], {"selected": 1.0}
 
@@ -132,8 +133,8 @@ def test_a_new_public_stage_is_its_module_only(tmp_path):
         def summary(self, history):
             return {"shifted_rounds": [row["round"] for row in history if row.get("shifted")]}
 
-    def build(public_cfg, task, artifacts, seed, rounds):
-        spec = schema.load(Shift, public_cfg["shift"], "public.shift")
+    def build(public, task, artifacts, seed, rounds):
+        spec = public.shift  # the typed section the schema parsed
         return ShiftStage(spec.at, spec.value) if spec.at else None
 
     schema.register_section(schema.Public, "shift", Shift)

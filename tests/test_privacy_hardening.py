@@ -121,9 +121,10 @@ def _reply(cfg, users=(0, 1)):
     from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
     from fedpriv.codec import encode
+    from fedpriv.config import run_config
     from fedpriv.task import load_task
 
-    params = load_task(cfg).initial_params
+    params = load_task(run_config(dict(cfg))).initial_params
     grid = LocalGrid(make_client_app(cfg))  # first: it sets Flower's task identity that a Message reads
     msg = Message(RecordDict({"arrays": ArrayRecord({"params": encode(params)}),
                               "config": ConfigRecord({"round": 0, "users": list(users)})}),

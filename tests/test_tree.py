@@ -11,7 +11,8 @@ from fedpriv.accounting import calibrate_noise_multiplier, compute_epsilon
 from fedpriv.accounting.__main__ import main as accounting_main
 from fedpriv.accounting.tree import max_sensitivity_sq, per_level_bound
 from fedpriv.errors import ConfigError
-from fedpriv.mechanisms import TreeMechanism, build_mechanism
+from fedpriv.mechanisms import TreeMechanism
+from fedpriv.schema import load
 from fedpriv.mechanisms.__main__ import main as mechanisms_main
 from fedpriv.mechanisms.tree import node_variances
 from fedpriv.optim.server import ServerFTRL, ServerSGD
@@ -132,12 +133,12 @@ def test_resumed_tree_continues_the_same_noise():
         c.noise(3, (4,))
 
 
-def test_build_mechanism_validates():
-    assert isinstance(build_mechanism({"name": "tree", "estimator": "plain"}, 1.0, 1.0), TreeMechanism)
+def test_the_mechanism_option_validates_and_builds():
+    assert isinstance(load("mechanism", {"name": "tree", "estimator": "plain"}).build(1.0, 1.0), TreeMechanism)
     with pytest.raises(ConfigError, match="estimator"):
-        build_mechanism({"name": "tree", "estimator": "best"}, 1.0, 1.0)
+        load("mechanism", {"name": "tree", "estimator": "best"})
     with pytest.raises(ConfigError, match="unknown mechanism"):
-        build_mechanism({"name": "laplace"}, 1.0, 1.0)
+        load("mechanism", {"name": "laplace"})
 
 
 def test_ftrl_without_momentum_is_sgd_on_the_stream():

@@ -9,36 +9,38 @@ from fedpriv.atomic import write_atomic
 from fedpriv.audit.canaries import CanarySet
 from fedpriv.audit.report import PLOT_FILE, SCORES_FILE, analyse, plot_png, scores_record
 from fedpriv.randomness import SECURE
+from fedpriv.schema import Audit
 from fedpriv.rundir import write_json
 
 
-def build_canaries(cfg: dict, dim: int, sampler, randomness) -> CanarySet | None:
-    """The run's canaries (``audit.canaries`` > 0), drawn from the run's ``audit`` subkey."""
-    audit = cfg.get("audit") or {}
-    if not audit.get("canaries"):
+def build_canaries(audit: Audit, clip_norm: float, dim: int, sampler, randomness) -> CanarySet | None:
+    """The run's canaries (``audit.canaries`` > 0, of norm ``clip_norm``: ``privacy.clip_norm``),
+    drawn from the run's ``audit`` subkey."""
+    if not audit.canaries:
         return None
-    return CanarySet(int(audit["canaries"]), dim, float(cfg["privacy"]["clip_norm"]), randomness.subkey("audit"),
-                     sampler, support=int(audit["support"]))
+    return CanarySet(audit.canaries, dim, float(clip_norm), randomness.subkey("audit"), sampler,
+                     support=audit.support)
 
 
-def audit_label(cfg: dict) -> dict[str, Any] | None:
+def audit_label(audit: Audit) -> dict[str, Any] | None:
     """What every output of an audited run says from round 1 on (privacy.json's ``audit``, each
     metrics row's ``audit_canaries``, a TensorBoard text): canaries may join every round, so every
     released model carries canary directions. None for a run without an audit."""
-    audit = cfg.get("audit") or {}
-    if not audit.get("canaries"):
+    if not audit.canaries:
         return None
-    return {"canaries": int(audit["canaries"]), "support": int(audit["support"]),
-            "note": f"audited run: {int(audit['canaries'])} canary units, each inserted by a secret coin, may take "
+    return {"canaries": audit.canaries, "support": audit.support,
+            "note": f"audited run: {audit.canaries} canary units, each inserted by a secret coin, may take "
                     "part in every round from round 1, so every released model carries canary directions; the "
                     "epsilon still covers every real user (docs/PRIVACY.md, 'Auditing a run')"}
 
 
-def finish_audit(canaries: CanarySet, released, run_path, cfg: dict, epsilon: float, mode: str) -> dict[str, Any]:
+def finish_audit(canaries: CanarySet, released, run_path, audit: Audit, delta: float, epsilon: float,
+                 mode: str) -> dict[str, Any]:
     """Score the final model, write ``audit_scores.json`` and ``audit.png``, return the summary's
-    ``audit`` block (``epsilon``: the ledger's claim; infinite for a non-private run)."""
-    record = scores_record(canaries.scores(released), canaries.coins, float(cfg["privacy"]["delta"]),
-                           epsilon if math.isfinite(epsilon) else None, float(cfg["audit"]["confidence"]),
+    ``audit`` block (``delta``: ``privacy.delta``; ``epsilon``: the ledger's claim; infinite for a
+    non-private run)."""
+    record = scores_record(canaries.scores(released), canaries.coins, float(delta),
+                           epsilon if math.isfinite(epsilon) else None, float(audit.confidence),
                            canaries.seconds if mode != SECURE else None, mode)  # no timing in secure mode
     result = analyse(record)
     write_json(run_path / SCORES_FILE, record, indent=None)

@@ -2,7 +2,7 @@
 run key, secret in secure mode), drawing round t's noise online and in round order, its
 checkpoint, and the accounting vocabulary (neighbouring relations, trivial events).
 
-A mechanism is built once from a calibrated spec (σ known: :func:`fedpriv.mechanisms.build_mechanism`)
+A mechanism is built once from a calibrated spec (σ known: :meth:`fedpriv.schema.MechanismOption.build`)
 and then only draws. Each mechanism adds what is its own: the residual noise of round t
 (``_residual``), its DpEvent for a sampler (``dp_event``, ``neighboring_relation``), its explicit
 matrix for small n (``matrix``), and the extra state of a correlated stream.

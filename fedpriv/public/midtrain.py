@@ -17,7 +17,6 @@ only, so this is post-processing: the ledger is exactly that of the private roun
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,11 +26,10 @@ from fedpriv.models import set_flat_params
 from fedpriv.public.distill import TopKSubset
 from fedpriv.public.matching import matching_stats, select_top, sequence_logprob
 from fedpriv.public.pretrain import pretrain
-from fedpriv.schema import Public, load
+from fedpriv.schema import Public
 
-def check_mid_training(public_cfg: Mapping[str, Any], rounds: int) -> int | None:
+def check_mid_training(public: Public, rounds: int) -> int | None:
     """The mid-training round T' (after T' rounds), validated; None when off; ``"half"``: T // 2."""
-    public = load(Public, public_cfg, "public")
     at = public.mid_training_round
     if at is None:
         return None
@@ -46,11 +44,10 @@ def check_mid_training(public_cfg: Mapping[str, Any], rounds: int) -> int | None
     return at
 
 
-def mid_train(task, public, params: torch.Tensor, public_cfg: Mapping[str, Any],
-              seed: int) -> tuple[torch.Tensor, dict]:
+def mid_train(task, public, params: torch.Tensor, settings: Public, seed: int) -> tuple[torch.Tensor, dict]:
     """Select public samples by score and train ``params`` on them; returns (params, stats).
-    ``public`` holds the run's teacher and its top-k corpus (:class:`~fedpriv.public.setup.PublicArtifacts`)."""
-    cfg = load(Public, public_cfg, "public")
+    ``public`` holds the run's teacher and its top-k corpus (:class:`~fedpriv.public.setup.PublicArtifacts`);
+    ``settings``: the run's typed ``public`` section."""
     pool = task.data.public
     if pool is None:
         raise ConfigError(f"mid-training needs a public corpus; dataset {task.data.name!r} has none")
@@ -58,19 +55,19 @@ def mid_train(task, public, params: torch.Tensor, public_cfg: Mapping[str, Any],
     model = task.eval_model
     set_flat_params(model, params)
     score = sequence_logprob(model, pool.sentences, pad)
-    kind = cfg.mid_training_score
+    kind = settings.mid_training_score
     if kind != "private":
         sign = -1.0 if kind == "ratio" else 1.0
         score = score + sign * sequence_logprob(public.teacher, pool.sentences, pad)
-    selected = select_top(score, cfg.mid_training_fraction)
-    stats: dict[str, Any] = {"selected": float(len(selected)), "score": cfg.mid_training_score}
+    selected = select_top(score, settings.mid_training_fraction)
+    stats: dict[str, Any] = {"selected": float(len(selected)), "score": settings.mid_training_score}
     if pool.topics is not None:
         stats.update(matching_stats(selected, pool.topics, pool.private_topics))
     topk = TopKSubset(public.topk, selected) if public.topk is not None else None
-    new_params, train_stats = pretrain(model, pool.sentences[selected], cfg.mid_training_steps,
-                                       cfg.pretrain_batch_size,
-                                       cfg.mid_training_lr, seed + 1, pad, topk=topk,
-                                       beta=cfg.distill_beta,
-                                       temperature=cfg.distill_temperature)
+    new_params, train_stats = pretrain(model, pool.sentences[selected], settings.mid_training_steps,
+                                       settings.pretrain_batch_size,
+                                       settings.mid_training_lr, seed + 1, pad, topk=topk,
+                                       beta=settings.distill_beta,
+                                       temperature=settings.distill_temperature)
     stats.update({"public_sentences_used": train_stats["public_sentences_used"]})
     return new_params, stats

@@ -5,9 +5,7 @@ the round-0 pre-trained initial model. Public data only: no privacy cost."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -16,7 +14,7 @@ from torch import nn
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
 from fedpriv.models import set_flat_params
-from fedpriv.schema import Public, load
+from fedpriv.schema import Public
 from fedpriv.public.distill import TopKCorpus, TopKSubset, teacher_fingerprint, write_topk
 
 
@@ -28,10 +26,9 @@ class PublicArtifacts:
     topk: TopKCorpus | None = None  # the teacher's top-k logits for the public corpus
 
 
-def _teacher(public_cfg: Mapping[str, Any], data, seed: int) -> nn.Module | None:
+def _teacher(public: Public, data, seed: int) -> nn.Module | None:
     """The embedded teacher (trained on the public corpus, cached), a local Hugging Face LM
     (``hf``), or None for ``teacher=none``."""
-    public = load(Public, public_cfg, "public")
     kind = public.teacher
     if kind == "none":
         return None
@@ -52,9 +49,9 @@ def _teacher(public_cfg: Mapping[str, Any], data, seed: int) -> nn.Module | None
                             seed, data.vocab.pad_id)
 
 
-def _topk_corpus(teacher: nn.Module, public_cfg: Mapping[str, Any], data) -> TopKCorpus:
+def _topk_corpus(teacher: nn.Module, public: Public, data) -> TopKCorpus:
     """The teacher's top-k logits for the whole public corpus, written once to the cache."""
-    k = load(Public, public_cfg, "public").distill_k
+    k = public.distill_k
     out = cache_root() / "distill" / f"{teacher_fingerprint(teacher)[:24]}-k{k}"
     return TopKCorpus(write_topk(teacher, data.public.sentences, k, out))
 
@@ -69,18 +66,17 @@ def pretrain_subset(pool: int, fraction: float, seed: int) -> np.ndarray:
     return np.sort(rng.choice(pool, size=n, replace=False))
 
 
-def prepare_public(public_cfg: Mapping[str, Any], task, seed: int) -> PublicArtifacts:
-    """Teacher, top-k corpus and initial model for ``task``; the teacher is built only when
-    pre-training or mid-training will use it."""
+def prepare_public(public: Public, task, seed: int) -> PublicArtifacts:
+    """Teacher, top-k corpus and initial model for ``task`` (``public``: the run's typed section);
+    the teacher is built only when pre-training or mid-training will use it."""
     data = task.data
-    public = load(Public, public_cfg, "public")
     pretrain_steps = public.pretrain_steps
     used = pretrain_steps > 0 or public.mid_training_round is not None
     if used and getattr(task, "device", torch.device("cpu")).type != "cpu":
         raise ConfigError("public-data pre-training, distillation and mid-training run in host memory only: "
                           "use device=cpu for runs with public stages")
-    teacher = _teacher(public_cfg, data, seed) if used else None
-    topk = _topk_corpus(teacher, public_cfg, data) if teacher is not None else None
+    teacher = _teacher(public, data, seed) if used else None
+    topk = _topk_corpus(teacher, public, data) if teacher is not None else None
     out = PublicArtifacts(initial_params=task.initial_params, teacher=teacher, topk=topk)
     if pretrain_steps > 0:
         if data.public is None:

@@ -14,13 +14,14 @@ entry; tested). Hooks:
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from fedpriv.public.midtrain import check_mid_training, mid_train
 from fedpriv.public.setup import PublicArtifacts, prepare_public
+from fedpriv.schema import Public
 
 
 class Stage(abc.ABC):  # noqa: B024 — every hook has a default: a stage overrides those it needs
@@ -56,49 +57,49 @@ class MidTraining(Stage):
 
     FIELD = "distribution_matching"
 
-    def __init__(self, task, artifacts: PublicArtifacts, at: int, public_cfg: Mapping[str, Any], seed: int) -> None:
-        self.task, self.artifacts, self.at, self.public_cfg, self.seed = task, artifacts, at, public_cfg, seed
+    def __init__(self, task, artifacts: PublicArtifacts, at: int, public: Public, seed: int) -> None:
+        self.task, self.artifacts, self.at, self.public, self.seed = task, artifacts, at, public, seed
 
     def after_round(self, round_done: int, released: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
         if round_done != self.at:
             return None, {}
-        params, stats = mid_train(self.task, self.artifacts, released, self.public_cfg, self.seed)
+        params, stats = mid_train(self.task, self.artifacts, released, self.public, self.seed)
         return params, {self.FIELD: stats}
 
     def summary(self, history: list[dict]) -> dict:
         return {k: v for row in history for k, v in row.items() if k == self.FIELD}
 
 
-StageBuilder = Callable[[Mapping[str, Any], Any, PublicArtifacts, int, int], "Stage | None"]
-# (public_cfg, task, artifacts, seed, rounds) -> the stage, or None when the config leaves it off
+StageBuilder = Callable[[Public, Any, PublicArtifacts, int, int], "Stage | None"]
+# (public, task, artifacts, seed, rounds) -> the stage, or None when the config leaves it off
 BUILDERS: list[StageBuilder] = []
 
 
 def register_stage(builder: StageBuilder) -> StageBuilder:
     """Add a stage to every run (in registration order). A stage with settings of its own
     registers them as a section, ``schema.register_section(schema.Public, "<key>", Settings)``,
-    read as ``public_cfg["<key>"]``; its module is imported by ``fedpriv/public/__init__.py``."""
+    read as ``public.<key>`` (typed); its module is imported by ``fedpriv/public/__init__.py``."""
     BUILDERS.append(builder)
     return builder
 
 
 @register_stage
-def _pretraining(public_cfg, task, artifacts, seed, rounds) -> Stage:
+def _pretraining(public, task, artifacts, seed, rounds) -> Stage:
     return PublicPretraining(artifacts)
 
 
 @register_stage
-def _mid_training(public_cfg, task, artifacts, seed, rounds) -> Stage | None:
-    at = check_mid_training(public_cfg, rounds)
-    return None if at is None else MidTraining(task, artifacts, at, public_cfg, seed)
+def _mid_training(public, task, artifacts, seed, rounds) -> Stage | None:
+    at = check_mid_training(public, rounds)
+    return None if at is None else MidTraining(task, artifacts, at, public, seed)
 
 
-def build_stages(public_cfg: Mapping[str, Any], task, seed: int, rounds: int) -> list[Stage]:
-    """The registered stages ``public_cfg`` turns on, validated and built once (teacher and top-k
-    corpus only when a stage uses them)."""
-    check_mid_training(public_cfg, rounds)  # before the (costly) public artifacts
-    artifacts = prepare_public(public_cfg, task, seed)
-    stages = [stage for build in BUILDERS if (stage := build(public_cfg, task, artifacts, seed, rounds)) is not None]
+def build_stages(public: Public, task, seed: int, rounds: int) -> list[Stage]:
+    """The registered stages the typed ``public`` section turns on, validated and built once
+    (teacher and top-k corpus only when a stage uses them)."""
+    check_mid_training(public, rounds)  # before the (costly) public artifacts
+    artifacts = prepare_public(public, task, seed)
+    stages = [stage for build in BUILDERS if (stage := build(public, task, artifacts, seed, rounds)) is not None]
     for stage in stages:
         if not isinstance(stage, Stage):
             raise TypeError(f"a registered public stage built {type(stage).__name__}, not a Stage")

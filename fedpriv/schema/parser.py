@@ -150,6 +150,45 @@ def as_dict(section: Any) -> Any:
     return out
 
 
+def complete(plain: dict, parsed: RunConfig) -> RunConfig:
+    """Add, in place, ``parsed``'s default for every key ``plain`` lacks (a composed config lacks
+    none), a default of the form ``${a.b}`` (Hydra interpolation) read from the completed config;
+    returns ``parsed`` with those interpolated defaults resolved the same way."""
+    _fill(plain, as_dict(parsed), plain)
+    return _interpolated(parsed, plain)
+
+
+def _fill(plain: dict, defaults: dict, root: dict) -> None:
+    for key, value in defaults.items():
+        if key not in plain:
+            plain[key] = _lookup(value, root)
+        elif isinstance(value, dict) and isinstance(plain[key], dict):
+            _fill(plain[key], value, root)
+
+
+def _interpolated(section: Any, root: dict) -> Any:
+    """``section`` with each ``${a.b}`` string field replaced by ``root``'s value at ``a.b``."""
+    if not (dataclasses.is_dataclass(section) and not isinstance(section, type)):
+        return section
+    changes = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        new = _interpolated(value, root) if dataclasses.is_dataclass(value) else _lookup(value, root)
+        if new is not value:
+            changes[f.name] = new
+    return dataclasses.replace(section, **changes) if changes else section
+
+
+def _lookup(value: Any, root: dict) -> Any:
+    """A default of the form ``${a.b}`` (Hydra interpolation) read from ``root``; else ``value``."""
+    if isinstance(value, str) and value.startswith("${") and value.endswith("}") and ":" not in value:
+        node = root
+        for part in value[2:-1].split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+    return value
+
+
 def register() -> None:
     """Register every group option, and the top-level defaults as ``fedpriv_defaults``, with
     Hydra's ConfigStore (plain-dict nodes: types are checked by :func:`parse`, with fedpriv's
