@@ -237,10 +237,11 @@ def test_resuming_a_finished_run_with_more_rounds_says_it_cannot_be_extended(run
 
 def test_resuming_an_unfinished_run_with_other_rounds_names_the_rounds_it_started_with(tmp_path):
     from fedpriv.runner import _differs_message
+    from fedpriv.schema import RunConfig
 
-    line = _differs_message(RunDirectory(tmp_path), ["rounds"], {"rounds": 5}, {"rounds": 7})
+    line = _differs_message(RunDirectory(tmp_path), ["rounds"], {"rounds": 5}, RunConfig(rounds=7))
     assert "resume with rounds=5, or start a new run with rounds=7 and another run_dir" in line
-    other = _differs_message(RunDirectory(tmp_path), ["seed"], {"seed": 0}, {"seed": 1})
+    other = _differs_message(RunDirectory(tmp_path), ["seed"], {"seed": 0}, RunConfig(seed=1))
     assert other.endswith("resume with the config it was started with, or use another run_dir")
 
 
