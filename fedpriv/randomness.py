@@ -49,7 +49,6 @@ SECURE = "secure"
 MODES = (RESEARCH, SECURE)
 PAIRED = "paired"  # the label of research mode under privacy.research_key=seed
 KEY_BYTES = 32
-RESEARCH_TAG = b"fedpriv research run key v1\x00"
 
 RESEARCH_NOTE = "randomness reproducible from the seed: not for release"
 PAIRED_NOTE = "paired randomness: shared with every run of this seed; not for release"

@@ -102,18 +102,23 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
     already locked (and cleans up on error); otherwise this call locks ``run_dir`` and, on
     error, removes it only if it created it and it is still empty. ``cfg`` is parsed once
     (:func:`fedpriv.config.run_config`: ``sampling=auto`` and ``privacy.secure_rng=null`` resolved,
-    so config.yaml names what the run does); everything after reads the typed ``RunConfig``.
+    so config.yaml names what the run does); everything after reads the typed ``RunConfig``. The
+    caller's ``cfg`` is then replaced by the run's resolved plain config (``session.cfg``, as in
+    config.yaml, mechanism defaults fitted), so that a ClientApp made from it derives the run's key.
     """
     spec = run_config(cfg)
     retain_freed_memory()  # the run reallocates the same large tensors every step (fedpriv.allocator)
     own = run is None
     run = run if run is not None else RunDirectory(spec.run_dir).lock()
     try:
-        return _build(spec, run)
+        session = _build(spec, run)
     except BaseException:
         if own:
             run.abandon()
         raise
+    cfg.clear()
+    cfg.update(session.cfg)
+    return session
 
 
 @dataclass

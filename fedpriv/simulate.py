@@ -128,7 +128,7 @@ def _run(cfg) -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
     except ConfigError as err:  # refused mid-run (a client's engine found that the model mixes samples)
-        _fail(stopped_message(err, session.ledger.rounds_done, int(plain["rounds"])))
+        _fail(stopped_message(err, session.ledger.rounds_done, session.spec.rounds))
     except KeyboardInterrupt:  # Ctrl-C: the last checkpoint is left as it is, for resume=true
         summary = None
     if summary is None:  # outside the handler, so the progress bar is closed before the line below

@@ -86,3 +86,15 @@ def test_a_default_run_parses_its_config_once(tmp_path, monkeypatch):
     key = sum(calls.pop(site) for site in [s for s in calls if s.startswith("research_key.")])
     assert dict(calls) == {"config.validate": 1}
     assert key <= 2
+
+
+def test_prepare_leaves_the_callers_dict_as_the_runs_resolved_config(tmp_path):
+    """The caller's dict ends as ``session.cfg`` (config.yaml's content: sampling resolved, the
+    mechanism's defaults fitted), so a ClientApp made from it derives the run's research key."""
+    from fedpriv.research_key import research_key
+
+    cfg = compose_cfg("+experiment=smoke", "mechanism=bandmf", "progress=false", run_dir=tmp_path / "run")
+    session = prepare(cfg)
+    assert cfg == session.cfg and cfg["sampling"] != "auto"
+    assert cfg["mechanism"]["bands"] == session.spec.mechanism.bands != 16  # fitted to the population
+    assert research_key(cfg) == session.randomness.key
