@@ -23,7 +23,7 @@ from fedpriv.codec import decode, refusal_content, train_reply_content
 from fedpriv.config import client_diagnostics_enabled, run_config
 from fedpriv.randomness import ClientRandomness
 from fedpriv.research_key import client_randomness
-from fedpriv.schema import RunConfig, as_dict
+from fedpriv.schema import RunConfig
 from fedpriv.clients import client_updates
 from fedpriv.task import load_task
 from fedpriv.allocator import retain_freed_memory
@@ -44,7 +44,7 @@ def train_reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Message
 def make_client_app(cfg: dict) -> ClientApp:
     """A ClientApp for the experiment ``cfg`` (plain dict of the Hydra config, parsed once here)."""
     spec = run_config(cfg)
-    rng = client_randomness(as_dict(spec))
+    rng = client_randomness(spec)
     retain_freed_memory()  # clients reallocate the same large tensors every step (fedpriv.allocator)
     app = ClientApp()
 

@@ -15,7 +15,7 @@ from fedpriv.compose import deployment_config
 from fedpriv.config import run_config
 from fedpriv.randomness import ClientRandomness
 from fedpriv.research_key import client_randomness
-from fedpriv.schema import RunConfig, as_dict
+from fedpriv.schema import RunConfig
 
 app = ClientApp()
 
@@ -26,7 +26,7 @@ def _config(run_config_json: str) -> tuple[RunConfig, ClientRandomness]:
     from (OS entropy in secure mode, the deployment default: the node never learns anything that
     regenerates server noise or cohorts)."""
     spec = run_config(deployment_config(json.loads(run_config_json)))
-    return spec, client_randomness(as_dict(spec))
+    return spec, client_randomness(spec)
 
 
 @app.train()

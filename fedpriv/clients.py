@@ -15,7 +15,7 @@ from fedpriv.config import client_diagnostics_enabled
 from fedpriv.randomness import ClientRandomness
 from fedpriv.research_key import client_randomness
 from fedpriv.replies import ClientUpdate, RoundFn, RoundInputs, add_updates
-from fedpriv.schema import RunConfig, as_dict
+from fedpriv.schema import RunConfig
 from fedpriv.task import Task
 from fedpriv.training import local_update
 
@@ -84,10 +84,10 @@ def in_process_round_fn(task: Task, spec: RunConfig) -> RoundFn:
     """``backend=local``'s round for the run's resolved typed config ``spec``: the cohort's clients
     run here and stream into the aggregate (:class:`StreamedReplies`); no message, no wire encoding.
     Their randomness and diagnostics are the ClientApp's for ``spec``
-    (:func:`~fedpriv.research_key.client_randomness` of its plain form,
+    (:func:`~fedpriv.research_key.client_randomness`,
     :func:`fedpriv.config.client_diagnostics_enabled`), so they compute what they compute behind
     Flower."""
-    rng, diagnostics = client_randomness(as_dict(spec)), client_diagnostics_enabled(spec)
+    rng, diagnostics = client_randomness(spec), client_diagnostics_enabled(spec)
 
     def round_fn(inputs: RoundInputs) -> StreamedReplies:
         return StreamedReplies(task, inputs.params, [int(u) for u in inputs.cohort], inputs.round_idx, rng,

@@ -110,10 +110,15 @@ def _paired(typed: schema.RunConfig) -> bool:
     return typed.privacy.research_key == "seed"
 
 
-def research_key(cfg: Mapping[str, Any]) -> bytes:
-    """The research-mode run key of a resolved config: its canonical form's digest, or the seed's
-    alone under ``privacy.research_key=seed``."""
-    return _key(_typed(cfg))
+def _as_typed(cfg: Mapping[str, Any] | schema.RunConfig) -> schema.RunConfig:
+    """A run's typed config as it is, a plain one parsed (:func:`_typed`)."""
+    return cfg if isinstance(cfg, schema.RunConfig) else _typed(cfg)
+
+
+def research_key(cfg: Mapping[str, Any] | schema.RunConfig) -> bytes:
+    """The research-mode run key of a resolved config (typed, or plain: parsed): its canonical
+    form's digest, or the seed's alone under ``privacy.research_key=seed``."""
+    return _key(_as_typed(cfg))
 
 
 def _key(typed: schema.RunConfig) -> bytes:
@@ -140,15 +145,21 @@ def clients_from_seed(seed: int) -> ClientRandomness:
     return ClientRandomness(key_from_seed(seed))
 
 
-def run_randomness(cfg: Mapping[str, Any]) -> RunRandomness:
-    """The run's key: secure mode (:func:`fedpriv.schema.resolve_secure`), a fresh key from the OS
-    CSPRNG; research mode, the key derived from ``cfg`` (paired: from its seed alone)."""
-    if schema.resolve_secure(cfg):
+def _secure(cfg: Mapping[str, Any] | schema.RunConfig) -> bool:
+    """Secure mode of a typed config, or of a plain one (:func:`fedpriv.schema.resolve_secure`)."""
+    return cfg.secure if isinstance(cfg, schema.RunConfig) else schema.resolve_secure(cfg)
+
+
+def run_randomness(cfg: Mapping[str, Any] | schema.RunConfig) -> RunRandomness:
+    """The run's key: secure mode, a fresh key from the OS CSPRNG; research mode, the key derived
+    from ``cfg`` (typed, or plain: parsed; paired: from its seed alone)."""
+    if _secure(cfg):
         return RunRandomness.fresh()
-    typed = _typed(cfg)
+    typed = _as_typed(cfg)
     return RunRandomness(_key(typed), RESEARCH, paired=_paired(typed))
 
 
-def client_randomness(cfg: Mapping[str, Any]) -> ClientRandomness:
-    """Where clients' draws come from under ``cfg``: OS entropy (secure) or its research key."""
-    return ClientRandomness(None if schema.resolve_secure(cfg) else research_key(cfg))
+def client_randomness(cfg: Mapping[str, Any] | schema.RunConfig) -> ClientRandomness:
+    """Where clients' draws come from under ``cfg`` (typed or plain): OS entropy (secure) or its
+    research key."""
+    return ClientRandomness(None if _secure(cfg) else research_key(cfg))

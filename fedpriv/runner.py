@@ -358,12 +358,12 @@ def _randomness(spec: RunConfig, checkpoint: dict | None, run: RunDirectory) -> 
     """A fresh run's randomness (research: from the config; secure: a new OS-CSPRNG key), or the
     checkpoint's when resuming, so the noise stream and the cohorts continue where they stopped."""
     if checkpoint is None:
-        return run_randomness(as_dict(spec))  # the research key covers the plain form
+        return run_randomness(spec)
     try:
         randomness = RunRandomness.from_state(checkpoint["randomness"])
     except (KeyError, TypeError, ValueError, AttributeError):
         raise DamagedFileError(f"checkpoint {run.checkpoint_path} is damaged (its randomness state)") from None
-    if not randomness.secure and randomness.key != research_key(as_dict(spec)):
+    if not randomness.secure and randomness.key != research_key(spec):
         raise DamagedFileError(f"checkpoint {run.checkpoint_path} holds a research key that this config does "
                                "not derive: it was not written by this run")
     return randomness

@@ -77,15 +77,12 @@ def _call_sites(monkeypatch) -> Counter:
 
 def test_a_default_run_parses_its_config_once(tmp_path, monkeypatch):
     """A smoke run (prepare, then the rounds with backend=local) parses its plain config once, in
-    fedpriv.config.validate; the task, the public stages, the clients and the audit take typed
-    sections. The research key still types the plain form it hashes (at most once for the server,
-    once for the in-process clients) until the randomness takes the key's bytes."""
+    fedpriv.config.validate; the task, the public stages, the clients, the audit and the research
+    key (server and in-process clients) take typed sections."""
     cfg = compose_cfg("+experiment=smoke", "progress=false", "rounds=2", run_dir=tmp_path / "run")
     calls = _call_sites(monkeypatch)
     run_local(prepare(cfg))
-    key = sum(calls.pop(site) for site in [s for s in calls if s.startswith("research_key.")])
     assert dict(calls) == {"config.validate": 1}
-    assert key <= 2
 
 
 def test_prepare_leaves_the_callers_dict_as_the_runs_resolved_config(tmp_path):
@@ -98,3 +95,23 @@ def test_prepare_leaves_the_callers_dict_as_the_runs_resolved_config(tmp_path):
     assert cfg == session.cfg and cfg["sampling"] != "auto"
     assert cfg["mechanism"]["bands"] == session.spec.mechanism.bands != 16  # fitted to the population
     assert research_key(cfg) == session.randomness.key
+
+
+def test_the_research_key_of_the_typed_config_is_the_key_of_its_plain_form(tmp_path):
+    """The run and its clients take the key from the typed config (no parse); it must be the key
+    the plain form (config.yaml) gives, in research and paired mode, and secure mode stays fresh."""
+    from fedpriv.config import run_config
+    from fedpriv.research_key import client_randomness, research_key, run_randomness
+    from fedpriv.schema import as_dict
+
+    for extra in (("+experiment=smoke",), ("+experiment=smoke", "mechanism=bandmf"),
+                  ("+experiment=smoke", "privacy.research_key=seed", "seed=3"),
+                  ("+experiment=smoke", "audit.canaries=4"),
+                  ("+experiment=[smoke,distill]",)):
+        spec = run_config(compose_cfg(*extra, run_dir=tmp_path / "r"))
+        plain = as_dict(spec)
+        assert research_key(spec) == research_key(plain), extra
+        assert run_randomness(spec).key == run_randomness(plain).key
+        assert client_randomness(spec).research == client_randomness(plain).research
+    secure = run_config(compose_cfg("+experiment=smoke", "privacy.secure_rng=true", run_dir=tmp_path / "s"))
+    assert run_randomness(secure).key != run_randomness(secure).key and client_randomness(secure).research is None
