@@ -47,16 +47,6 @@ def _floaty(tp: Any) -> bool:
     return float in args and int not in args
 
 
-def _resolved(value: Any, root: Mapping[str, Any]) -> Any:
-    """A default of the form ``${a.b}`` read from the config (``tokenizer_path`` = the teacher's)."""
-    if isinstance(value, str) and value.startswith("${") and value.endswith("}") and ":" not in value:
-        node: Any = root
-        for part in value[2:-1].split("."):
-            node = node.get(part) if isinstance(node, Mapping) else None
-        return node
-    return value
-
-
 def _canonical(section: Any, base: Any, root: Mapping[str, Any], default_name: str | None = None) -> dict:
     """The fields of ``section`` that differ from ``base`` (its defaults), recursively."""
     out: dict[str, Any] = {}
@@ -68,7 +58,7 @@ def _canonical(section: Any, base: Any, root: Mapping[str, Any], default_name: s
     for name, meta in names:
         if meta.get("presentation") or name in inert:
             continue
-        value = implied.get(name, _resolved(getattr(section, name, None), root))
+        value = implied.get(name, schema.lookup(getattr(section, name, None), root))
         if isinstance(section, schema.RunConfig) and name in schema.GROUPS:
             preset = schema.option_preset(name, value.name)
             default = schema.option_preset(name, schema.DEFAULT_OPTIONS[name])
@@ -79,7 +69,7 @@ def _canonical(section: Any, base: Any, root: Mapping[str, Any], default_name: s
             if name == "name" and default_name is not None:
                 default_value = default_name
             else:
-                default_value = _resolved(getattr(base, name, None), root)
+                default_value = schema.lookup(getattr(base, name, None), root)
             if value == default_value and (type(value) is type(default_value) or _floaty(hints.get(name))):
                 continue
             if meta.get("location"):

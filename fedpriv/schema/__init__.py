@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from fedpriv.schema.checks import (LOCATION, PRESENTATION, divisible, in_unit_interval, nonnegative,  # noqa: F401
                                    positive)
-from fedpriv.schema.parser import as_dict, complete, describe, known_keys, load, parse, register, unknown_key  # noqa: F401
+from fedpriv.schema.parser import (as_dict, complete, describe, known_keys, load, lookup, parse, register,  # noqa: F401
+                                   unknown_key)
 from fedpriv.schema.registry import (DEFAULT_OPTIONS, GROUP_BASES, GROUPS, OPTIONS, PLUGINS, SECTIONS,  # noqa: F401
                                      SAMPLER_KINDS, option_class, option_preset, options, register_option,
                                      register_sampler_kind, register_section, sampler_kinds)

@@ -10,6 +10,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 from fedpriv.errors import ConfigError
@@ -161,7 +162,7 @@ def complete(plain: dict, parsed: RunConfig) -> RunConfig:
 def _fill(plain: dict, defaults: dict, root: dict) -> None:
     for key, value in defaults.items():
         if key not in plain:
-            plain[key] = _lookup(value, root)
+            plain[key] = lookup(value, root)
         elif isinstance(value, dict) and isinstance(plain[key], dict):
             _fill(plain[key], value, root)
 
@@ -173,18 +174,19 @@ def _interpolated(section: Any, root: dict) -> Any:
     changes = {}
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
-        new = _interpolated(value, root) if dataclasses.is_dataclass(value) else _lookup(value, root)
+        new = _interpolated(value, root) if dataclasses.is_dataclass(value) else lookup(value, root)
         if new is not value:
             changes[f.name] = new
     return dataclasses.replace(section, **changes) if changes else section
 
 
-def _lookup(value: Any, root: dict) -> Any:
-    """A default of the form ``${a.b}`` (Hydra interpolation) read from ``root``; else ``value``."""
+def lookup(value: Any, root: Mapping[str, Any]) -> Any:
+    """A default of the form ``${a.b}`` (Hydra interpolation) read from ``root``; else ``value``
+    (the one reader of such defaults: the parser's and the research key's)."""
     if isinstance(value, str) and value.startswith("${") and value.endswith("}") and ":" not in value:
-        node = root
+        node: Any = root
         for part in value[2:-1].split("."):
-            node = node.get(part) if isinstance(node, dict) else None
+            node = node.get(part) if isinstance(node, Mapping) else None
         return node
     return value
 
