@@ -138,7 +138,7 @@ def check_overrides(args: Sequence[str], multirun: bool = False) -> list[tuple[s
     named), every composed config passes the typed schema — for each member of a ``-m`` sweep.
     Raises ``ConfigError`` (one line). Hydra's own settings (``hydra.*``) are left to Hydra.
     Returns the members checked: (the overrides that name it, its composed config), for the checks
-    that need the data (:func:`fedpriv.runner.preflight_sweep`, called by the entry point)."""
+    that need the data (:func:`fedpriv.plan.preflight_sweep`, called by the entry point)."""
     import itertools
 
     from hydra.core.override_parser.overrides_parser import OverridesParser

@@ -24,6 +24,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.schema import RunConfig
 
 round_log = logging.getLogger("fedpriv.rounds")
+TENSORBOARD_DIR = "tensorboard"  # the event file's directory under the run directory
 
 _LINE_KEYS = (("round", "round", "d"), ("epsilon", "epsilon", ".4g"))
 
@@ -66,7 +67,7 @@ class RoundObserver:
             check_observability(spec)
             from fedpriv.tensorboard_events import EventFile
 
-            self.events = EventFile(run_dir / "tensorboard", texts or {}, history or [])
+            self.events = EventFile(run_dir / TENSORBOARD_DIR, texts or {}, history or [])
 
     def __call__(self, row: dict) -> None:
         round_log.info("%s", format_round(row))

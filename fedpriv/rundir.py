@@ -12,8 +12,9 @@ secure mode it holds the run key, so it is secret).
   directory itself and the empty parents that were created for it (Hydra creates the run directory
   with its missing parents; :func:`note_existing` records, before that, which ancestor existed).
 * **Writes**: every file through :func:`fedpriv.atomic.write_atomic` (tmp + fsync + rename +
-  directory fsync). The training loop makes a round's checkpoint durable *before* it publishes any
-  output of the round, so a resumed run never redoes (and re-releases) a published round.
+  directory fsync). The run's output sink (:mod:`fedpriv.run_outputs`) makes a round's
+  checkpoint durable *before* it publishes any output of the round, so a resumed run never redoes
+  (and re-releases) a published round.
 * **Times** (secure mode): every file and directory of the run directory gets the access and
   modification time :data:`FIXED_TIME` after each round's outputs and after the last write
   (:meth:`RunDirectory.settle_times`), so the files' times do not tell how long training took
@@ -46,6 +47,11 @@ CHECKPOINT_FORMAT = 2
 CHECKPOINT_KEYS = ("format", "round", "server", "ledger", "randomness", "history", "diagnostics", "wall_s",
                    "config")
 FIXED_TIME = 0  # a secure run's file times (the Unix epoch, as TensorBoard's event times): none is recorded
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"  # written last: its presence means the run finished
+CHECKPOINT_FILE = "checkpoints/last.pt"
+CLIENT_RELEASES_FILE = "checkpoints/client_releases.json"
 DIAGNOSTICS_FILE = "diagnostics.jsonl"
 DIAGNOSTICS_NOTE = ("research-only diagnostics of training users: NOT covered by the epsilon of this run, "
                     "not for release")
@@ -236,11 +242,11 @@ class RunDirectory:
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.path / "checkpoints" / "last.pt"
+        return self.path / CHECKPOINT_FILE
 
     @property
     def client_releases_path(self) -> Path:
-        return self.path / "checkpoints" / "client_releases.json"
+        return self.path / CLIENT_RELEASES_FILE
 
     # ------------------------------------------------------------ writes
 
@@ -248,11 +254,11 @@ class RunDirectory:
         write_json(self.path / name, obj)
 
     def write_config(self, cfg: dict) -> None:
-        write_atomic(self.path / "config.yaml", yaml.safe_dump(cfg, sort_keys=False).encode())
+        write_atomic(self.path / CONFIG_FILE, yaml.safe_dump(cfg, sort_keys=False).encode())
 
     def write_metrics(self, rows: list[dict]) -> None:
         """Rewrite ``metrics.jsonl`` with ``rows`` (all rounds so far: one atomic file, never torn)."""
-        write_atomic(self.path / "metrics.jsonl", jsonl(rows))
+        write_atomic(self.path / METRICS_FILE, jsonl(rows))
 
     def write_diagnostics(self, rows: list[dict]) -> None:
         """Rewrite ``diagnostics.jsonl``; every line carries :data:`DIAGNOSTICS_NOTE`."""
@@ -311,11 +317,11 @@ class RunDirectory:
         return count
 
     def read_config(self) -> dict | None:
-        path = self.path / "config.yaml"
+        path = self.path / CONFIG_FILE
         return read_mapping(path) if path.exists() else None
 
     def read_metrics(self) -> list[dict]:
-        path = self.path / "metrics.jsonl"
+        path = self.path / METRICS_FILE
         return read_jsonl(path) if path.exists() else []
 
     def load_checkpoint(self) -> dict | None:

@@ -1,19 +1,16 @@
-"""One training run: validate → lock the run directory → build (→ restore) → rounds → outputs.
+"""One training run: parse → plan (:mod:`fedpriv.plan`) → lock the run directory → build (→ restore)
+→ rounds → outputs.
 
 The transport of a round is injected (``round_fn``), so the same loop serves the in-process
 backend, Flower's simulation engine and a real deployment; the DP math lives in
-:mod:`fedpriv.dpfedavg`, :mod:`fedpriv.mechanisms` and :mod:`fedpriv.accounting`.
-
-Order of writes (what a crash may leave behind): a round's checkpoint — model, noise-stream
-position, ledger, the round's output rows — is durable before any output of that round is
-published (metrics, privacy.json, logs, TensorBoard); the next round's model goes to clients only
-after that. A resumed run therefore never redoes a published round with the same noise, and
-republishes from the checkpoint whatever the crash kept from being written.
+:mod:`fedpriv.dpfedavg`, :mod:`fedpriv.mechanisms` and :mod:`fedpriv.accounting`. The loop writes
+no file: :mod:`fedpriv.run_outputs` does, and owns their order (a round's checkpoint is durable
+before any output of that round is published, so a resumed run never redoes a published round
+with the same noise, and republishes from the checkpoint whatever a crash kept from being written).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,24 +18,24 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
-from fedpriv.accounting.ledger import json_epsilon, prefix_claim_settings
-from fedpriv.accounting.monte_carlo import MonteCarloSettings
+from fedpriv.accounting import PrivacyLedger
+from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.adaptive_clipping import build_adaptive_clip
-from fedpriv.audit.run import audit_label, build_canaries, finish_audit
-from fedpriv.config import diagnostics_enabled, run_config, validate_against_data
+from fedpriv.audit.run import build_canaries, finish_audit
+from fedpriv.config import diagnostics_enabled, run_config
 from fedpriv.dpfedavg import DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
 from fedpriv.mechanisms import Mechanism
 from fedpriv.metrics import evaluate
-from fedpriv.console import ADVICE_LOGGER, format_result
+from fedpriv.console import ADVICE_LOGGER
 from fedpriv.models import set_flat_params
-from fedpriv.observe import RoundObserver, check_observability
+from fedpriv.plan import RunPlan, build_plan, fit_to_population
 from fedpriv.public.stages import Stage, build_stages
 from fedpriv.randomness import RunRandomness, mode_label
 from fedpriv.replies import RoundFn
 from fedpriv.research_key import canonical_config, research_key, run_randomness
-from fedpriv.rundir import CHECKPOINT_FORMAT, RunDirectory
+from fedpriv.run_outputs import RunOutputs
+from fedpriv.rundir import CHECKPOINT_FORMAT, SUMMARY_FILE, RunDirectory
 from fedpriv.schema import RunConfig, as_dict
 from fedpriv.sampling import make_sampler
 from fedpriv.task import Task, load_task
@@ -46,24 +43,6 @@ from fedpriv.allocator import retain_freed_memory
 
 
 log = logging.getLogger(__name__)
-
-def _noise_multiplier(spec: RunConfig, mechanism: Mechanism, sampler) -> float:
-    """σ: the config's, or calibrated to its target ε over the mechanism's own DpEvent."""
-    privacy = spec.privacy
-    if privacy.noise_multiplier is not None:
-        return float(privacy.noise_multiplier)
-    return calibrate_noise_multiplier(
-        lambda s: mechanism.dp_event(sampler, spec.rounds, noise_multiplier=s),
-        privacy.target_epsilon, privacy.delta, privacy.accountant, mechanism.neighboring_relation(sampler),
-        monte_carlo_settings=prefix_claim_settings(MonteCarloSettings.of(privacy.mc), spec.rounds))
-
-
-def _monte_carlo_settings(spec: RunConfig):
-    """The Monte-Carlo accountant's settings for the ledger's claims: shared over the σ grid when σ
-    was calibrated on it (:func:`fedpriv.accounting.monte_carlo.calibrate`), as given otherwise."""
-    settings = MonteCarloSettings.of(spec.privacy.mc)
-    return settings if spec.privacy.noise_multiplier is not None else settings.calibrated()
-
 
 @dataclass
 class RunSession:
@@ -76,6 +55,7 @@ class RunSession:
     ledger: PrivacyLedger
     stages: list[Stage]  # public-data hooks (fedpriv/public/stages.py): the loop names none
     randomness: RunRandomness
+    plan: RunPlan  # what the config and the population decided before any key was drawn
     start_round: int = 0
     wall_s: float = 0.0
     client_releases: int = 0  # rounds whose clients' example-level DP replies reached the server
@@ -97,8 +77,10 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
     """Validate ``cfg`` (plain dict), lock its run directory, build the task and server, and
     restore the checkpoint when resuming.
 
-    Raises ``ConfigError`` for bad input before writing any file; a directory locked by another
-    run is refused (``RunDirectoryBusy``) without touching it. ``run``: a directory the caller has
+    Raises ``ConfigError`` for bad input before writing any file: a fresh run's plan
+    (:func:`fedpriv.plan.build_plan`, every refusal that needs the data) is built before its
+    directory is locked; a directory locked by another run is refused (``RunDirectoryBusy``)
+    without touching it. ``run``: a directory the caller has
     already locked (and cleans up on error); otherwise this call locks ``run_dir`` and, on
     error, removes it only if it created it and it is still empty. ``cfg`` is parsed once
     (:func:`fedpriv.config.run_config`: ``sampling=auto`` and ``privacy.secure_rng=null`` resolved,
@@ -108,10 +90,14 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
     """
     spec = run_config(cfg)
     retain_freed_memory()  # the run reallocates the same large tensors every step (fedpriv.allocator)
+    task = load_task(spec)
+    # a fresh run: every refusal that needs the data before the directory is locked; a resumed one
+    # plans on its checkpoint's strategy (σ as calibrated for the rounds it already ran)
+    plan = None if spec.resume else build_plan(spec, task)
     own = run is None
     run = run if run is not None else RunDirectory(spec.run_dir).lock()
     try:
-        session = _build(spec, run)
+        session = _build(spec, task, run, plan)
     except BaseException:
         if own:
             run.abandon()
@@ -121,112 +107,26 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
     return session
 
 
-@dataclass
-class _Plan:
-    """What a run's configuration and its data's population fix before any randomness is drawn:
-    the sampler, the mechanism with its calibrated σ, the optimizer, the clip rule and the ledger."""
-
-    sampler: object
-    mechanism: Mechanism
-    optimizer: object
-    clip: object
-    ledger: PrivacyLedger
-
-
-def _plan(spec: RunConfig, task: Task, randomness: RunRandomness | None,
-          checkpoint: dict | None = None, run: RunDirectory | None = None) -> _Plan:
-    """The checks and builds that need the data's population (``randomness`` None: a sampler and
-    a mechanism that only state their accounting, for :func:`preflight`)."""
-    validate_against_data(spec, len(task.units), task.algorithm.privacy_unit)
-    if spec.backend.batched_rounds:  # its one-pass / central round clips per sample: refused before any write
-        task.algorithm.check_model(task.client_model, spec.model.per_sample_alternative(), batched=True)
-    privacy = spec.privacy
-    sampler = make_sampler(spec.sampling, len(task.units), spec.cohort_size,
-                           randomness.subkey("sampling") if randomness else None,
+def _build(spec: RunConfig, task: Task, run: RunDirectory, plan: RunPlan | None) -> RunSession:
+    """The session of ``spec`` in the locked ``run``: the checkpoint read (``plan`` None: planned
+    here, on the checkpoint's strategy when there is one), the run's randomness drawn, and the
+    keyed sampler and mechanism, the optimizer, the clip rule and the ledger built as planned."""
+    fitted = plan.spec if plan is not None else fit_to_population(spec, len(task.units))
+    checkpoint = _resumable_checkpoint(run, fitted)
+    if plan is None:
+        adopt = None if checkpoint is None else (lambda mechanism: _adopt_strategy(mechanism, checkpoint, run))
+        plan = build_plan(fitted, task, adopt=adopt)
+    spec, privacy = plan.spec, plan.spec.privacy
+    randomness = _randomness(spec, checkpoint, run)
+    sampler = make_sampler(spec.sampling, plan.population, spec.cohort_size, randomness.subkey("sampling"),
                            groups=spec.mechanism.sampling_groups(), public_population=spec.population)
-    # calibrate on an accounting-only build, then build the mechanism once, with its σ and its stream
-    # adaptive clipping normalises each round by C_t: the mechanism then runs at unit sensitivity
-    mechanism_clip = 1.0 if privacy.clipping == "adaptive" else privacy.clip_norm
-    accounting = spec.mechanism.build(1.0, mechanism_clip, rounds=spec.rounds, sampler=sampler)
-    _adopt_strategy(accounting, checkpoint, run)
-    sigma = _noise_multiplier(spec, accounting, sampler)
-    mechanism = spec.mechanism.build(sigma, mechanism_clip, noise=randomness.noise("mechanism") if randomness else None,
+    mechanism = spec.mechanism.build(plan.noise_multiplier, plan.mechanism_clip, noise=randomness.noise("mechanism"),
                                      rounds=spec.rounds, sampler=sampler)
     _adopt_strategy(mechanism, checkpoint, run)
+    ledger = plan.ledger.bind(mechanism, sampler, randomness.describe())
     optimizer = spec.optimizer.build(spec.rounds)
-    optimizer.query_plan.check(spec.optimizer.name, mechanism, task.algorithm.per_unit_deltas)
-    clip = build_adaptive_clip(privacy, sigma, sampler.expected_cohort,
+    clip = build_adaptive_clip(privacy, plan.noise_multiplier, sampler.expected_cohort,
                                squares=optimizer.query_plan.squares, optimizer=spec.optimizer.name)
-    reasons = [r for r in (getattr(optimizer, "non_private_reason", None), task.data.info.get("non_private_reason"))
-               if r]
-    reason = "; ".join(reasons) or None
-    target = privacy.target_epsilon if privacy.noise_multiplier is None else None
-    ledger = PrivacyLedger(mechanism, sampler, privacy.delta, privacy.accountant, target_epsilon=target,
-                           planned_rounds=spec.rounds, non_private_reason=reason,
-                           randomness=randomness.describe() if randomness else {},
-                           query=None if clip is None else clip.describe(), audit=audit_label(spec.audit),
-                           dimension=task.initial_params.numel(), monte_carlo_settings=_monte_carlo_settings(spec))
-    ledger.check_can_run(spec.rounds)
-    check_observability(spec)
-    return _Plan(sampler, mechanism, optimizer, clip, ledger)
-
-
-def preflight(cfg: dict) -> None:
-    """Every check of a run that needs its data — the population against the cohort, the
-    sampler/mechanism pair, σ's calibration, the budget — without a run directory or secrets: a
-    sweep runs it for each member before the first one starts (``ConfigError`` on a problem)."""
-    import copy
-
-    spec = run_config(copy.deepcopy(cfg))  # the caller's dict is left as it is
-    quiet = logging.getLogger("fedpriv")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # the run itself says what its checks warn about
-    try:
-        task = load_task(spec)
-        spec = fit_to_population(spec, len(task.units))
-        _plan(spec, task, None)
-    finally:
-        quiet.setLevel(level)
-
-
-def preflight_sweep(members: list[tuple[str, dict]]) -> None:
-    """:func:`preflight` for every member of a ``-m`` sweep of more than one (what needs the data:
-    population, sampler and mechanism, budget), as ``(its overrides, its config)`` pairs from
-    :func:`fedpriv.compose.check_overrides`, before Hydra starts the first (``ConfigError``)."""
-    if len(members) < 2:
-        return
-    for member, plain in members:
-        try:
-            preflight(plain)
-        except ConfigError as err:
-            raise ConfigError(f"sweep member {member}: {err} (no member was run)") from None
-
-
-def fit_to_population(spec: RunConfig, population: int) -> RunConfig:
-    """``spec`` with the mechanism's defaults fitted to the population
-    (:meth:`MechanismOption.fitted`, e.g. BandMF's bands); the run says what changed."""
-    population = spec.population or population  # a public population fixes the rates, as for the sampler
-    fitted = spec.mechanism.fitted(population, spec.cohort_size, spec.rounds, spec.sampling)
-    if fitted is spec.mechanism:
-        return spec
-    for name, before in dataclasses.asdict(spec.mechanism).items():
-        after = getattr(fitted, name)
-        if after != before:
-            log.warning("mechanism.%s=%s does not fit %d rounds of cohorts of %d from %d units: using %s, "
-                        "the largest that fits", name, before, spec.rounds, spec.cohort_size, population, after)
-    return dataclasses.replace(spec, mechanism=fitted)
-
-
-def _build(spec: RunConfig, run: RunDirectory) -> RunSession:
-    """The session of the resolved typed config ``spec`` (its plain form is what config.yaml and
-    the research key hold)."""
-    task = load_task(spec)
-    spec = fit_to_population(spec, len(task.units))  # before the key: config.yaml names what runs
-    checkpoint = _resumable_checkpoint(run, spec)
-    randomness = _randomness(spec, checkpoint, run)
-    plan = _plan(spec, task, randomness, checkpoint, run)
-    privacy, sampler, mechanism, optimizer, clip, ledger = (spec.privacy, plan.sampler, plan.mechanism, plan.optimizer,
-                                                            plan.clip, plan.ledger)
     if ledger.non_private_reason:
         log.warning("NOT PRIVATE: %s; the run reports epsilon = inf", ledger.non_private_reason)
     if privacy.noise_multiplier is not None and privacy.target_epsilon is not None:
@@ -241,7 +141,7 @@ def _build(spec: RunConfig, run: RunDirectory) -> RunSession:
     server = DPFedAvg(initial, sampler, mechanism, privacy.clip_norm, optimizer, ema_decay=spec.ema_decay,
                       canaries=canaries, clip=clip)
     session = RunSession(spec=spec, run=run, task=task, server=server, ledger=ledger, stages=stages,
-                         randomness=randomness)
+                         randomness=randomness, plan=plan)
     if checkpoint is not None:
         _restore(session, checkpoint)
     _count_client_releases(session, checkpoint)
@@ -316,7 +216,7 @@ def _resumable_checkpoint(run: RunDirectory, spec: RunConfig) -> dict | None:
                 raise ConfigError(f"resume=true, but run directory {run.path} holds no run to resume "
                                   "(check run_dir)")
             return None
-        if run.read_metrics() or (run.path / "summary.json").exists():
+        if run.read_metrics() or (run.path / SUMMARY_FILE).exists():
             raise ConfigError(f"run directory {run.path} holds the outputs of a run but no checkpoint, so it cannot "
                               "be resumed (and is not overwritten): use another run_dir")
         if not spec.resume:
@@ -341,7 +241,7 @@ def _differs_message(run: RunDirectory, diff: list[str], saved: dict, spec: RunC
     if "rounds" not in diff:
         return f"{text}: resume with the config it was started with, or use another run_dir"
     was, now = saved.get("rounds"), spec.rounds  # saved: the config the checkpoint holds
-    if (run.path / "summary.json").exists():
+    if (run.path / SUMMARY_FILE).exists():
         return (f"{text} ({was} -> {now}): a finished run cannot be extended (its noise was calibrated and its "
                 f"epsilon accounted for {was} rounds); start a new run with rounds={now} and another run_dir")
     return (f"{text} ({was} -> {now}): the rounds are fixed when a run starts (noise calibrated for {was}); resume "
@@ -392,29 +292,23 @@ def evaluate_params(task: Task, params: torch.Tensor) -> dict[str, float]:
 
 
 def train(session: RunSession, round_fn: RoundFn) -> dict:
-    """Run the remaining rounds; after each, make its checkpoint durable, then publish its outputs
-    (the order of writes in the module docstring). Releases the run directory's lock on return."""
+    """Run the remaining rounds; their files are written by the run's output sink
+    (:class:`fedpriv.run_outputs.RunOutputs`, which owns the order of writes). Releases the run
+    directory's lock on return."""
+    outputs = RunOutputs(session.run, session.spec, session.randomness.secure, _tensorboard_texts(session))
     try:
-        return _train(session, round_fn)
+        return _train(session, round_fn, outputs)
     finally:
-        _settle_times(session)
+        outputs.settle()
         session.run.unlock()
 
 
-def _settle_times(session: RunSession) -> None:
-    """A secure run's files get one fixed time: their times would tell how long rounds took."""
-    if session.randomness.secure:
-        session.run.settle_times()
-
-
-def _train(session: RunSession, round_fn: RoundFn) -> dict:
-    spec, run, server, ledger = session.spec, session.run, session.server, session.ledger
+def _train(session: RunSession, round_fn: RoundFn, outputs: RunOutputs) -> dict:
+    spec, server, ledger = session.spec, session.server, session.ledger
     rounds = spec.rounds
     eval_every = spec.eval_every or rounds
     diagnostics = session.diagnostics_enabled
-    run.write_config(session.cfg)
-    _publish(session)  # a resumed run: whatever its last checkpoint holds that a crash kept from the files
-    observe = RoundObserver(spec, run.path, _tensorboard_texts(session), session.history)
+    outputs.start(session.cfg, session.history, session.diagnostics, ledger)
     started = time.perf_counter() - session.wall_s
     last_eval: dict[str, float] = {}
     audited = {"audit_canaries": ledger.audit["canaries"]} if ledger.audit else {}  # labelled from round 1
@@ -427,7 +321,7 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
         cohort = server.cohort(r)
         if session.task.local.dp is not None:  # charged before the clients are asked: a crash cannot hide it
             session.client_releases += 1
-            run.save_client_releases(session.client_releases)
+            outputs.clients_asked(session.client_releases)
         replies = round_fn(server.round_inputs(r, cohort))
         released, diag = server.apply_round(r, cohort, replies, diagnostics=diagnostics)
         ledger.record_round(r)
@@ -445,27 +339,21 @@ def _train(session: RunSession, round_fn: RoundFn) -> dict:
         session.history.append(row)
         if diagnostics:
             session.diagnostics.append({"round": r + 1, **diag, "wall_s": wall_s})
-        run.save_checkpoint(_checkpoint(session, r + 1, wall_s))  # durable before anything of round r+1 is out
-        _publish(session)
-        observe(row)
-        _settle_times(session)
+        outputs.round_done(_checkpoint(session, r + 1, wall_s), session.history, session.diagnostics, ledger)
         if "test_accuracy" in row:
             bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", eps=f"{epsilon:.3g}")
     bar.close()
-    observe.close()
+    outputs.close_rounds()
     if not last_eval:  # resumed after the last round: evaluate the restored model
         last_eval = evaluate_params(session.task, server.model_params)
     summary = _summary(session, last_eval, time.perf_counter() - started)
+    audit = None
     if server.canaries is not None:  # post-processing of the releases and the canaries (docs/PRIVACY.md)
-        summary["audit"] = finish_audit(server.canaries, server.model_params, run.path, spec.audit,
-                                        spec.privacy.delta, ledger.reported_epsilon(), session.randomness.label)
+        def audit():
+            return finish_audit(server.canaries, server.model_params, spec.audit, spec.privacy.delta,
+                                ledger.reported_epsilon(), session.randomness.label)
     # post-processing of the released model (the ledger covers it), labelled with the run's claim and mode
-    release = session.spec.model.write_release(session.task.eval_model, server.model_params, run.path,
-                                               session.task.data, card=format_result(summary))
-    if release is not None:
-        summary["release"] = release
-    run.write_json("summary.json", summary)
-    return summary
+    return outputs.finish(summary, audit, session.task.eval_model, server.model_params, session.task.data)
 
 
 def _tensorboard_texts(session: RunSession) -> dict[str, str]:
@@ -488,14 +376,6 @@ def _checkpoint(session: RunSession, round_done: int, wall_s: float) -> dict:
             "ledger": session.ledger.state_dict(), "randomness": session.randomness.state_dict(),
             "history": session.history, "diagnostics": session.diagnostics, "wall_s": wall_s,
             "client_releases": session.client_releases, "config": session.cfg}
-
-
-def _publish(session: RunSession) -> None:
-    """Write the outputs of every round so far (after that round's checkpoint is durable)."""
-    session.run.write_metrics(session.history)
-    if session.diagnostics_enabled:
-        session.run.write_diagnostics(session.diagnostics)
-    session.ledger.save(session.run.path)
 
 
 def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dict:

@@ -23,7 +23,7 @@ def check_args(args: list[str]) -> None:
     unknown options, keys (with the closest valid one), types and ranges of every sweep member."""
     from fedpriv.compose import check_overrides
     from fedpriv.errors import ConfigError
-    from fedpriv.runner import preflight_sweep
+    from fedpriv.plan import preflight_sweep
 
     try:
         preflight_sweep(check_overrides(args, multirun=bool({"-m", "--multirun"} & set(args))))

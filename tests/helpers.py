@@ -98,6 +98,13 @@ def interrupt_and_resume(cfg: dict, crash_round: int, before_resume=None):
     return first, prepare({**cfg, "resume": True})
 
 
+def run_dir_files(run_dir: Path) -> set[str]:
+    """What a run left in its directory: the top-level names, and the files under checkpoints/
+    (as :func:`fedpriv.run_outputs.planned_outputs` names them)."""
+    names = {p.name for p in run_dir.iterdir() if p.name != "checkpoints"}
+    return names | {f"checkpoints/{p.name}" for p in (run_dir / "checkpoints").iterdir()}
+
+
 def client_draws(seed: int) -> ClientDraws:
     """A client's reproducible draws for tests: research mode, derived from ``seed``."""
     return clients_from_seed(seed).draws(0, 0)

@@ -12,6 +12,7 @@ import dp_accounting
 import pytest
 from dp_accounting.rdp import RdpAccountant
 
+from fedpriv.run_outputs import write_privacy
 from fedpriv.accounting import (PLD, PLD_VALUE_DISCRETIZATION, RDP, PrivacyLedger, calibrate_noise_multiplier,
                                 compute_epsilon)
 from fedpriv.accounting.__main__ import main as cli_main
@@ -278,7 +279,7 @@ def test_privacy_json_is_valid(tmp_path):
     ledger = _ledger(target=5.0)
     for r in range(10):
         ledger.record_round(r)
-    written = ledger.save(tmp_path)
+    written = write_privacy(tmp_path, ledger)
     assert written == tmp_path / "privacy.json"
     data = _strict_json(written.read_text())
     assert data["epsilon"] == pytest.approx(ledger.epsilon()) and data["non_private"] is False
@@ -295,7 +296,7 @@ def test_privacy_json_non_private(tmp_path):
     ledger = _ledger(sigma=0.0)
     ledger.record_round(0)
     assert ledger.epsilon() == math.inf
-    data = _strict_json(ledger.save(tmp_path / "p.json").read_text())
+    data = _strict_json(write_privacy(tmp_path / "p.json", ledger).read_text())
     assert data["epsilon"] is None and data["non_private"] is True and data["planned_epsilon"] is None
 
 
@@ -482,7 +483,7 @@ def test_a_nan_in_the_ledger_is_never_published(tmp_path, monkeypatch):
     ledger = _ledger()
     monkeypatch.setattr(ledger, "to_dict", lambda: {"epsilon": float("nan"), "non_private": False})
     with pytest.raises(ValueError, match="NaN"):
-        ledger.save(tmp_path)
+        write_privacy(tmp_path, ledger)
     assert not (tmp_path / "privacy.json").exists()
 
 

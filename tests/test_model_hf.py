@@ -382,7 +382,7 @@ def test_a_family_per_sample_clipping_refuses_is_refused_on_every_per_sample_pat
 def test_dp_fedsgd_without_its_one_pass_round_is_not_refused(opt_dir, tmp_path):
     """The one-pass round is backend=local's; under Flower's engine dp_fedsgd's clients take a plain
     step each and the server clips whole deltas, so OPT passes the checks there."""
-    from fedpriv.runner import preflight
+    from fedpriv.plan import preflight
 
     preflight(compose_cfg(*hf_args(opt_dir, "algorithm=dp_fedsgd", "backend=flower"), run_dir=tmp_path / "r"))
     with pytest.raises(ConfigError, match="algorithm=dp_fedsgd clips per sample"):

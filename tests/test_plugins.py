@@ -31,6 +31,7 @@ from fedpriv.research_key import key_from_seed, noise_from_seed
 from fedpriv.sampling import SAMPLERS, Sampler, make_sampler
 from fedpriv.schema import options
 from tests.conftest import compose_cfg
+from tests.helpers import run_dir_files
 
 ROUNDS = 32
 POPULATION = 64
@@ -70,8 +71,10 @@ def _smoke_round(tmp_path, *overrides: str, rounds: int = 2) -> dict:
 
     cfg = compose_cfg("+experiment=smoke", f"rounds={rounds}", f"eval_every={rounds}", "progress=false",
                       "cohort_size=2", *overrides, run_dir=tmp_path / "run")
-    summary = run_local(prepare(cfg))
+    session = prepare(cfg)
+    summary = run_local(session)
     assert summary["rounds"] == rounds and math.isfinite(summary["final"]["loss"])
+    assert run_dir_files(tmp_path / "run") == set(session.plan.outputs)  # the option writes what it declares
     return summary
 
 

@@ -20,7 +20,7 @@ def _script(name: str):
 def test_frontier_configurations_are_runs_fedpriv_accepts(tmp_path):
     """Every configuration of scripts/frontier.py passes a run's preflight (the sampler/mechanism
     pair accounted, σ calibrated) on the smoke data, and the table/best-of logic reads rows."""
-    from fedpriv.runner import preflight
+    from fedpriv.plan import preflight
     from tests.conftest import compose_cfg
 
     frontier = _script("frontier")

@@ -15,9 +15,8 @@ accounted ε only as a labelled field and for the budget gate.
 
 from __future__ import annotations
 
+import copy
 import math
-import os
-from pathlib import Path
 from typing import Any, Protocol
 
 import dp_accounting
@@ -28,7 +27,6 @@ from fedpriv.accounting.accountant import (PLD, PLD_VALUE_DISCRETIZATION, RDP, S
                                            is_non_private, relation_name)
 from fedpriv.accounting.monte_carlo import MC, MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
-from fedpriv.rundir import write_json
 from fedpriv.sampling import Sampler
 
 LEDGER_FORMAT = 1
@@ -325,19 +323,27 @@ class PrivacyLedger:
             raise ConfigError("privacy ledger checkpoint has invalid round indices")
         self._round_indices = indices
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`to_dict` as strict JSON with :func:`fedpriv.rundir.write_json` (atomic).
-
-        ``path`` is the file, or a directory in which ``privacy.json`` is written. Returns the file.
-        """
-        target = Path(path)
-        if target.is_dir():
-            target = target / PRIVACY_FILE
-        ledger = self.to_dict()
-        if any(isinstance(v, float) and math.isnan(v) for v in ledger.values()):
-            raise ValueError("the ledger holds a NaN: refusing to publish privacy.json")  # never "nan" as a claim
-        write_json(target, ledger)
-        return target
+    def bind(self, mechanism: AccountedMechanism, sampler: Sampler,
+             randomness: dict[str, Any] | None) -> "PrivacyLedger":
+        """This ledger of a planned run (no round recorded; built on a key-less mechanism and
+        sampler, :mod:`fedpriv.plan`) for the run's own keyed ones, keeping the ε it has computed
+        (each Monte-Carlo prefix is sampled once per run); ``randomness``: how the run's
+        randomness was made. Refused (``ConfigError``) unless they account exactly as the planned
+        ones: the same σ, neighbouring relation and DpEvent of the planned rounds."""
+        if self.rounds_done:
+            raise ValueError("only a planned ledger (no round recorded) can be bound to a run's mechanism")
+        n = self.planned_rounds or 1
+        if (float(mechanism.noise_multiplier) != self.noise_multiplier
+                or mechanism.neighboring_relation(sampler) != self.relation
+                or repr(mechanism.dp_event(sampler, n)) != repr(self.dp_event(n))):
+            raise ConfigError(f"the run's {mechanism.name} mechanism and {sampler.kind} sampler do not account as "
+                              "the planned ones: refusing to run on another plan's ledger")
+        bound = copy.copy(self)
+        bound.mechanism, bound.sampler, bound.randomness = mechanism, sampler, randomness
+        bound._round_indices = []
+        bound._cache, bound._claims = dict(self._cache), dict(self._claims)
+        bound._compositions = dict(self._compositions)
+        return bound
 
     # ------------------------------------------------------------ helpers
 

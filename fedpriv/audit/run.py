@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fedpriv.atomic import write_atomic
 from fedpriv.audit.canaries import CanarySet
 from fedpriv.audit.report import PLOT_FILE, SCORES_FILE, analyse, plot_png, scores_record
 from fedpriv.randomness import SECURE
 from fedpriv.schema import Audit
-from fedpriv.rundir import write_json
+from fedpriv.rundir import json_text
 
 
 def build_canaries(audit: Audit, clip_norm: float, dim: int, sampler, randomness) -> CanarySet | None:
@@ -34,15 +33,13 @@ def audit_label(audit: Audit) -> dict[str, Any] | None:
                     "epsilon still covers every real user (docs/PRIVACY.md, 'Auditing a run')"}
 
 
-def finish_audit(canaries: CanarySet, released, run_path, audit: Audit, delta: float, epsilon: float,
-                 mode: str) -> dict[str, Any]:
-    """Score the final model, write ``audit_scores.json`` and ``audit.png``, return the summary's
-    ``audit`` block (``delta``: ``privacy.delta``; ``epsilon``: the ledger's claim; infinite for a
-    non-private run)."""
+def finish_audit(canaries: CanarySet, released, audit: Audit, delta: float, epsilon: float,
+                 mode: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Score the final model: the summary's ``audit`` block and the files the run writes for it
+    (``audit_scores.json``, one line, and ``audit.png``; :mod:`fedpriv.run_outputs` writes them).
+    ``delta``: ``privacy.delta``; ``epsilon``: the ledger's claim (infinite for a non-private run)."""
     record = scores_record(canaries.scores(released), canaries.coins, float(delta),
                            epsilon if math.isfinite(epsilon) else None, float(audit.confidence),
                            canaries.seconds if mode != SECURE else None, mode)  # no timing in secure mode
     result = analyse(record)
-    write_json(run_path / SCORES_FILE, record, indent=None)
-    write_atomic(run_path / PLOT_FILE, plot_png(record, result))
-    return result
+    return result, {SCORES_FILE: (json_text(record) + "\n").encode(), PLOT_FILE: plot_png(record, result)}

@@ -319,6 +319,9 @@ class HFModel(ModelOption):
         out = write_model_dir(Path(directory) / "hf_llama", words, "llama", hidden=32, layers=2, heads=4)
         return [f"model.path={out}", "data.tokenizer=hf"]
 
+    def release_name(self) -> str:
+        return RELEASE_DIR
+
     def write_release(self, model, params, run_path, data, card: str = "") -> str:
         """``run_path/hf_model``: :func:`save_release` into a temporary directory, with a model card
         (``README.md``: the run's privacy claim and randomness mode), then swapped in."""

@@ -311,10 +311,15 @@ class ModelOption(Option):
         (a model directory) under ``directory`` (the contract tests, tests/test_plugins.py)."""
         return []
 
+    def release_name(self) -> Optional[str]:
+        """The name :meth:`write_release` writes under the run directory, or None (it writes none)."""
+        return None
+
     def write_release(self, model, params, run_path, data, card: str = "") -> Optional[str]:
         """Write the released flat ``params`` of ``model`` (built by :meth:`build_model`) in the
         format its ecosystem loads, under the run directory ``run_path``, all or nothing; the name
-        written, or None (the default: the parameters are in the checkpoint and nowhere else).
+        written (:meth:`release_name`, which the run plan lists), or None (the default: the
+        parameters are in the checkpoint and nowhere else).
         ``data``: the run's dataset (its tokenizer); ``card``: the run's result lines (its privacy
         claim and randomness mode), which the release must carry. Post-processing only."""
         return None

@@ -1,0 +1,179 @@
+"""A run's plan: everything its configuration and its data's population decide, fixed before the
+run directory is locked and before any key is drawn.
+
+:func:`build_plan` turns the parsed config and the loaded task into a frozen :class:`RunPlan`:
+the config fitted to the population, the sampler and the mechanism the accounting assumes, σ (given
+or calibrated to the target ε over the mechanism's own DpEvent), the ledger of the planned rounds
+(the budget checked, ε of every round cached), the server optimizer's and the clip rule's checks,
+Book-Keeping's support of the model wherever the run clips per sample, and the files the run will
+write. It writes no file of the run and draws no secret (its sampler and mechanism have no key and
+no noise stream: they only state their accounting), so the same builder is the pre-flight of a run
+(:func:`fedpriv.runner.prepare` builds it before it locks the run directory) and of every member of
+a sweep (:func:`preflight_sweep`). Every refusal that needs the data is raised here.
+
+A BandMF/BLT strategy is optimised (or read from the strategy cache, outside the run directory)
+while planning; a resumed run plans again on its checkpoint's strategy (``adopt``), never on a new one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
+from fedpriv.accounting.ledger import prefix_claim_settings
+from fedpriv.accounting.monte_carlo import MonteCarloSettings
+from fedpriv.adaptive_clipping import build_adaptive_clip
+from fedpriv.audit.run import audit_label
+from fedpriv.config import run_config, validate_against_data
+from fedpriv.errors import ConfigError
+from fedpriv.mechanisms import Mechanism
+from fedpriv.observe import check_observability
+from fedpriv.run_outputs import planned_outputs
+from fedpriv.sampling import make_sampler
+from fedpriv.schema import RunConfig
+from fedpriv.task import Task, load_task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run will do, decided from its config and its data's population alone (no key, no file).
+
+    ``spec``: the resolved config fitted to the population (config.yaml holds its plain form);
+    ``population``: the units the accounting's rates are computed over; ``noise_multiplier``: σ,
+    ``calibrated`` when it was solved for the target ε; ``mechanism_clip``: the sensitivity the
+    mechanism adds noise for (1 under adaptive clipping, which normalises each round by its bound);
+    ``ledger``: the accounting of the planned rounds on key-less sampler and mechanism (budget
+    checked; the run's ledger is this one bound to the keyed ones, :meth:`PrivacyLedger.bind`);
+    ``outputs``: the files the run writes, in the order of their first write
+    (:mod:`fedpriv.run_outputs`); ``per_sample_checked``: Book-Keeping's support of the model was
+    checked for a round that clips per sample on the server's side (the clients' engines are
+    checked when the task is loaded)."""
+
+    spec: RunConfig
+    population: int
+    noise_multiplier: float
+    calibrated: bool
+    mechanism_clip: float
+    ledger: PrivacyLedger
+    outputs: tuple[str, ...]
+    per_sample_checked: bool
+
+    @property
+    def planned_epsilon(self) -> float:
+        """ε the run reports after its planned rounds (∞ when it is not private)."""
+        return self.ledger.reported_epsilon(self.spec.rounds)
+
+    def describe(self) -> dict:
+        """The plan in plain values (what a pre-flight prints; no key, no private count)."""
+        ledger = self.ledger
+        return {"mechanism": ledger.mechanism.name, "sampling": ledger.sampler.kind,
+                "accountant": ledger.accountant, "noise_multiplier": self.noise_multiplier,
+                "calibrated": self.calibrated, "rounds": self.spec.rounds, "cohort_size": self.spec.cohort_size,
+                "planned_epsilon": self.planned_epsilon, "delta": ledger.delta,
+                "algorithm": self.spec.algorithm.name, "outputs": list(self.outputs)}
+
+
+def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] | None = None) -> RunPlan:
+    """The plan of the parsed ``spec`` on ``task``'s data (``ConfigError`` /
+    ``PrivacyBudgetExceeded`` on every refusal). ``adopt``: given a key-less mechanism, makes it
+    take a resumed run's strategy from its checkpoint before σ is calibrated on it."""
+    population = len(task.units)
+    spec = fit_to_population(spec, population)
+    validate_against_data(spec, population, task.algorithm.privacy_unit)
+    batched = spec.backend.batched_rounds
+    if batched:  # its one-pass / central round clips per sample: refused before any write
+        task.algorithm.check_model(task.client_model, spec.model.per_sample_alternative(), batched=True)
+    privacy = spec.privacy
+    sampler = make_sampler(spec.sampling, population, spec.cohort_size, None,
+                           groups=spec.mechanism.sampling_groups(), public_population=spec.population)
+    # adaptive clipping normalises each round by C_t: the mechanism then runs at unit sensitivity
+    mechanism_clip = 1.0 if privacy.clipping == "adaptive" else privacy.clip_norm
+    accounting = spec.mechanism.build(1.0, mechanism_clip, rounds=spec.rounds, sampler=sampler)
+    if adopt is not None:
+        adopt(accounting)
+    sigma = _noise_multiplier(spec, accounting, sampler)
+    mechanism = spec.mechanism.build(sigma, mechanism_clip, rounds=spec.rounds, sampler=sampler)
+    if adopt is not None:
+        adopt(mechanism)
+    optimizer = spec.optimizer.build(spec.rounds)  # its checks only: the run builds its own (it holds state)
+    optimizer.query_plan.check(spec.optimizer.name, mechanism, task.algorithm.per_unit_deltas)
+    clip = build_adaptive_clip(privacy, sigma, sampler.expected_cohort,
+                               squares=optimizer.query_plan.squares, optimizer=spec.optimizer.name)
+    reasons = [r for r in (getattr(optimizer, "non_private_reason", None), task.data.info.get("non_private_reason"))
+               if r]
+    target = privacy.target_epsilon if privacy.noise_multiplier is None else None
+    ledger = PrivacyLedger(mechanism, sampler, privacy.delta, privacy.accountant, target_epsilon=target,
+                           planned_rounds=spec.rounds, non_private_reason="; ".join(reasons) or None,
+                           query=None if clip is None else clip.describe(), audit=audit_label(spec.audit),
+                           dimension=task.initial_params.numel(), monte_carlo_settings=_monte_carlo_settings(spec))
+    ledger.check_can_run(spec.rounds)
+    check_observability(spec)
+    return RunPlan(spec=spec, population=population, noise_multiplier=sigma,
+                   calibrated=privacy.noise_multiplier is None, mechanism_clip=mechanism_clip, ledger=ledger,
+                   outputs=planned_outputs(spec, client_dp=task.local.dp is not None), per_sample_checked=batched)
+
+
+def _noise_multiplier(spec: RunConfig, mechanism: Mechanism, sampler) -> float:
+    """σ: the config's, or calibrated to its target ε over the mechanism's own DpEvent."""
+    privacy = spec.privacy
+    if privacy.noise_multiplier is not None:
+        return float(privacy.noise_multiplier)
+    return calibrate_noise_multiplier(
+        lambda s: mechanism.dp_event(sampler, spec.rounds, noise_multiplier=s),
+        privacy.target_epsilon, privacy.delta, privacy.accountant, mechanism.neighboring_relation(sampler),
+        monte_carlo_settings=prefix_claim_settings(MonteCarloSettings.of(privacy.mc), spec.rounds))
+
+
+def _monte_carlo_settings(spec: RunConfig) -> MonteCarloSettings:
+    """The Monte-Carlo accountant's settings for the ledger's claims: shared over the σ grid when σ
+    was calibrated on it (:func:`fedpriv.accounting.monte_carlo.calibrate`), as given otherwise."""
+    settings = MonteCarloSettings.of(spec.privacy.mc)
+    return settings if spec.privacy.noise_multiplier is not None else settings.calibrated()
+
+
+def fit_to_population(spec: RunConfig, population: int) -> RunConfig:
+    """``spec`` with the mechanism's defaults fitted to the population
+    (:meth:`MechanismOption.fitted`, e.g. BandMF's bands); the run says what changed."""
+    population = spec.population or population  # a public population fixes the rates, as for the sampler
+    fitted = spec.mechanism.fitted(population, spec.cohort_size, spec.rounds, spec.sampling)
+    if fitted is spec.mechanism:
+        return spec
+    for name, before in dataclasses.asdict(spec.mechanism).items():
+        after = getattr(fitted, name)
+        if after != before:
+            log.warning("mechanism.%s=%s does not fit %d rounds of cohorts of %d from %d units: using %s, "
+                        "the largest that fits", name, before, spec.rounds, spec.cohort_size, population, after)
+    return dataclasses.replace(spec, mechanism=fitted)
+
+
+def preflight(cfg: dict) -> RunPlan:
+    """The plan of the plain ``cfg`` without a run directory or secrets (:func:`build_plan`): what a
+    sweep checks for each member before the first one starts (``ConfigError`` on a problem). The
+    caller's dict is left as it is; the checks' warnings are left to the run itself."""
+    spec = run_config(copy.deepcopy(cfg))
+    quiet = logging.getLogger("fedpriv")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return build_plan(spec, load_task(spec))
+    finally:
+        quiet.setLevel(level)
+
+
+def preflight_sweep(members: list[tuple[str, dict]]) -> None:
+    """:func:`preflight` for every member of a ``-m`` sweep of more than one (what needs the data:
+    population, sampler and mechanism, budget), as ``(its overrides, its config)`` pairs from
+    :func:`fedpriv.compose.check_overrides`, before Hydra starts the first (``ConfigError``)."""
+    if len(members) < 2:
+        return
+    for member, plain in members:
+        try:
+            preflight(plain)
+        except ConfigError as err:
+            raise ConfigError(f"sweep member {member}: {err} (no member was run)") from None
