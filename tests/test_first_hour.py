@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ROOT, compose_cfg
 from fedpriv.compose import check_overrides
-from fedpriv.runner import preflight_sweep
+from fedpriv.plan import preflight_sweep
 from fedpriv.errors import ConfigError
 
 
