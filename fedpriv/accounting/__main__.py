@@ -15,8 +15,9 @@ with ``--confidence`` over the accountant's public samples, reported beside thei
 as is) do not need to.
 
 The DpEvent always comes from the mechanism object, built through its registered option (so a
-mechanism registered with ``fedpriv.schema.register_option`` is here too), and a sampler of
-``fedpriv.sampling``; this file only parses, validates and prints. Bad input prints one line
+mechanism registered with ``fedpriv.schema.register_option`` is here too), and a sampler built by
+``fedpriv.sampling.make_sampler`` (so is a kind registered with ``register_sampler``: it reads
+``--population`` and ``--cohort``); this file only parses, validates and prints. Bad input prints one line
 ``error: ...`` on stderr and exits 2.
 """
 
@@ -30,7 +31,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import dp_accounting
 
@@ -45,9 +46,9 @@ from fedpriv.console import OneLineParser as _Parser
 from fedpriv.errors import ConfigError
 from fedpriv.rundir import json_text
 from fedpriv.schema import MechanismOption, load, option_preset, options
-from fedpriv.sampling import (B_MIN_SEP, BALLS_IN_BINS, CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, BinsBound,
-                              CyclicPoissonSampler, CyclicSampler, FixedSizeSampler, MinSeparationSampler,
-                              ParticipationBound, PoissonSampler, Sampler)
+from fedpriv.sampling import (B_MIN_SEP, BALLS_IN_BINS, CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, PUBLIC_RATE_KINDS,
+                              SAMPLERS, BinsBound, ParticipationBound, ParticipationPattern, PoissonSampler, Sampler,
+                              make_sampler)
 
 
 
@@ -96,6 +97,11 @@ def _build(args: argparse.Namespace, noise_multiplier: float, sampler) -> Any:
     return mechanism_option(args).build(noise_multiplier, 1.0, rounds=args.rounds, sampler=sampler)
 
 
+def sampling_kinds() -> list[str]:
+    """The registered sampler kinds (``fedpriv.sampling.register_sampler``), in registration order."""
+    return list(SAMPLERS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m fedpriv.accounting",
                      description="Privacy accounting with dp_accounting (RDP, PLD) or Monte Carlo (balls-in-bins).")
@@ -117,8 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--delta", type=float, required=True, help="delta in (0, 1)")
         p.add_argument("--accountant", choices=ACCOUNTANTS, default=None,
                        help="rdp (default) | pld | mc (Monte Carlo: the default and only one for balls_in_bins)")
-        p.add_argument("--sampling", choices=(POISSON, FIXED_SIZE, CYCLIC, CYCLIC_POISSON, BALLS_IN_BINS, B_MIN_SEP),
-                       default=None,
+        p.add_argument("--sampling", choices=sampling_kinds(), default=None,
                        help="default: poisson where the mechanism's own default is, else cyclic (tree, bandmf, "
                             "blt) | fixed | cyclic_poisson (bandmf, amplified; needs --population, --cohort) | "
                             "balls_in_bins (gaussian, bandmf, blt; needs --bins) | b_min_sep (bandmf; needs "
@@ -152,11 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # the flags each sampling reads (beside --rounds, the mechanism's and the accountant's): any other
-# one given is refused, never ignored
+# one given is refused, never ignored; a kind not named here reads REGISTRY_FLAGS (see _registry_args)
 SAMPLING_FLAGS = {POISSON: ("sampling_rate", "population"), FIXED_SIZE: ("sampling_rate", "population"),
                   CYCLIC: ("population", "cohort", "participations", "min_separation"),
                   CYCLIC_POISSON: ("population", "cohort"), B_MIN_SEP: ("population", "cohort"),
                   BALLS_IN_BINS: ("bins", "population")}
+REGISTRY_FLAGS = ("population", "cohort")
 MC_FLAGS = ("mc_samples", "confidence", "mc_seed")
 
 
@@ -166,10 +172,11 @@ def _flag(name: str) -> str:
 
 def _check_flags_apply(args: argparse.Namespace) -> None:
     """Refuse a flag that the chosen sampling or accountant would not read."""
+    reads = SAMPLING_FLAGS.get(args.sampling, REGISTRY_FLAGS)
     for name in ("sampling_rate", "population", "cohort", "participations", "min_separation", "bins"):
-        if getattr(args, name) is not None and name not in SAMPLING_FLAGS[args.sampling]:
+        if getattr(args, name) is not None and name not in reads:
             raise ConfigError(f"{_flag(name)} does not apply to --sampling {args.sampling} (it reads "
-                              f"{', '.join(_flag(f) for f in SAMPLING_FLAGS[args.sampling])})")
+                              f"{', '.join(_flag(f) for f in reads)})")
     for name in MC_FLAGS:
         if getattr(args, name) is not None and args.accountant != MC:
             raise ConfigError(f"{_flag(name)} applies to the Monte-Carlo accountant only (--accountant mc), "
@@ -224,45 +231,84 @@ def _validate(args: argparse.Namespace) -> None:
     _check_flags_apply(args)
 
 
-def make_cli_sampler(kind: str, rate: float | None, population: int | None,
-                     args: argparse.Namespace | None = None) -> Sampler | ParticipationBound:
-    """The sampler the accountant must assume (no key: a calculator never draws a cohort)."""
-    if kind == BALLS_IN_BINS:
-        return BinsBound(bins=args.bins)
-    if kind == B_MIN_SEP:
-        if args is None or args.population is None or args.cohort is None or args.bands is None:
-            raise ConfigError("--sampling b_min_sep needs --population, --cohort and --bands (the separation)")
-        if args.cohort * args.bands > args.population:
-            raise ConfigError(f"--cohort x --bands = {args.cohort * args.bands} exceeds --population {args.population}")
-        return MinSeparationSampler(population=args.population, cohort=args.cohort, groups=args.bands,
-                                    public_population=args.population)
-    if kind == CYCLIC_POISSON:
-        groups = mechanism_option(args).sampling_groups() if args is not None else None
-        if args is None or args.population is None or args.cohort is None or groups is None:
-            raise ConfigError("--sampling cyclic_poisson needs --population, --cohort and a mechanism with groups "
-                              "(--bands)")
-        if args.cohort * groups > args.population:
-            raise ConfigError(f"--cohort x --bands = {args.cohort * groups} exceeds --population {args.population}")
-        return CyclicPoissonSampler(population=args.population, cohort=args.cohort, groups=groups)
-    if kind == CYCLIC:
-        if args is not None and args.population is not None and args.cohort is not None:
-            if args.cohort > args.population:
-                raise ConfigError(f"--cohort {args.cohort} exceeds --population {args.population}")
-            return CyclicSampler(population=args.population, cohort=args.cohort)
-        k = args.participations if args is not None and args.participations else 1
-        sep = args.min_separation if args is not None and args.min_separation is not None else None
-        if k > 1 and sep is None:
-            raise ConfigError("--participations > 1 needs --min-separation (or --population and --cohort)")
-        return ParticipationBound(participations=k, min_separation=sep if sep is not None else 0)
-    if kind == POISSON:
-        # Poisson accounting depends only on q; the population is informational here.
-        return PoissonSampler(population=population or 0, rate=rate)
-    if population is None:
+# (population, cohort_size, groups, public_population): the arguments of fedpriv.sampling.make_sampler
+RegistryArgs = tuple[int, int, "int | None", "int | None"]
+
+
+def _registry_args(kind: str, args: argparse.Namespace) -> RegistryArgs:
+    """Any kind (a plugin's too): ``--population`` and ``--cohort``, the groups the mechanism's
+    option declares; the population is the public one where it fixes the kind's rate."""
+    if args.population is None or args.cohort is None:
+        raise ConfigError(f"--sampling {kind} needs --population and --cohort")
+    public = args.population if kind in PUBLIC_RATE_KINDS else None
+    return args.population, args.cohort, mechanism_option(args).sampling_groups(), public
+
+
+def _fixed_args(kind: str, args: argparse.Namespace) -> RegistryArgs:
+    if args.population is None:
         raise ConfigError("--sampling fixed needs --population (cohort = round(q * N))")
-    cohort = round(rate * population)
-    if not 1 <= cohort <= population:
-        raise ConfigError(f"fixed-size cohort round({rate} * {population}) = {cohort} is not in [1, {population}]")
-    return FixedSizeSampler(population=population, cohort=cohort)
+    cohort = round(args.sampling_rate * args.population)
+    if not 1 <= cohort <= args.population:
+        raise ConfigError(f"fixed-size cohort round({args.sampling_rate} * {args.population}) = {cohort} is not in "
+                          f"[1, {args.population}]")
+    return args.population, cohort, None, None
+
+
+def _cyclic_args(kind: str, args: argparse.Namespace) -> RegistryArgs | ParticipationBound:
+    """With ``--population`` and ``--cohort``: the cyclic sampler; else the bound on participations."""
+    if args.population is not None and args.cohort is not None:
+        if args.cohort > args.population:
+            raise ConfigError(f"--cohort {args.cohort} exceeds --population {args.population}")
+        return args.population, args.cohort, None, None
+    k = args.participations or 1
+    if k > 1 and args.min_separation is None:
+        raise ConfigError("--participations > 1 needs --min-separation (or --population and --cohort)")
+    return ParticipationBound(participations=k, min_separation=args.min_separation or 0)
+
+
+def _cyclic_poisson_args(kind: str, args: argparse.Namespace) -> RegistryArgs:
+    groups = mechanism_option(args).sampling_groups()
+    if args.population is None or args.cohort is None or groups is None:
+        raise ConfigError("--sampling cyclic_poisson needs --population, --cohort and a mechanism with groups "
+                          "(--bands)")
+    if args.cohort * groups > args.population:
+        raise ConfigError(f"--cohort x --bands = {args.cohort * groups} exceeds --population {args.population}")
+    return args.population, args.cohort, groups, args.population
+
+
+def _b_min_sep_args(kind: str, args: argparse.Namespace) -> RegistryArgs:
+    if args.population is None or args.cohort is None or args.bands is None:
+        raise ConfigError("--sampling b_min_sep needs --population, --cohort and --bands (the separation)")
+    if args.cohort * args.bands > args.population:
+        raise ConfigError(f"--cohort x --bands = {args.cohort * args.bands} exceeds --population {args.population}")
+    return args.population, args.cohort, args.bands, args.population
+
+
+def _poisson_rate(kind: str, args: argparse.Namespace) -> Sampler:
+    # Poisson accounting depends only on q (a rate given as is, not m/N); the population is informational here.
+    return PoissonSampler(population=args.population or 0, rate=args.sampling_rate)
+
+
+def _bins(kind: str, args: argparse.Namespace) -> BinsBound:
+    return BinsBound(bins=args.bins)
+
+
+# how the calculator reads a built-in kind whose flags differ from the registry's arguments (a rate,
+# bins, a bound on participations, its own messages); any other kind: _registry_args
+CALCULATOR_FORMS: dict[str, Callable[[str, argparse.Namespace], "RegistryArgs | ParticipationPattern"]] = {
+    POISSON: _poisson_rate, FIXED_SIZE: _fixed_args, CYCLIC: _cyclic_args, CYCLIC_POISSON: _cyclic_poisson_args,
+    BALLS_IN_BINS: _bins, B_MIN_SEP: _b_min_sep_args}
+
+
+def make_cli_sampler(args: argparse.Namespace) -> Sampler | ParticipationPattern:
+    """The sampler the accountant must assume for ``--sampling`` (no key: a calculator never draws a
+    cohort), built by the sampler registry (:func:`fedpriv.sampling.make_sampler`) from the flags; a
+    rate without a population, bins and a bound on participations are patterns without a sampler."""
+    form = CALCULATOR_FORMS.get(args.sampling, _registry_args)(args.sampling, args)
+    if isinstance(form, ParticipationPattern):
+        return form
+    population, cohort, groups, public = form
+    return make_sampler(args.sampling, population, cohort, None, groups=groups, public_population=public)
 
 
 def strategy_column(text: str) -> tuple[float, ...]:
@@ -456,8 +502,10 @@ def _sampling_text(args: argparse.Namespace) -> str:
         return f"balls-in-bins sampling in {args.bins} bins{of}"
     if args.sampling == CYCLIC_POISSON:
         return f"cyclic Poisson sampling of {args.cohort} from {args.population} in {args.bands} groups"
-    if args.sampling != CYCLIC:
+    if args.sampling in (POISSON, FIXED_SIZE):
         return f"{args.sampling} sampling q = {args.sampling_rate:g}"
+    if args.sampling != CYCLIC:
+        return f"{args.sampling} sampling of {args.cohort} from {args.population}"
     if args.population is not None and args.cohort is not None:
         return f"cyclic sampling of {args.cohort} from {args.population}"
     return (f"at most {_plural(args.participations or 1, 'participation')}"
@@ -480,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _validate(args)
-        sampler = make_cli_sampler(args.sampling, args.sampling_rate, args.population, args)
+        sampler = make_cli_sampler(args)
     except ConfigError as err:
         _fail(str(err))
     try:
