@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import re
 import shlex
@@ -15,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from fedpriv.errors import ConfigError
+from fedpriv.schema import GROUPS, known_keys, options, parse, register, unknown_key
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -27,10 +30,6 @@ HYDRA_FLAGS = frozenset({"-m", "--multirun", "-h", "--help", "--hydra-help", "--
 
 def options_with_key(group: str, key: str) -> list[str]:
     """The options of config ``group`` that have the top-level key ``key``."""
-    import dataclasses
-
-    from fedpriv.schema import options
-
     return sorted(name for name, option in options(group).items()
                   if key in {f.name for f in dataclasses.fields(type(option))})
 
@@ -39,8 +38,6 @@ def hydra_error(err: Exception, overrides: Sequence[str] = (), multirun: bool = 
     """Hydra's multi-line composition error as one line that says what to do: an unknown key names
     the closest valid one; a key of another option of a group names the options that have it;
     ``experiment`` needs ``+``; two experiments are one list."""
-    from fedpriv.schema import GROUPS, known_keys, unknown_key
-
     text = str(err)
     first = (text.splitlines() or [type(err).__name__])[0]
     if first.startswith("Multiple values for experiment"):
@@ -74,7 +71,7 @@ def hydra_error(err: Exception, overrides: Sequence[str] = (), multirun: bool = 
 def _chosen_option(group: str, overrides: Sequence[str], failing: str) -> str | None:
     """The ``group`` option the ``overrides`` (less the failing key's) select, as Hydra names it
     (a preset such as ``model=transformer_tiny``), or None."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_dir  # lazy: hydra (~0.15 s), kept off make_hf --help
 
     rest = [o for o in overrides if o.partition("=")[0].lstrip("+~") != failing]
     try:
@@ -89,12 +86,11 @@ def compose_config(overrides: Sequence[str], run_dir: str | os.PathLike | None =
                    multirun: bool = False) -> dict:
     """Compose ``configs/config.yaml`` with Hydra ``overrides`` (the schema's defaults registered
     first); bad overrides → ``ConfigError``. ``run_dir`` replaces the composed one when given."""
+    # lazy: hydra and omegaconf (~0.15 s), kept off make_hf --help (and off importing this module)
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
-
-    from fedpriv.schema import register
 
     register()
     try:
@@ -122,8 +118,6 @@ def deployment_config(run_config: Mapping[str, object]) -> dict:
 def group_options(group: str) -> list[str]:
     """The options of a config group: the schema's ConfigStore entries, or the YAML files of
     ``configs/<group>/`` (experiments)."""
-    from fedpriv.schema import GROUPS, options
-
     if group in GROUPS:
         return sorted(options(group))
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
@@ -139,12 +133,8 @@ def check_overrides(args: Sequence[str], multirun: bool = False) -> list[tuple[s
     Raises ``ConfigError`` (one line). Hydra's own settings (``hydra.*``) are left to Hydra.
     Returns the members checked: (the overrides that name it, its composed config), for the checks
     that need the data (:func:`fedpriv.plan.preflight_sweep`, called by the entry point)."""
-    import itertools
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    from fedpriv.schema import GROUPS, parse
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # lazy: hydra, as above
+    from hydra.errors import HydraException  # lazy: hydra, as above
 
     for i, arg in enumerate(args):
         if arg.startswith("-") and arg.split("=")[0] not in HYDRA_FLAGS:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import shlex
 import sys
 from typing import NoReturn
 
@@ -51,7 +53,7 @@ class ConsoleFormatter(logging.Formatter):
 def set_member(number: int, overrides: list[str], command_line: list[str]) -> None:
     """Label the stderr lines of sweep member ``number`` (Hydra's job number) with the overrides
     that make it this member: those of its ``overrides`` whose key the ``command_line`` sweeps."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # lazy: hydra, kept off the CLIs' import
 
     parser = OverridesParser.create()
     swept = set()
@@ -117,9 +119,6 @@ def interrupted_message(run: RunDirectory, overrides: list[str]) -> str:
     directory's checkpoint holds — what ``resume=true`` continues from; the work of an unfinished
     round is lost — and the command that resumes it (``overrides``: the run's command-line
     overrides, whose ``resume`` and ``run_dir`` it replaces)."""
-    import shlex
-    import sys
-
     kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("resume", "run_dir")]
     # the interpreter that ran (a venv's python outside an activated venv), so the line works when pasted
     command = " ".join([shlex.quote(sys.executable), "-m fedpriv.simulate", *map(shlex.quote, kept)])
@@ -141,16 +140,14 @@ def interrupted_message(run: RunDirectory, overrides: list[str]) -> str:
 def mode_text(privacy: dict) -> str:
     """What every printed epsilon line says about the randomness behind it."""
     randomness = privacy.get("randomness") or {}
-    from fedpriv.randomness import RESEARCH_NOTE, mode_label
+    from fedpriv.randomness import RESEARCH_NOTE, mode_label  # lazy: its keystream's cryptography, off the CLIs
 
     return f"{mode_label(randomness)} mode: {randomness.get('note', RESEARCH_NOTE)}"
 
 
 def format_result(summary: dict) -> str:
     """The lines the CLI prints at the end of a run; every epsilon line names the mode."""
-    import math
-
-    from fedpriv.audit.report import headline as audit_headline
+    from fedpriv.audit.report import headline as audit_headline  # lazy: scipy (the audit), off the CLIs
 
     eps = summary["privacy"]["epsilon"]
     reason = summary["privacy"].get("non_private_reason")

@@ -50,7 +50,7 @@ _HF_HINT = "peft is needed for LoRA adapters: install the hf extra (pip install 
 
 def _import_peft():
     try:
-        import peft
+        import peft  # lazy: optional package (the hf extra)
     except ImportError as exc:
         raise ImportError(_HF_HINT) from exc
     return peft
@@ -198,7 +198,7 @@ def merge_adapters(model: nn.Module) -> nn.Module:
     """``model`` (in place, returned) with every LoRA layer merged into its base layer
     (``W + (alpha/r) B A``, peft's ``merge``) and replaced by that layer: the base architecture,
     loadable without peft. The embedding pre-hook and peft's config are removed."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer  # lazy: optional package (the hf extra)
 
     for name, module in list(model.named_modules()):
         if isinstance(module, BaseTunerLayer):

@@ -118,10 +118,10 @@ def _png(fig) -> bytes:
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # lazy: matplotlib (~0.6 s), kept off --help and the text report
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg")
 
     return plt
 
@@ -195,7 +195,7 @@ def sweep_figure(swept: list[str], rows: list[dict]):
     ax.set_xscale("log")
     positions, labels = epsilon_ticks(row["epsilon"] for row in rows)
     if positions:  # plain tick labels at the budgets, not 2×10⁰
-        from matplotlib.ticker import NullFormatter, NullLocator
+        from matplotlib.ticker import NullFormatter, NullLocator  # lazy: matplotlib, only when plotting
 
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_minor_formatter(NullFormatter())

@@ -26,7 +26,7 @@ WALL_TIME = 0.0  # every event's time: none is recorded
 
 def _record(event) -> bytes:
     """One TFRecord: length, masked CRC of the length, the serialized event, masked CRC of it."""
-    from tensorboard.summary.writer.record_writer import RecordWriter
+    from tensorboard.summary.writer.record_writer import RecordWriter  # lazy: optional package
 
     buffer = io.BytesIO()
     RecordWriter(buffer).write(event.SerializeToString())
@@ -34,22 +34,22 @@ def _record(event) -> bytes:
 
 
 def _header() -> bytes:
-    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.event_pb2 import Event  # lazy: optional package
 
     return _record(Event(wall_time=WALL_TIME, file_version="brain.Event:2"))
 
 
 def _text(tag: str, value: str) -> bytes:
-    from tensorboard.compat.proto.event_pb2 import Event
-    from torch.utils.tensorboard.summary import text
+    from tensorboard.compat.proto.event_pb2 import Event  # lazy: optional package
+    from torch.utils.tensorboard.summary import text  # lazy: needs the optional tensorboard
 
     return _record(Event(wall_time=WALL_TIME, step=0, summary=text(tag, value)))
 
 
 def _scalars(row: Mapping[str, Any]) -> bytes:
     """Every finite number of a metrics row but its round, as scalars at step ``round``."""
-    from tensorboard.compat.proto.event_pb2 import Event
-    from torch.utils.tensorboard.summary import scalar
+    from tensorboard.compat.proto.event_pb2 import Event  # lazy: optional package
+    from torch.utils.tensorboard.summary import scalar  # lazy: needs the optional tensorboard
 
     step = int(row["round"])
     return b"".join(_record(Event(wall_time=WALL_TIME, step=step, summary=scalar(key, float(value))))

@@ -20,11 +20,11 @@ __all__ = sorted(_ACCOUNTANT + _LEDGER)
 
 def __getattr__(name: str) -> Any:
     if name in _ACCOUNTANT:
-        from fedpriv.accounting import accountant
+        from fedpriv.accounting import accountant  # lazy: PEP 562, on first use (module docstring)
 
         return getattr(accountant, name)
     if name in _LEDGER:
-        from fedpriv.accounting import ledger
+        from fedpriv.accounting import ledger  # lazy: PEP 562, keeps the calculator off the ledger's imports
 
         return getattr(ledger, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,6 +28,7 @@ from typing import Callable
 import dp_accounting
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
+from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon as rdp_epsilon
 from scipy import optimize
 
 from fedpriv.accounting import monte_carlo
@@ -264,8 +265,6 @@ class SelfComposition:
         if count == 0:
             return 0.0
         if self._rdp is not None and self._orders is not None:
-            from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon as rdp_epsilon
-
             return float(rdp_epsilon(self._orders, count * self._rdp, self.delta)[0])
         composed = dp_accounting.SelfComposedDpEvent(self.event, count)
         if not self._plds:

@@ -266,7 +266,7 @@ def generator(event: MonteCarloDpEvent, seed: int, direction: int):
     random numbers). torch's CPU generator is used for speed; these draws are public by design and
     nothing about the run's secret randomness depends on them. torch is imported here, on the
     Monte-Carlo path only (the calculator's other paths start without it)."""
-    import torch
+    import torch  # lazy: torch on the Monte-Carlo path only (the calculator's other paths start without it)
 
     digest = hashlib.sha256(f"{seed}|{event.pattern()}|{direction}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
@@ -275,7 +275,7 @@ def generator(event: MonteCarloDpEvent, seed: int, direction: int):
 def normals(gen, shape: tuple[int, ...]):
     """Standard normals as float64 from ``gen``: Box–Muller on 53-bit uniforms (module docstring;
     float32 draws would cap |z| at 5.77)."""
-    import torch
+    import torch  # lazy: torch on the Monte-Carlo path only (the calculator's other paths start without it)
 
     return torch.randn(shape, generator=gen, dtype=torch.float64)
 
@@ -285,7 +285,7 @@ def privacy_losses(event: BallsInBinsDpEvent, samples: int, seed: int, positive:
                    pair: _Pair | None = None, progress: Progress | None = None) -> np.ndarray:
     """``samples`` draws of the privacy loss ``L = log Q/P`` with y from Q
     (``positive``: the user's data present) or from P (float64 normals, computed in float64)."""
-    import torch
+    import torch  # lazy: torch on the Monte-Carlo path only (the calculator's other paths start without it)
 
     event.check()
     pair = pair or _Pair.of(event)

@@ -214,10 +214,10 @@ def headline(result: dict[str, Any]) -> str:
 def audit_figure(record: dict[str, Any], result: dict[str, Any]):
     """The matplotlib Figure of ``audit.png``: histograms (densities) of inserted vs never-inserted
     scores per score kind; the claim and both numbers in the title, and why a zero bound is zero."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib (~0.6 s), only for a figure
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg"); only for a figure
 
     coins = np.asarray(record["coins"], dtype=bool)
     reason = result.get("zero_bound_reason")
@@ -244,7 +244,7 @@ def audit_figure(record: dict[str, Any], result: dict[str, Any]):
 
 def plot_png(record: dict[str, Any], result: dict[str, Any]) -> bytes:
     """PNG bytes of :func:`audit_figure`."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg"); only for a figure
 
     fig = audit_figure(record, result)
     buf = io.BytesIO()

@@ -276,7 +276,7 @@ class BookKeeping:
         for path, module in model.named_modules():
             where = f"{path or '<model>'} ({type(module).__name__})"
             if type(module).__module__.startswith("transformers."):
-                # transformers is an optional extra: its layers' rules are registered by importing
+                # lazy: transformers is an optional extra: its layers' rules are registered by importing
                 # hf_rules, done here the first time a model has one of its classes (never at import)
                 import fedpriv.clipping.hf_rules  # noqa: F401
             if isinstance(module, _BatchNorm):

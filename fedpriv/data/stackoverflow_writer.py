@@ -10,6 +10,7 @@ import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
+from fedpriv.atomic import write_atomic
 from fedpriv.data.tf_example import encode_example
 
 VOCAB_FILE_NAME = "stackoverflow.word_count"  # TFF's vocabulary file, beside the sqlite file (the reader's too)
@@ -45,8 +46,6 @@ def write_tiny_dataset(directory: Path) -> Path:
     """``stackoverflow.sqlite`` (indexed; 12 train and 6 test users of 3 sentences over 10 words)
     and its ``stackoverflow.word_count`` under ``directory``: a runnable instance for the contract
     tests (tests/test_plugins.py). Returns the sqlite file's path."""
-    from fedpriv.atomic import write_atomic
-
     words = ["how", "to", "sort", "a", "list", "in", "python", "i", "do", "it"]
     rows = [(split, f"{split[0]}{u}", " ".join(words[(u + k) % 10] for k in range(3 + u % 4)))
             for split, users in (("train", 12), ("test", 6)) for u in range(users) for _ in range(3)]

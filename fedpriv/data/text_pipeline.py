@@ -29,6 +29,7 @@ from fedpriv.data.federated import FederatedDataset, PublicCorpus, Vocabulary
 from fedpriv.errors import ConfigError
 from fedpriv.schema import TextPipeline
 from fedpriv.text.corpora import public_texts
+from fedpriv.text.hf_tokenizer import HFTokenizer
 from fedpriv.text.tokenizers import SentencePieceTokenizer, Tokenizer, WordTokenizer, encode_rows, rows_to_texts
 
 
@@ -73,8 +74,6 @@ def _public_corpus(data: FederatedDataset, spec: TextPipeline) -> PublicCorpus |
 def _subword_tokenizer(data: FederatedDataset, spec: TextPipeline) -> Tokenizer:
     """``sentencepiece``: trained here on the public sentences; ``hf``: loaded from a local directory."""
     if spec.tokenizer == "hf":
-        from fedpriv.text.hf_tokenizer import HFTokenizer
-
         return HFTokenizer.load(spec.tokenizer_path)
     if data.public is None:
         raise ConfigError("data.tokenizer=sentencepiece trains on the public corpus, and this run has none "

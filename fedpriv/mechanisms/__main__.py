@@ -33,23 +33,20 @@ from fedpriv.mechanisms.tree import TreeMechanism
 from fedpriv.console import OneLineParser as _Parser
 from fedpriv.errors import ConfigError
 from fedpriv.rundir import json_text
+from fedpriv.sampling import ParticipationBound
+from fedpriv.schema import load, options
 
 MAX_ROUNDS = 4096
 
 
 def choices() -> list[str]:
     """Every registered mechanism, and ``tree-efficient`` (the tree with Honaker's estimator)."""
-    from fedpriv.schema import options
-
     return sorted([*options("mechanism"), "tree-efficient"])
 
 
 def _registered_rmse(mechanism: str, rounds: int) -> float:
     """A registered mechanism whose noise matrix M is square (a factorization ``M = C⁻¹``): the
     single-participation sensitivity² is C's largest column norm²."""
-    from fedpriv.sampling import ParticipationBound
-    from fedpriv.schema import load
-
     mech = load("mechanism", {"name": mechanism}).build(1.0, 1.0, rounds=rounds,
                                                         sampler=ParticipationBound(participations=1, min_separation=0))
     matrix = mech.matrix(rounds)

@@ -30,6 +30,7 @@ from typing import ClassVar, Literal, Optional
 import dp_accounting
 import torch
 
+from fedpriv.accounting.tree import tree_accounting
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import ZERO_OUT, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
@@ -165,8 +166,6 @@ class TreeMechanism(CorrelatedMechanism):
         return {"tree_sensitivity": details} if details else {"tree_sensitivity": "single participation per tree"}
 
     def _accounting(self, sampler: Sampler, rounds: int, sigma: float):
-        from fedpriv.accounting.tree import tree_accounting
-
         planned = self.rounds if self.rounds and self.rounds > rounds else None
         return tree_accounting(sigma, rounds, sampler.max_participations(rounds), sampler.min_separation,
                                self.restart_every, planned, sampler.max_participations(planned) if planned else None)

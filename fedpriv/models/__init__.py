@@ -11,14 +11,13 @@ from fedpriv.models.lstm import LSTM, LSTMLanguageModel
 from fedpriv.models.transformer import CausalSelfAttention, TransformerLanguageModel
 from fedpriv.models.flat import get_flat_params, set_flat_params
 from fedpriv.models import hf as _hf  # noqa: F401 (registers model=hf; transformers is imported on use only)
+from fedpriv.schema import options
 
 
 
 def build_model(name: str, vocab_size: int, pad_id: int = 0, **kwargs) -> nn.Module:
     """Instantiate the model ``name`` (a registered model option's ``name``: ``lstm``,
     ``transformer``) with keyword hyper-parameters."""
-    from fedpriv.schema import options
-
     classes = {option.name: option.model_class for option in options("model").values()}
     if name not in classes:
         raise ConfigError(f"unknown model {name!r} (choose one of: {', '.join(sorted(classes))})")

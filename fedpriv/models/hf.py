@@ -46,7 +46,11 @@ from torch import nn
 from fedpriv.clipping import flat_positions
 from fedpriv.atomic import fsync_directory, write_atomic
 from fedpriv.errors import ConfigError, OutputError
+from fedpriv.lora import add_lora, look_up_embeddings_first, merge_adapters
+from fedpriv.models.flat import set_flat_params
+from fedpriv.models.tiny_hf import write_model_dir
 from fedpriv.schema import LOCATION, ModelOption, nonnegative, positive, register_option
+from fedpriv.text.hf_tokenizer import check_dir, transformers_module
 
 RELEASE_DIR = "hf_model"  # the released model beside the run's other outputs
 PROBE_TOLERANCE = 1e-4  # |head(features(x)) - lm(x).logits| / max|logits| for the split to be used
@@ -77,8 +81,6 @@ class HFCausalLM(nn.Module):
              lora_targets: Optional[list[str]] = None, lora_alpha: Optional[float] = None) -> "HFCausalLM":
         """The model at ``path`` (config and weights, local only) in float32, with LoRA adapters of
         ``lora_rank`` on ``lora_targets`` (None: the family's defaults) when ``lora_rank > 0``."""
-        from fedpriv.text.hf_tokenizer import check_dir, transformers_module
-
         path = check_dir(path, "model.path")
         try:
             lm = transformers_module().AutoModelForCausalLM.from_pretrained(
@@ -88,8 +90,6 @@ class HFCausalLM(nn.Module):
         lm.config.use_cache = False
         model = cls(lm, vocab_size, pad_id)
         if lora_rank > 0:
-            from fedpriv.lora import add_lora, look_up_embeddings_first
-
             try:
                 add_lora(lm, lora_rank, targets=lora_targets, alpha=lora_alpha)
             except ValueError as err:
@@ -206,8 +206,6 @@ def save_release(model: HFCausalLM, params: torch.Tensor, directory: str | Path,
     (``adapter_config.json`` with ``task_type`` ``CAUSAL_LM`` and ``base_name`` as the base,
     :func:`base_model_name`; ``adapter_model.safetensors``), which ``peft.AutoPeftModelForCausalLM``
     loads."""
-    from fedpriv.models.flat import set_flat_params
-
     directory = Path(directory)
     replica = copy.deepcopy(model).cpu()
     set_flat_params(replica, params.detach().cpu())
@@ -215,8 +213,6 @@ def save_release(model: HFCausalLM, params: torch.Tensor, directory: str | Path,
     adapters = getattr(lm, "peft_config", None)
     if adapters:
         _save_adapter(lm, directory / "adapter", base_name)
-        from fedpriv.lora import merge_adapters
-
         lm = merge_adapters(lm)
     for p in lm.parameters():
         p.requires_grad_(True)
@@ -230,8 +226,8 @@ def save_release(model: HFCausalLM, params: torch.Tensor, directory: str | Path,
 
 
 def _save_adapter(lm: nn.Module, directory: Path, base_name: str | None) -> None:
-    import peft
-    from safetensors.torch import save_file
+    import peft  # lazy: optional package (the hf extra)
+    from safetensors.torch import save_file  # lazy: optional package (comes with the hf extra)
 
     directory.mkdir(parents=True, exist_ok=True)
     state = peft.get_peft_model_state_dict(lm, adapter_name="default")
@@ -313,8 +309,6 @@ class HFModel(ModelOption):
     def example_overrides(self, directory) -> list[str]:
         """A random-init two-layer Llama and its word tokenizer for the smoke run's words, written
         under ``directory`` (:mod:`fedpriv.models.tiny_hf`)."""
-        from fedpriv.models.tiny_hf import write_model_dir
-
         words = tuple(f"w{i}" for i in range(1, 301))  # the synthetic datasets' words
         out = write_model_dir(Path(directory) / "hf_llama", words, "llama", hidden=32, layers=2, heads=4)
         return [f"model.path={out}", "data.tokenizer=hf"]

@@ -17,14 +17,16 @@ from typing import Sequence
 
 import torch
 
+from fedpriv.text.hf_tokenizer import transformers_module
+
 FAMILIES = ("llama", "gpt2")
 SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "bos_token": "[BOS]", "eos_token": "[EOS]"}
 
 
 def word_tokenizer(words: Sequence[str]):
     """A fast tokenizer with ids ``[PAD]`` 0, ``words`` 1..V, ``[UNK]``, ``[BOS]``, ``[EOS]``."""
-    import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    import transformers  # lazy: optional package (the hf extra)
+    from tokenizers import Tokenizer, models, pre_tokenizers  # lazy: optional package (the hf extra)
 
     vocab = {"[PAD]": 0, **{w: i + 1 for i, w in enumerate(words)}}
     for name in ("[UNK]", "[BOS]", "[EOS]"):
@@ -39,7 +41,7 @@ def word_tokenizer(words: Sequence[str]):
 def tiny_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
                 max_len: int = 128):
     """The ``transformers`` config of a small ``family`` model (Llama: half as many KV heads)."""
-    import transformers
+    import transformers  # lazy: optional package (the hf extra)
 
     if family == "llama":
         return transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=4 * hidden,
@@ -57,8 +59,6 @@ def tiny_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2,
 def write_model_dir(path: str | Path, words: Sequence[str], family: str = "llama", hidden: int = 64,
                     layers: int = 2, heads: int = 4, max_len: int = 128, seed: int = 0) -> Path:
     """Write the tokenizer of ``words`` and a random-init ``family`` model (seeded) to ``path``."""
-    from fedpriv.text.hf_tokenizer import transformers_module
-
     transformers = transformers_module()
     path = Path(path)
     tokenizer = word_tokenizer(words)

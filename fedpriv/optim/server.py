@@ -13,7 +13,7 @@ import torch
 from fedpriv.errors import ConfigError
 from fedpriv.optim.adaptive import ADAPTIVE_NAMES, DPAdaptive  # noqa: F401 (re-exported)
 from fedpriv.optim.base import ServerOptimizerBase
-from fedpriv.schema import OptimizerOption, in_unit_interval, positive, register_option
+from fedpriv.schema import OptimizerOption, in_unit_interval, load, positive, register_option
 
 
 def cosine_factor(step: int, total_steps: int | None) -> float:
@@ -98,8 +98,6 @@ ServerOptimizer = ServerOptimizerBase
 def build_server_optimizer(name: str, rounds: int | None = None, **kwargs) -> ServerOptimizer:
     """The server optimizer of option ``name`` (``optimizer=NAME``) with its keys ``kwargs``
     checked by its config dataclass; ``schedule: cosine`` (SGD variants) decays the rate over ``rounds``."""
-    from fedpriv.schema import load
-
     return load("optimizer", {"name": name, **kwargs}).build(rounds)
 
 

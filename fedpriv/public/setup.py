@@ -16,6 +16,10 @@ from fedpriv.errors import ConfigError
 from fedpriv.models import set_flat_params
 from fedpriv.schema import Public
 from fedpriv.public.distill import TopKCorpus, TopKSubset, teacher_fingerprint, write_topk
+from fedpriv.public.hf import HFTeacher
+from fedpriv.public.pretrain import pretrain
+from fedpriv.public.teacher import embedded_teacher
+from fedpriv.text.hf_tokenizer import HFTokenizer
 
 
 @dataclass
@@ -33,16 +37,11 @@ def _teacher(public: Public, data, seed: int) -> nn.Module | None:
     if kind == "none":
         return None
     if kind == "hf":
-        from fedpriv.public.hf import HFTeacher
-        from fedpriv.text.hf_tokenizer import HFTokenizer
-
         if not isinstance(data.tokenizer, HFTokenizer):
             raise ConfigError("public.teacher=hf needs data.tokenizer=hf: the student must use the teacher's tokenizer")
         return HFTeacher.load(public.teacher_path, data.tokenizer)
     if data.public is None:
         raise ConfigError(f"public.teacher needs a public corpus; dataset {data.name!r} has none")
-    from fedpriv.public.teacher import embedded_teacher
-
     return embedded_teacher(data.public.sentences, data.vocab.size, data.seq_len,
                             dataclasses.asdict(public.teacher_model), public.teacher_steps,
                             public.teacher_batch_size, public.teacher_lr,
@@ -81,8 +80,6 @@ def prepare_public(public: Public, task, seed: int) -> PublicArtifacts:
     if pretrain_steps > 0:
         if data.public is None:
             raise ConfigError(f"public.pretrain_steps needs a public corpus; dataset {data.name!r} has none")
-        from fedpriv.public.pretrain import pretrain
-
         rows = pretrain_subset(len(data.public.sentences), public.pretrain_fraction, seed)
         model = task.eval_model  # the server's replica; reset to the task's initial model first
         set_flat_params(model, task.initial_params)

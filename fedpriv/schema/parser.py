@@ -195,7 +195,7 @@ def register() -> None:
     """Register every group option, and the top-level defaults as ``fedpriv_defaults``, with
     Hydra's ConfigStore (plain-dict nodes: types are checked by :func:`parse`, with fedpriv's
     messages). Idempotent."""
-    from hydra.core.config_store import ConfigStore
+    from hydra.core.config_store import ConfigStore  # lazy: hydra, kept off `import fedpriv.schema` (the CLIs)
 
     _import_section_plugins()
     store = ConfigStore.instance()

@@ -7,7 +7,9 @@ and :func:`sampler_kinds` import those modules (by name: the config imports no i
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
+import sys
 from typing import Any
 
 from fedpriv.errors import ConfigError
@@ -60,8 +62,6 @@ for _backend in (LocalBackend(), FlowerBackend(), DeploymentBackend()):
 def options(group: str) -> dict[str, Option]:
     """The options of ``group`` (importing the package whose modules register them)."""
     if group in PLUGINS:
-        import importlib
-
         importlib.import_module(PLUGINS[group])
     return OPTIONS.get(group, {})
 
@@ -79,8 +79,6 @@ def register_sampler_kind(kind: str) -> None:
 
 def sampler_kinds() -> set[str]:
     """The registered sampler kinds (importing the module whose samplers register themselves)."""
-    import importlib
-
     for name in SAMPLER_PLUGINS:
         importlib.import_module(name)
     return SAMPLER_KINDS
@@ -98,9 +96,6 @@ def register_section(parent: type, key: str, section: type) -> None:
 
 
 def _import_section_plugins() -> None:
-    import importlib
-    import sys
-
     for name in SECTION_PLUGINS:
         if name not in sys.modules:
             importlib.import_module(name)

@@ -12,7 +12,7 @@ from fedpriv.text.tokenizers import UNKNOWN_WORD
 
 def transformers_module():
     try:
-        import transformers
+        import transformers  # lazy: optional package (the hf extra)
     except ImportError:
         raise ConfigError('model=hf / public.teacher=hf / data.tokenizer=hf need transformers: '
                           'pip install -e ".[hf]"') from None

@@ -72,7 +72,7 @@ class SentencePieceTokenizer:
     pad_id, oov_id, bos_id, eos_id = 0, 1, 2, 3
 
     def __init__(self, model: bytes) -> None:
-        import sentencepiece as spm
+        import sentencepiece as spm  # lazy: data.tokenizer=sentencepiece only
 
         self.model = model
         self._sp = spm.SentencePieceProcessor(model_proto=model)
@@ -82,7 +82,7 @@ class SentencePieceTokenizer:
     def train(cls, public_texts: Iterable[str], vocab_size: int, model_type: str = "unigram",
               seed_sentences: int = 200_000) -> "SentencePieceTokenizer":
         """Train on public text only (in memory; nothing is written). ``model_type``: unigram | bpe."""
-        import sentencepiece as spm
+        import sentencepiece as spm  # lazy: data.tokenizer=sentencepiece only
 
         if model_type not in ("unigram", "bpe"):
             raise ConfigError(f"unknown SentencePiece model_type {model_type!r} (choose one of: bpe, unigram)")
