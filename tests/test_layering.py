@@ -283,3 +283,48 @@ def test_graph_checks_see_what_they_guard():
                                        "fedpriv.task (the round) imports fedpriv.runner (run composition)"]
     assert floor_of("fedpriv.schema.sections") == "foundations" and floor_of("server.app") == "entry points"
     assert _is_cli("fedpriv.simulate") and _is_cli("fedpriv.audit.__main__") and not _is_cli("fedpriv.runner")
+
+
+# ---- function-level imports: a module's imports sit at its top; one inside a function stays there
+# only for a stated reason (an optional package, or a light entry point kept light), written as a
+# ``# lazy: ...`` comment on its line or in the comment lines right above its group of imports.
+# Files being rewritten in parallel (issue 42, item 3) keep their lazy imports uncommented for now.
+LAZY_UNCHECKED = ("fedpriv/runner.py", "fedpriv/rundir.py", "fedpriv/observe.py", "fedpriv/accounting/ledger.py",
+                  "fedpriv/audit/run.py", "fedpriv/simulate.py", "server/")
+
+
+def _says_why(lines: list[str], lineno: int) -> bool:
+    """Line ``lineno`` (1-based), or a comment above it across its group of imports, has ``# lazy:``."""
+    i = lineno - 1
+    if "# lazy:" in lines[i]:
+        return True
+    for text in (line.strip() for line in reversed(lines[:i])):
+        if "# lazy:" in text:
+            return True
+        if not text.startswith(("#", "import ", "from ")):
+            return False
+    return False
+
+
+def lazy_imports_without_reason(paths: list[Path]) -> list[str]:
+    """``file:line`` of each import inside a function with no ``# lazy:`` reason."""
+    bad = []
+    for path in paths:
+        text = path.read_text()
+        functions = [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        inner = {n.lineno for f in functions for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        lines = text.splitlines()
+        shown = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+        bad += [f"{shown}:{lineno}" for lineno in sorted(inner) if not _says_why(lines, lineno)]
+    return bad
+
+
+def test_function_level_imports_say_why_they_are_lazy(tmp_path):
+    paths = [p for room in GRAPH_ROOMS for p in _modules(room)
+             if not p.relative_to(ROOT).as_posix().startswith(LAZY_UNCHECKED)]
+    assert lazy_imports_without_reason(paths) == []
+    planted = tmp_path / "probe.py"  # the check is not vacuous
+    planted.write_text("import os\n\n\ndef f():\n    import json\n\n\ndef g():\n    # lazy: optional\n"
+                       "    import a\n    import b\n    x = 1\n    import c  # lazy: optional\n    import d\n"
+                       "    y = 2\n    import e\n")
+    assert lazy_imports_without_reason([planted]) == ["probe.py:5", "probe.py:16"]
