@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from fedpriv.atomic import write_atomic  # noqa: E402
 from fedpriv.console import OneLineParser, fail  # noqa: E402
 from fedpriv.data.stackoverflow_writer import VOCAB_FILE_NAME, write_examples  # noqa: E402
+from fedpriv.errors import OutputError  # noqa: E402
 
 CHANGELOGS = "/usr/share/doc/*/changelog*.gz"
 MANPAGES = "/usr/share/man/man[1-8]/*"
@@ -458,8 +459,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         manifest = build(unique_files(args.changelogs), unique_files(args.manpages, args.manpages_exclude), args.out,
                          cutoff_year=args.cutoff_year, min_sentences=args.min_sentences,
                          max_sentences=args.max_sentences, unit=args.user)
-    except ValueError as err:
+    except (ValueError, OutputError) as err:
         fail(str(err))
+    except OSError as err:  # e.g. --out names a file
+        fail(f"cannot write under {args.out}: {err.strerror or err}")
     splits = manifest["splits"]
     print(json.dumps({"out": str(args.out), "splits": {k: {n: v for n, v in s.items() if n != "sentences_per_user"}
                                                        for k, s in splits.items()},

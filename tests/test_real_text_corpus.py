@@ -197,3 +197,9 @@ def test_a_vocabulary_source_that_is_user_text_is_refused_and_nothing_is_written
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: no change-log files")
     assert not (tmp_path / "cli").exists()
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        b.main(["--changelogs", str(logs[0]), "--manpages", str(pages[0]), "--out", str(tmp_path / "a-file")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot write under {tmp_path / 'a-file'}")
