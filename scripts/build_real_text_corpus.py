@@ -411,6 +411,7 @@ def build(changelogs: Sequence[Path], manpages: Sequence[Path], out: Path, *, cu
     db = out / SQLITE_NAME
     tmp = out / f".{SQLITE_NAME}.tmp"
     tmp.unlink(missing_ok=True)
+    (out / MANIFEST_NAME).unlink(missing_ok=True)  # a manifest only beside the files it describes
     try:
         write_examples(tmp, rows, metadata=True, index=True)
         write_atomic(out / VOCAB_FILE_NAME, vocab.encode())
