@@ -65,7 +65,7 @@ class RoundObserver:
         self.events = None
         if spec.tensorboard:
             check_observability(spec)
-            from fedpriv.tensorboard_events import EventFile
+            from fedpriv.tensorboard_events import EventFile  # lazy: the optional tensorboard package
 
             self.events = EventFile(run_dir / TENSORBOARD_DIR, texts or {}, history or [])
 

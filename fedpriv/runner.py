@@ -35,7 +35,7 @@ from fedpriv.randomness import RunRandomness, mode_label
 from fedpriv.replies import RoundFn
 from fedpriv.research_key import canonical_config, research_key, run_randomness
 from fedpriv.run_outputs import RunOutputs
-from fedpriv.rundir import CHECKPOINT_FORMAT, SUMMARY_FILE, RunDirectory
+from fedpriv.rundir import CHECKPOINT_FORMAT, SUMMARY_FILE, RunDirectory, short_reason
 from fedpriv.schema import RunConfig, as_dict
 from fedpriv.sampling import make_sampler
 from fedpriv.task import Task, load_task
@@ -200,8 +200,6 @@ def _adopt_strategy(mechanism: Mechanism, checkpoint: dict | None, run: RunDirec
 def _does_not_fit(run: RunDirectory, err: Exception) -> DamagedFileError:
     """The one-line error for a checkpoint whose state this run cannot take (``err`` on one line,
     shortened at a word boundary, then the advice)."""
-    from fedpriv.rundir import short_reason
-
     return DamagedFileError(f"checkpoint {run.checkpoint_path} does not fit this run ({short_reason(err)}); this run "
                             "cannot resume from it: use another run_dir")
 

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from fedpriv.compose import CONFIG_DIR
+from fedpriv.compose import CONFIG_DIR, check_overrides, compose_config, group_options
 from fedpriv.console import fail as _fail
+from fedpriv.console import format_result, interrupted_message, set_member
+from fedpriv.errors import ConfigError, OutputError, PrivacyBudgetExceeded
+from fedpriv.schema import describe, parse, register
 
 
 def check_args(args: list[str]) -> None:
     """Validate the command line before Hydra creates anything (one ``error:`` line, exit 2):
     unknown options, keys (with the closest valid one), types and ranges of every sweep member."""
-    from fedpriv.compose import check_overrides
-    from fedpriv.errors import ConfigError
-    from fedpriv.plan import preflight_sweep
+    from fedpriv.plan import preflight_sweep  # lazy: torch and the data, after the arguments are checked
 
     try:
         preflight_sweep(check_overrides(args, multirun=bool({"-m", "--multirun"} & set(args))))
@@ -36,12 +39,8 @@ def print_help(args: list[str]) -> None:
     arguments compose (``+experiment=smoke --help`` shows the smoke values) with its value and its
     one-line meaning (the schema's comments, :func:`fedpriv.schema.describe`); of a sweep (``-m``),
     its first member's. Bad overrides are one ``error:`` line and exit 2, as for a run."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    from fedpriv.compose import compose_config, group_options
-    from fedpriv.errors import ConfigError
-    from fedpriv.schema import describe, parse
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # lazy: hydra, only for --help
+    from hydra.errors import HydraException  # lazy: hydra, only for --help
 
     parser, overrides, swept = OverridesParser.create(), [], False
     for arg in (a for a in args if a not in ("-h", "--help", "-m", "--multirun")):
@@ -72,7 +71,7 @@ _PREEXISTING: set[Path] = set()
 
 
 def _note_preexisting(args: list[str]) -> None:
-    from fedpriv.rundir import note_existing
+    from fedpriv.rundir import note_existing  # lazy: rundir imports torch
 
     for arg in args:
         key, _, value = arg.partition("=")
@@ -83,15 +82,14 @@ def _note_preexisting(args: list[str]) -> None:
 
 
 def _run(cfg) -> None:
+    # lazy: hydra and the run's modules (torch), once the arguments are checked
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf
-
-    from fedpriv.errors import ConfigError, OutputError, PrivacyBudgetExceeded
-    from fedpriv.rundir import RunDirectory
-    from fedpriv.console import format_result, set_member
-    from fedpriv.runner import prepare
+    # lazy: as above
     from fedpriv.backends import backend
+    from fedpriv.rundir import RunDirectory
+    from fedpriv.runner import prepare
 
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:  # this member's stderr lines name it
@@ -132,12 +130,8 @@ def _run(cfg) -> None:
     except KeyboardInterrupt:  # Ctrl-C: the last checkpoint is left as it is, for resume=true
         summary = None
     if summary is None:  # outside the handler, so the progress bar is closed before the line below
-        from fedpriv.console import interrupted_message
-
         run.unlock()  # train() released it already, unless Ctrl-C reached Flower's engine outside train()
         print(interrupted_message(run, list(HydraConfig.get().overrides.task)), file=sys.stderr)
-        import threading
-
         if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
             # backend=flower: its ServerApp thread waits for replies from the stopped engine, and
             # would keep the process from exiting; no file is half-written (every write is atomic)
@@ -173,8 +167,6 @@ def _exit_code() -> int:
 
 
 def main() -> None:
-    import signal
-
     signal.signal(signal.SIGTERM, _stop)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     logging.getLogger("flwr").setLevel(logging.WARNING)
@@ -185,9 +177,7 @@ def main() -> None:
         print_help(rest)
     check_args(sys.argv[1:])
     _note_preexisting(sys.argv[1:])
-    import hydra
-
-    from fedpriv.schema import register
+    import hydra  # lazy: hydra, once the arguments are checked
 
     register()
 

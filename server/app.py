@@ -136,7 +136,7 @@ def client_resources(backend: FlowerBackend) -> dict[str, float]:
 def run_flower_simulation(session: RunSession) -> dict:
     """``backend=flower``: the same apps under ``flwr.simulation.run_simulation`` (Ray)."""
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    from flwr.simulation import run_simulation
+    from flwr.simulation import run_simulation  # lazy: Ray, only for backend=flower
 
     quiet_library_logs()
     backend = session.spec.backend
