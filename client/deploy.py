@@ -13,19 +13,24 @@ from flwr.clientapp import ClientApp
 from client.app import train_reply
 from fedpriv.compose import deployment_config
 from fedpriv.config import run_config
+from fedpriv.plan import fit_to_population
 from fedpriv.randomness import ClientRandomness
 from fedpriv.research_key import client_randomness
 from fedpriv.schema import RunConfig
+from fedpriv.task import load_task
 
 app = ClientApp()
 
 
 @functools.lru_cache(maxsize=4)
 def _config(run_config_json: str) -> tuple[RunConfig, ClientRandomness]:
-    """The run's resolved typed config (parsed once per node) and where this node's randomness comes
-    from (OS entropy in secure mode, the deployment default: the node never learns anything that
-    regenerates server noise or cohorts)."""
+    """The run's resolved typed config (parsed once per node; in research mode fitted to the
+    population, as the server's :func:`fedpriv.plan.build_plan` fits it) and where this node's
+    randomness comes from (OS entropy in secure mode, the deployment default: the node never learns
+    anything that regenerates server noise or cohorts)."""
     spec = run_config(deployment_config(json.loads(run_config_json)))
+    if not spec.secure:  # research mode: the key of the server's config.yaml, whose mechanism is fitted to the data
+        spec = fit_to_population(spec, len(load_task(spec).units))
     return spec, client_randomness(spec)
 
 

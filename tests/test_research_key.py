@@ -170,3 +170,25 @@ def test_paired_randomness_is_refused_in_secure_mode(tmp_path, overrides):
     with pytest.raises(ConfigError, match="research mode only"):
         prepare(cfg)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_research_deployments_clients_derive_the_key_of_the_servers_fitted_config(tmp_path):
+    """Research mode under backend=deployment: the ClientApp composes the config from Flower's run
+    config, unfitted; it must derive the research key of the server's config.yaml, whose mechanism
+    defaults (BandMF's bands) are fitted to the population (issue 42, a review finding)."""
+    import json
+
+    from client.deploy import _config
+    from fedpriv.research_key import client_randomness
+    from fedpriv.runner import prepare
+    from tests.conftest import compose_cfg
+
+    overrides = "mechanism=bandmf privacy.secure_rng=false progress=false"
+    server = prepare(compose_cfg("+experiment=smoke", *overrides.split(), "backend=deployment",
+                                 run_dir=tmp_path / "run"))
+    assert server.spec.mechanism.bands != 16  # fitted: the experiment's default does not fit the population
+    _config.cache_clear()
+    spec, rng = _config(json.dumps({"experiment": "smoke", "overrides": overrides, "run-dir": str(tmp_path / "run")},
+                                   sort_keys=True))
+    assert spec.mechanism == server.spec.mechanism
+    assert rng.research == client_randomness(server.spec).research is not None
