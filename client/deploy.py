@@ -13,7 +13,7 @@ from flwr.clientapp import ClientApp
 from client.app import train_reply
 from fedpriv.compose import deployment_config
 from fedpriv.config import run_config
-from fedpriv.plan import fit_to_population
+from fedpriv.plan import executed_config
 from fedpriv.randomness import ClientRandomness
 from fedpriv.research_key import client_randomness
 from fedpriv.schema import RunConfig
@@ -30,7 +30,7 @@ def _config(run_config_json: str) -> tuple[RunConfig, ClientRandomness]:
     anything that regenerates server noise or cohorts)."""
     spec = run_config(deployment_config(json.loads(run_config_json)))
     if not spec.secure:  # research mode: the key of the server's config.yaml, whose mechanism is fitted to the data
-        spec = fit_to_population(spec, len(load_task(spec).units))
+        spec = executed_config(spec, load_task(spec))
     return spec, client_randomness(spec)
 
 

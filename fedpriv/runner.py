@@ -29,7 +29,7 @@ from fedpriv.mechanisms import Mechanism
 from fedpriv.metrics import evaluate
 from fedpriv.console import ADVICE_LOGGER
 from fedpriv.models import set_flat_params
-from fedpriv.plan import RunPlan, build_plan, fit_to_population
+from fedpriv.plan import RunPlan, build_plan, executed_config
 from fedpriv.public.stages import Stage, build_stages
 from fedpriv.randomness import RunRandomness, mode_label
 from fedpriv.replies import RoundFn
@@ -111,7 +111,7 @@ def _build(spec: RunConfig, task: Task, run: RunDirectory, plan: RunPlan | None)
     """The session of ``spec`` in the locked ``run``: the checkpoint read (``plan`` None: planned
     here, on the checkpoint's strategy when there is one), the run's randomness drawn, and the
     keyed sampler and mechanism, the optimizer, the clip rule and the ledger built as planned."""
-    fitted = plan.spec if plan is not None else fit_to_population(spec, len(task.units))
+    fitted = plan.spec if plan is not None else executed_config(spec, task)
     checkpoint = _resumable_checkpoint(run, fitted)
     if plan is None:
         adopt = None if checkpoint is None else (lambda mechanism: _adopt_strategy(mechanism, checkpoint, run))

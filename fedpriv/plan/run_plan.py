@@ -84,7 +84,7 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     ``PrivacyBudgetExceeded`` on every refusal). ``adopt``: given a key-less mechanism, makes it
     take a resumed run's strategy from its checkpoint before σ is calibrated on it."""
     population = len(task.units)
-    spec = fit_to_population(spec, population)
+    spec = executed_config(spec, task)
     validate_against_data(spec, population, task.algorithm.privacy_unit)
     batched = spec.backend.batched_rounds
     if batched:  # its one-pass / central round clips per sample: refused before any write
@@ -135,6 +135,13 @@ def _monte_carlo_settings(spec: RunConfig) -> MonteCarloSettings:
     was calibrated on it (:func:`fedpriv.accounting.monte_carlo.calibrate`), as given otherwise."""
     settings = MonteCarloSettings.of(spec.privacy.mc)
     return settings if spec.privacy.noise_multiplier is not None else settings.calibrated()
+
+
+def executed_config(spec: RunConfig, task: Task) -> RunConfig:
+    """The config a run of ``spec`` on ``task``'s data executes (what its config.yaml holds and its
+    research key covers): the mechanism's defaults fitted to the population. Server and clients
+    (a deployment's ClientApp) derive it alike."""
+    return fit_to_population(spec, len(task.units))
 
 
 def fit_to_population(spec: RunConfig, population: int) -> RunConfig:
