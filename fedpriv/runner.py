@@ -23,6 +23,7 @@ from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.adaptive_clipping import build_adaptive_clip
 from fedpriv.audit.run import build_canaries, finish_audit
 from fedpriv.config import diagnostics_enabled, run_config
+from fedpriv.degradation import Degradation, degradation
 from fedpriv.dpfedavg import DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
 from fedpriv.mechanisms import Mechanism
@@ -344,14 +345,21 @@ def _train(session: RunSession, round_fn: RoundFn, outputs: RunOutputs) -> dict:
     outputs.close_rounds()
     if not last_eval:  # resumed after the last round: evaluate the restored model
         last_eval = evaluate_params(session.task, server.model_params)
-    summary = _summary(session, last_eval, time.perf_counter() - started)
+    norm = ledger.averaged_noise_norm_to_clip  # the pre-run line's figure (_say_noise_scale)
+    verdict = degradation(session.history, session.task.data.unigram_accuracy, session.task.data.vocab.size,
+                          noise_warned=norm is not None and norm > NOISE_WARNING_RATIO, cohort_size=spec.cohort_size,
+                          rounds=rounds, server_lr=getattr(spec.optimizer, "lr", None))
+    summary = _summary(session, last_eval, time.perf_counter() - started, verdict)
     audit = None
     if server.canaries is not None:  # post-processing of the releases and the canaries (docs/PRIVACY.md)
         def audit():
             return finish_audit(server.canaries, server.model_params, spec.audit, spec.privacy.delta,
                                 ledger.reported_epsilon(), session.randomness.label)
     # post-processing of the released model (the ledger covers it), labelled with the run's claim and mode
-    return outputs.finish(summary, audit, session.task.eval_model, server.model_params, session.task.data)
+    written = outputs.finish(summary, audit, session.task.eval_model, server.model_params, session.task.data)
+    if verdict is not None:  # test-set metrics and public quantities only (fedpriv/degradation.py)
+        logging.getLogger(ADVICE_LOGGER).warning("%s", verdict.message())
+    return written
 
 
 def _tensorboard_texts(session: RunSession) -> dict[str, str]:
@@ -376,10 +384,12 @@ def _checkpoint(session: RunSession, round_done: int, wall_s: float) -> dict:
             "client_releases": session.client_releases, "config": session.cfg}
 
 
-def _summary(session: RunSession, final: dict[str, float], wall_s: float) -> dict:
+def _summary(session: RunSession, final: dict[str, float], wall_s: float, verdict: Degradation | None) -> dict:
     spec, data = session.spec, session.task.data
     return {
         "final": final,
+        "degraded": verdict is not None,
+        **({"degradation": verdict.to_dict()} if verdict is not None else {}),
         "privacy": _privacy_summary(session),
         "rounds": session.ledger.rounds_done,
         **({"wall_s": wall_s} if session.diagnostics_enabled else {}),  # timing depends on the cohorts

@@ -199,7 +199,7 @@ NEVER = [
 # module no pattern names (a new one) has no floor yet and is not checked here.
 FLOORS = [
     ("entry points", "CLI"),
-    ("run composition", r"fedpriv\.(compose|runner|run_outputs|backends|audit\.run|observe|console"
+    ("run composition", r"fedpriv\.(compose|runner|run_outputs|degradation|backends|audit\.run|observe|console"
                         r"|tensorboard_events)|fedpriv\.plan" + _PKG),
     ("foundations", FOUNDATIONS),
     ("parts", r"fedpriv\.(models|data|text|mechanisms|accounting|clipping|optim|public|audit)" + _PKG
