@@ -69,7 +69,7 @@ def _fix(cause: str, cohort_size: float, rounds: int, server_lr: float | None) -
     correlated = "correlated noise (mechanism=bandmf sampling=balls_in_bins privacy.accountant=mc)"
     fixes = {NOISE: [plan, cohort, correlated],
              UNSTABLE: [step, plan],
-             TOO_FEW: [plan, f"more rounds (rounds={2 * rounds})"],
+             TOO_FEW: [plan, f"more server steps (rounds={2 * rounds})"],
              UNKNOWN: [plan, step, cohort]}[cause]
     return ", or ".join(fixes)
 
