@@ -31,6 +31,7 @@ from fedpriv.metrics import evaluate
 from fedpriv.console import ADVICE_LOGGER
 from fedpriv.models import set_flat_params
 from fedpriv.plan import RunPlan, build_plan, executed_config
+from fedpriv.plan.noise_figure import A_WARN, PER_ROUND_WARNING, NoiseFigure
 from fedpriv.public.stages import Stage, build_stages
 from fedpriv.randomness import RunRandomness, mode_label
 from fedpriv.replies import RoundFn
@@ -146,29 +147,32 @@ def _build(spec: RunConfig, task: Task, run: RunDirectory, plan: RunPlan | None)
     if checkpoint is not None:
         _restore(session, checkpoint)
     _count_client_releases(session, checkpoint)
-    _say_noise_scale(ledger)  # last: on stderr, so no bad-input error of prepare can follow it
+    _say_noise_scale(ledger, plan.noise)  # last: on stderr, so no bad-input error of prepare can follow it
     return session
 
 
-# σ·√d/m̄ above which the noise on the averaged update is warned about: its expected norm over
-# the clip bound (docs/PRIVACY.md, "Will it learn?", gives the measurements behind the value)
-NOISE_WARNING_RATIO = 10.0
-
-
-def _say_noise_scale(ledger: PrivacyLedger) -> None:
+def _say_noise_scale(ledger: PrivacyLedger, noise: NoiseFigure) -> None:
     """One line before training: σ/m̄, the noise on each coordinate of the averaged update in units
-    of the clip bound, and σ·√d/m̄, its norm over the d trained parameters in the same units
-    (privacy.json ``averaged_noise_to_clip``, ``averaged_noise_norm_to_clip``), on stderr (advice,
-    not a result); a ``warning:`` above NOISE_WARNING_RATIO, where the noise dwarfs the averaged
-    update (whose norm is at most the clip bound) and training tends to diverge."""
+    of the clip bound, σ·√d/m̄, its norm over the d trained parameters in the same units
+    (privacy.json ``averaged_noise_to_clip``, ``averaged_noise_norm_to_clip``), and the noise the
+    server step accumulates in the model over the run (a, :mod:`fedpriv.plan.noise_figure`), on
+    stderr (advice, not a result); a ``warning:`` where a is above ``A_WARN``, where measured runs
+    degrade (or, for an optimizer a does not describe, where σ·√d/m̄ is above
+    ``PER_ROUND_WARNING``)."""
     ratio, norm = ledger.averaged_noise_to_clip, ledger.averaged_noise_norm_to_clip
     text = (f"noise multiplier {ledger.noise_multiplier:.4g} over an expected cohort of "
             f"{ledger.sampler.expected_cohort:.4g}: the averaged update gets noise of std {ratio:.3g} x the clip "
             f"bound per coordinate, of norm {norm:.3g} x the clip bound over its {ledger.dimension} coordinates")
+    if noise.accumulated is not None:
+        text += (f"; the server step accumulates noise of std {noise.accumulated:.3g} per coordinate over the run "
+                 f"(a, with sigma_eff {noise.sigma_eff:.3g})")
     advice = logging.getLogger(ADVICE_LOGGER)  # on stderr either way (fedpriv/console.py)
-    if norm > NOISE_WARNING_RATIO:
+    if noise.too_noisy and noise.accumulated is not None:
+        advice.warning("%s (a above %g: measured runs degrade there; plan=auto, a larger cohort, a smaller "
+                       "optimizer.lr or correlated noise lower it)", text, A_WARN)
+    elif noise.too_noisy:
         advice.warning("%s (above %g: likely too noisy to learn; more users per round, more users in all, a larger "
-                       "epsilon or a smaller model lower it)", text, NOISE_WARNING_RATIO)
+                       "epsilon or a smaller model lower it)", text, PER_ROUND_WARNING)
     else:
         advice.info("%s", text)
 
@@ -345,9 +349,8 @@ def _train(session: RunSession, round_fn: RoundFn, outputs: RunOutputs) -> dict:
     outputs.close_rounds()
     if not last_eval:  # resumed after the last round: evaluate the restored model
         last_eval = evaluate_params(session.task, server.model_params)
-    norm = ledger.averaged_noise_norm_to_clip  # the pre-run line's figure (_say_noise_scale)
     verdict = degradation(session.history, session.task.data.unigram_accuracy, session.task.data.vocab.size,
-                          noise_warned=norm is not None and norm > NOISE_WARNING_RATIO, cohort_size=spec.cohort_size,
+                          noise_warned=session.plan.noise.too_noisy, cohort_size=spec.cohort_size,
                           rounds=rounds, server_lr=getattr(spec.optimizer, "lr", None))
     summary = _summary(session, last_eval, time.perf_counter() - started, verdict)
     audit = None
@@ -398,6 +401,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float, verdic
         **({"reference_source": data.reference_source} if data.reference_source else {}),
         "dataset": data.name, **({"num_users": data.num_users} if session.ledger.releases_data_count else {}),
         "privacy_unit": session.task.algorithm.privacy_unit,
+        "noise": session.plan.noise.describe(),  # public quantities: σ, m̄, d, T and the server step
         "model": spec.model.name, "algorithm": spec.algorithm.name,
         "optimizer": spec.optimizer.name, "backend": spec.backend.name,
         "clip_norm": spec.privacy.clip_norm, "cohort_size": spec.cohort_size,

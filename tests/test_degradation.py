@@ -78,9 +78,10 @@ def _warnings(stderr: str) -> list[str]:
 
 
 def test_a_run_that_degrades_warns_once_at_its_end_and_says_so_in_summary(run_cli, tmp_path):
-    # a huge server step: the test loss explodes past ln V (10.7, 107, 342 at rounds 2, 4, 6)
-    res = run_cli("+experiment=smoke", "rounds=6", "eval_every=2", "optimizer.lr=300", "progress=false",
-                  f"run_dir={tmp_path / 'bad'}")
+    # a huge server step with almost no noise (a small: the pre-run line does not warn): the test
+    # loss explodes past ln V (8.2 at round 2, 91 at round 6)
+    res = run_cli("+experiment=smoke", "rounds=6", "eval_every=2", "optimizer.lr=300", "privacy.target_epsilon=null",
+                  "privacy.noise_multiplier=0.001", "progress=false", f"run_dir={tmp_path / 'bad'}")
     assert res.returncode == 0, res.stderr
     lines = _warnings(res.stderr)
     assert len(lines) == 1 and lines[0].startswith("warning: the model degraded"), res.stderr
@@ -95,6 +96,6 @@ def test_a_run_that_learns_does_not_warn(run_cli, tmp_path):
     res = run_cli("+experiment=smoke", "rounds=20", "eval_every=5", "cohort_size=16", "ema_decay=0",
                   "progress=false", f"run_dir={tmp_path / 'good'}")
     assert res.returncode == 0, res.stderr
-    assert _warnings(res.stderr) == [], res.stderr
+    assert [line for line in _warnings(res.stderr) if "degraded" in line] == [], res.stderr
     summary = json.loads((tmp_path / "good" / "summary.json").read_text())
     assert summary["degraded"] is False and "degradation" not in summary

@@ -11,7 +11,8 @@ import math
 import pytest
 
 from conftest import compose_cfg
-from fedpriv.runner import NOISE_WARNING_RATIO, prepare
+from fedpriv.plan.noise_figure import A_WARN
+from fedpriv.runner import prepare
 
 
 def _prepare(tmp_path, caplog, *overrides):
@@ -32,7 +33,12 @@ def test_the_noise_on_the_averaged_update_is_said_and_warned_above_the_threshold
     assert privacy["averaged_noise_norm_to_clip"] == pytest.approx(norm)
     assert len(lines) == 1 and f"std {ratio:.3g} x the clip bound" in lines[0].getMessage()
     assert f"of norm {norm:.3g} x the clip bound over its {d} coordinates" in lines[0].getMessage()
-    assert (lines[0].levelno == logging.WARNING) == warned == (norm > NOISE_WARNING_RATIO)
+    noise = session.plan.noise  # smoke: momentum 0.9, cosine; a = lr·C·σ·√T / (m̄·(1 − β)), Gaussian: σ_eff = σ
+    spec = session.spec
+    a = spec.optimizer.lr * spec.privacy.clip_norm * sigma * math.sqrt(spec.rounds) / (8 * (1 - 0.9))
+    assert noise.sigma_eff == sigma and noise.accumulated == pytest.approx(a)
+    assert f"accumulates noise of std {a:.3g} per coordinate" in lines[0].getMessage()
+    assert (lines[0].levelno == logging.WARNING) == warned == (a > A_WARN)
 
 
 @pytest.mark.parametrize("overrides, prefix", [((), "noise multiplier "),

@@ -32,6 +32,8 @@ from fedpriv.config import run_config, validate_against_data
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import Mechanism
 from fedpriv.observe import check_observability
+from fedpriv.optim.server import SGDOptimizer
+from fedpriv.plan.noise_figure import NoiseFigure, noise_figure
 from fedpriv.run_outputs import planned_outputs
 from fedpriv.sampling import make_sampler
 from fedpriv.schema import RunConfig
@@ -53,7 +55,8 @@ class RunPlan:
     ``outputs``: the files the run writes, in the order of their first write
     (:mod:`fedpriv.run_outputs`); ``per_sample_checked``: Book-Keeping's support of the model was
     checked for a round that clips per sample on the server's side (the clients' engines are
-    checked when the task is loaded)."""
+    checked when the task is loaded); ``noise``: σ_eff, σ·√d/m̄ and the accumulated noise a
+    (:mod:`fedpriv.plan.noise_figure`)."""
 
     spec: RunConfig
     population: int
@@ -63,6 +66,7 @@ class RunPlan:
     ledger: PrivacyLedger
     outputs: tuple[str, ...]
     per_sample_checked: bool
+    noise: NoiseFigure  # the noise the run's step carries into the model (fedpriv.plan.noise_figure)
 
     @property
     def planned_epsilon(self) -> float:
@@ -76,7 +80,7 @@ class RunPlan:
                 "accountant": ledger.accountant, "noise_multiplier": self.noise_multiplier,
                 "calibrated": self.calibrated, "rounds": self.spec.rounds, "cohort_size": self.spec.cohort_size,
                 "planned_epsilon": self.planned_epsilon, "delta": ledger.delta,
-                "algorithm": self.spec.algorithm.name, "outputs": list(self.outputs)}
+                "algorithm": self.spec.algorithm.name, "noise": self.noise.describe(), "outputs": list(self.outputs)}
 
 
 def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] | None = None) -> RunPlan:
@@ -114,9 +118,23 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
                            dimension=task.initial_params.numel(), monte_carlo_settings=_monte_carlo_settings(spec))
     ledger.check_can_run(spec.rounds)
     check_observability(spec)
+    step = server_step(spec)
+    noise = noise_figure(mechanism, sigma, spec.rounds, sampler.expected_cohort, ledger.dimension, privacy.clip_norm,
+                         None if step is None else step[0], 0.0 if step is None else step[1])
     return RunPlan(spec=spec, population=population, noise_multiplier=sigma,
                    calibrated=privacy.noise_multiplier is None, mechanism_clip=mechanism_clip, ledger=ledger,
-                   outputs=planned_outputs(spec, client_dp=task.local.dp is not None), per_sample_checked=batched)
+                   outputs=planned_outputs(spec, client_dp=task.local.dp is not None), per_sample_checked=batched,
+                   noise=noise)
+
+
+def server_step(spec: RunConfig) -> tuple[float, float] | None:
+    """The server optimizer's learning rate and momentum when it is a (heavy-ball) SGD step on the
+    privatized average, whose accumulated noise :mod:`fedpriv.plan.noise_figure` states; None for
+    another optimizer (an adaptive one rescales its step per coordinate)."""
+    optimizer = spec.optimizer
+    if not isinstance(optimizer, SGDOptimizer):
+        return None
+    return float(optimizer.lr), float(getattr(optimizer, "momentum", 0.0))
 
 
 def _noise_multiplier(spec: RunConfig, mechanism: Mechanism, sampler) -> float:
