@@ -402,6 +402,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float, verdic
         "dataset": data.name, **({"num_users": data.num_users} if session.ledger.releases_data_count else {}),
         "privacy_unit": session.task.algorithm.privacy_unit,
         "noise": session.plan.noise.describe(),  # public quantities: σ, m̄, d, T and the server step
+        **({"plan": session.plan.choice} if session.plan.choice is not None else {}),
         "model": spec.model.name, "algorithm": spec.algorithm.name,
         "optimizer": spec.optimizer.name, "backend": spec.backend.name,
         "clip_norm": spec.privacy.clip_norm, "cohort_size": spec.cohort_size,

@@ -126,7 +126,8 @@ class PrivacyLedger:
                  accountant: str = RDP, target_epsilon: float | None = None,
                  planned_rounds: int | None = None, non_private_reason: str | None = None,
                  randomness: dict[str, Any] | None = None, query: dict[str, Any] | None = None,
-                 audit: dict[str, Any] | None = None, dimension: int | None = None,
+                 audit: dict[str, Any] | None = None, plan: dict[str, Any] | None = None,
+                 dimension: int | None = None,
                  monte_carlo_settings: MonteCarloSettings | None = None) -> None:
         self.mechanism = mechanism
         self.dimension = dimension  # coordinates of the noised update (the trained parameters)
@@ -141,6 +142,7 @@ class PrivacyLedger:
         self.randomness = randomness  # how the run's randomness was made (privacy.json says so)
         self.query = query  # the joint query the mechanism privatizes, when not the sum alone (adaptive clipping)
         self.audit = audit  # an audited run's label (canaries in every release from round 1)
+        self.plan = plan  # what plan=auto chose from public quantities (no data: post-processing of nothing private)
         self._round_indices: list[int] = []
         self._cache: dict[int, float] = {0: 0.0}
         self._compositions: dict[str, SelfComposition] = {}
@@ -277,6 +279,8 @@ class PrivacyLedger:
             extra["clipping"] = self.query
         if self.audit is not None:
             extra["audit"] = self.audit
+        if self.plan is not None:
+            extra["plan"] = self.plan
         if self.monte_carlo is not None and self.rounds_done and not is_non_private(self.dp_event()):
             claim = dict(self._covering_claim(self.rounds_done))  # the claim behind the ε reported
             claim["epsilon"] = json_epsilon(claim["epsilon"])

@@ -389,6 +389,10 @@ class SyntheticData(TextPipeline):
         return [f"data.synthetic.{k}={v}" for k, v in (("num_users", 40), ("vocab_size", 300), ("num_test", 200),
                                                          ("num_public", 200))]
 
+    def public_population(self) -> int:
+        """The generator's ``num_users``: the config fixes the population."""
+        return int(self.synthetic.num_users)
+
     def load_words(self) -> FederatedDataset:
         """The generated corpus (before the text pipeline re-encodes it)."""
         return generate(SyntheticConfig(seq_len=self.seq_len, seed=self.seed, **dataclasses.asdict(self.synthetic)))

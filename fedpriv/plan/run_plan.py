@@ -66,6 +66,7 @@ class RunPlan:
     ledger: PrivacyLedger
     outputs: tuple[str, ...]
     per_sample_checked: bool
+    choice: dict | None  # what plan=auto chose, with its prediction (privacy.json and summary.json `plan`)
     noise: NoiseFigure  # the noise the run's step carries into the model (fedpriv.plan.noise_figure)
 
     @property
@@ -88,7 +89,8 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     ``PrivacyBudgetExceeded`` on every refusal). ``adopt``: given a key-less mechanism, makes it
     take a resumed run's strategy from its checkpoint before σ is calibrated on it."""
     population = len(task.units)
-    spec = executed_config(spec, task)
+    spec, choice = _apply_plan(spec, task)
+    spec = fit_to_population(spec, population)
     validate_against_data(spec, population, task.algorithm.privacy_unit)
     batched = spec.backend.batched_rounds
     if batched:  # its one-pass / central round clips per sample: refused before any write
@@ -114,7 +116,7 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     target = privacy.target_epsilon if privacy.noise_multiplier is None else None
     ledger = PrivacyLedger(mechanism, sampler, privacy.delta, privacy.accountant, target_epsilon=target,
                            planned_rounds=spec.rounds, non_private_reason="; ".join(reasons) or None,
-                           query=None if clip is None else clip.describe(), audit=audit_label(spec.audit),
+                           query=None if clip is None else clip.describe(), audit=audit_label(spec.audit), plan=choice,
                            dimension=task.initial_params.numel(), monte_carlo_settings=_monte_carlo_settings(spec))
     ledger.check_can_run(spec.rounds)
     check_observability(spec)
@@ -124,7 +126,7 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     return RunPlan(spec=spec, population=population, noise_multiplier=sigma,
                    calibrated=privacy.noise_multiplier is None, mechanism_clip=mechanism_clip, ledger=ledger,
                    outputs=planned_outputs(spec, client_dp=task.local.dp is not None), per_sample_checked=batched,
-                   noise=noise)
+                   choice=choice, noise=noise)
 
 
 def server_step(spec: RunConfig) -> tuple[float, float] | None:
@@ -157,9 +159,17 @@ def _monte_carlo_settings(spec: RunConfig) -> MonteCarloSettings:
 
 def executed_config(spec: RunConfig, task: Task) -> RunConfig:
     """The config a run of ``spec`` on ``task``'s data executes (what its config.yaml holds and its
-    research key covers): the mechanism's defaults fitted to the population. Server and clients
-    (a deployment's ClientApp) derive it alike."""
-    return fit_to_population(spec, len(task.units))
+    research key covers): the ``plan`` option applied (``plan=auto`` chooses cohort, rounds,
+    mechanism, clip and server step), then the mechanism's defaults fitted to the population.
+    Server and clients (a deployment's ClientApp) derive it alike."""
+    return fit_to_population(_apply_plan(spec, task)[0], len(task.units))
+
+
+def _apply_plan(spec: RunConfig, task: Task) -> tuple[RunConfig, dict | None]:
+    """``spec.plan`` applied to the public quantities: the population if public (``population``, or
+    a count the data's config fixes) and the trained parameter count; never the data's content."""
+    public = spec.population or spec.data.public_population()
+    return spec.plan.apply(spec, public, task.initial_params.numel())
 
 
 def fit_to_population(spec: RunConfig, population: int) -> RunConfig:

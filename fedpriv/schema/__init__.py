@@ -36,6 +36,6 @@ from fedpriv.schema.registry import (DEFAULT_OPTIONS, GROUP_BASES, GROUPS, OPTIO
                                      register_sampler_kind, register_section, sampler_kinds)
 from fedpriv.schema.run_config import RunConfig, resolve_secure, secure_mode  # noqa: F401
 from fedpriv.schema.sections import (AdaptiveClipping, AlgorithmOption, Audit, BackendOption, Client,  # noqa: F401
-                                     DeploymentBackend, ExampleDP, FlowerBackend, LocalBackend, MechanismOption,
-                                     ModelOption, Option, OptimizerOption, Privacy, Public, Section, TeacherModel,
-                                     TextPipeline, meanings)
+                                     DeploymentBackend, ExampleDP, FixedPlan, FlowerBackend, LocalBackend,
+                                     MechanismOption, ModelOption, Option, OptimizerOption, PlanOption, Privacy,
+                                     Public, Section, TeacherModel, TextPipeline, meanings)

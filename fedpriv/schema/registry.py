@@ -13,25 +13,26 @@ import sys
 from typing import Any
 
 from fedpriv.errors import ConfigError
-from fedpriv.schema.sections import (AlgorithmOption, BackendOption, DeploymentBackend, FlowerBackend, LocalBackend,
-                                     MechanismOption, ModelOption, Option, OptimizerOption, TextPipeline)
+from fedpriv.schema.sections import (AlgorithmOption, BackendOption, DeploymentBackend, FixedPlan, FlowerBackend,
+                                     LocalBackend, MechanismOption, ModelOption, Option, OptimizerOption, PlanOption,
+                                     TextPipeline)
 
 
 # group -> option name -> its defaults (the ConfigStore entries). The options register themselves
 # from the modules that implement them (register_option); options() imports those modules.
 OPTIONS: dict[str, dict[str, Option]] = {}
 PLUGINS = {"data": "fedpriv.data", "model": "fedpriv.models", "algorithm": "fedpriv.algorithms",
-           "mechanism": "fedpriv.mechanisms", "optimizer": "fedpriv.optim"}
-GROUPS = ("data", "model", "algorithm", "mechanism", "optimizer", "backend")
+           "mechanism": "fedpriv.mechanisms", "optimizer": "fedpriv.optim", "plan": "fedpriv.plan.auto"}
+GROUPS = ("data", "model", "algorithm", "mechanism", "optimizer", "backend", "plan")
 # the default option of each group (config.yaml's defaults list names the same)
 DEFAULT_OPTIONS = {"data": "synthetic", "model": "lstm", "algorithm": "dp_fedavg", "mechanism": "gaussian",
-                   "optimizer": "momentum", "backend": "local"}
+                   "optimizer": "momentum", "backend": "local", "plan": "fixed"}
 
 
 # group -> the contract its options meet (register_option checks it)
 GROUP_BASES: dict[str, type[Option]] = {"data": TextPipeline, "model": ModelOption, "algorithm": AlgorithmOption,
                                         "mechanism": MechanismOption, "optimizer": OptimizerOption,
-                                        "backend": BackendOption}
+                                        "backend": BackendOption, "plan": PlanOption}
 _CLASS_ATTRIBUTES = {"model": ("model_class",), "algorithm": ("algorithm_class",), "mechanism": ("default_sampling",)}
 
 
@@ -57,6 +58,7 @@ def register_option(group: str, name: str, option: Option) -> None:
 
 for _backend in (LocalBackend(), FlowerBackend(), DeploymentBackend()):
     register_option("backend", _backend.name, _backend)
+register_option("plan", "fixed", FixedPlan())
 
 
 def options(group: str) -> dict[str, Option]:

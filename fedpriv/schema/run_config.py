@@ -10,7 +10,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.schema.checks import PRESENTATION, _key, in_unit_interval, nonnegative, positive
 from fedpriv.schema.registry import _default, sampler_kinds
 from fedpriv.schema.sections import (AlgorithmOption, Audit, BackendOption, Client, LocalBackend, MechanismOption,
-                                     ModelOption, OptimizerOption, Privacy, Public, Section, TextPipeline)
+                                     ModelOption, OptimizerOption, PlanOption, Privacy, Public, Section, TextPipeline)
 
 
 def secure_mode(secure_rng: bool | None, backend: str | None) -> bool:
@@ -61,6 +61,8 @@ class RunConfig(Section):
     mechanism: MechanismOption = field(default_factory=_default("mechanism"))
     optimizer: OptimizerOption = field(default_factory=_default("optimizer"))
     backend: BackendOption = field(default_factory=_default("backend"), metadata=PRESENTATION)
+    # fixed: the config as given; auto: cohort, rounds, mechanism, clip and server step chosen from public quantities
+    plan: PlanOption = field(default_factory=_default("plan"))
 
     @property
     def secure(self) -> bool:

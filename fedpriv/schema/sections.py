@@ -14,7 +14,7 @@ import re
 import textwrap
 import tokenize
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from fedpriv.errors import ConfigError
 from fedpriv.schema.checks import (LOCATION, PRESENTATION, _fail, _key, divisible, in_unit_interval, nonnegative,
@@ -377,6 +377,31 @@ class AlgorithmOption(Option):
 
 
 @dataclass
+class PlanOption(Option):
+    """Contract of a ``plan`` option: :meth:`apply` turns the parsed config into the config the run
+    executes, from public quantities only — ``population`` (the public number of units, None where
+    the run has none: the data's count is not public under add/remove-one) and ``dimension`` (the
+    trained parameters) — and says what it chose (None: nothing). Deterministic and idempotent: the
+    config it returns, applied again, is returned unchanged (a resumed run and a deployment's
+    clients apply it again)."""
+
+    @abc.abstractmethod
+    def apply(self, spec, population: Optional[int], dimension: int) -> tuple[Any, Optional[dict]]:
+        """``(the executed RunConfig, the choice as plain values or None)``; ``ConfigError`` where it
+        cannot plan."""
+
+
+@dataclass
+class FixedPlan(PlanOption):
+    """The config as given (the default)."""
+
+    name: str = "fixed"
+
+    def apply(self, spec, population: Optional[int], dimension: int) -> tuple[Any, Optional[dict]]:
+        return spec, None
+
+
+@dataclass
 class BackendOption(Option):
     """A ``backend`` option: how rounds reach clients (server/ implements each; no DP here)."""
 
@@ -413,6 +438,11 @@ class TextPipeline(Option):
         """Config overrides of a tiny runnable instance of this dataset, writing any input file it
         needs under ``directory`` (the contract tests, tests/test_plugins.py, run a round of it)."""
         return []
+
+    def public_population(self) -> Optional[int]:
+        """The number of training users when the config itself fixes it (a generator's), so that it
+        is public; None when only the data tells it (then ``population`` must state it)."""
+        return None
 
     @abc.abstractmethod
     def load_words(self):

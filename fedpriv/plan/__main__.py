@@ -1,0 +1,66 @@
+"""``python -m fedpriv.plan [+experiment=NAME] [key=value ...] [--json]``: the plan of a run, without
+training — what ``plan=auto`` (added unless the line names a ``plan``) chooses from public
+quantities, its prediction, and the overrides that give a fixed run the same config.
+
+    python -m fedpriv.plan data.synthetic.num_users=2000 plan.client_updates=5000
+    python -m fedpriv.plan data=stackoverflow data.path=so.sqlite population=342477 --json
+
+Nothing is written and no key is drawn (:func:`fedpriv.plan.preflight`); the data is loaded only
+for the checks a run makes (the cohort against the population, Book-Keeping's support of the model).
+Bad input: one ``error:`` line, exit 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from fedpriv.compose import compose_config
+from fedpriv.console import fail
+from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
+from fedpriv.plan.auto import overrides
+from fedpriv.plan.run_plan import preflight
+from fedpriv.rundir import json_text
+
+
+def lines(plan) -> list[str]:
+    """The plan in a few lines: the choice, its prediction, the overrides."""
+    choice, spec = plan.choice, plan.spec
+    head = (f"plan: cohort {spec.cohort_size} x {spec.rounds} rounds, {spec.mechanism.name} noise under "
+            f"{spec.sampling} sampling ({spec.privacy.accountant} accountant), sigma {plan.noise_multiplier:.4g} for "
+            f"epsilon {spec.privacy.target_epsilon:g} at delta {spec.privacy.delta:g}; "
+            f"clip {spec.privacy.clip_norm:g}, server lr {getattr(spec.optimizer, 'lr', float('nan')):.4g}")
+    out = [head]
+    if choice is not None:
+        p = choice["prediction"]
+        out.append(f"prediction: accumulated noise a {p['accumulated_noise']:.3g} per coordinate, "
+                   f"{p['server_steps']:.4g} full-size server steps, {p['epochs']:.3g} epochs over the "
+                   f"{choice['population']} users, one averaged update's noise {p['averaged_noise_norm_to_clip']:.3g} "
+                   f"x the clip bound in norm ({p['regime']})")
+        out.append("overrides: " + " ".join(overrides(choice)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args
+    args = [a for a in args if a != "--json"]
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__.strip())
+        return
+    if not any(a.lstrip("+~").startswith("plan=") for a in args):
+        args.append("plan=auto")
+    logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
+    try:
+        plan = preflight(compose_config(args, "outputs/plan-preview"))
+    except (ConfigError, PrivacyBudgetExceeded) as err:
+        fail(str(err))
+    if as_json:
+        print(json_text({**plan.describe(), "plan": plan.choice,
+                         "overrides": overrides(plan.choice) if plan.choice else []}, indent=2))
+    else:
+        print("\n".join(lines(plan)))
+
+
+if __name__ == "__main__":
+    main()

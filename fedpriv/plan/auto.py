@@ -1,0 +1,189 @@
+"""``plan=auto``: the cohort, rounds, mechanism, sampler, accountant, clip bound and server step of
+a run, chosen from public quantities only (docs/PLANNER.md).
+
+Inputs: the public number of users N (``population``, or a generator's configured count), the
+trained parameter count d, ε and δ, the compute budget U = ``plan.client_updates`` (expected cohort
+× rounds ≤ U; default: the configured ``cohort_size`` × ``rounds``) and the clients' local work as
+configured (unchanged). No example is read: a plan is the same for any data of the same public size.
+
+The rule. For each cohort m on a geometric grid (× :data:`GRID_RATIO`) with T = ⌊U/m⌋ rounds
+(:data:`MIN_ROUNDS` ≤ T ≤ :data:`MAX_ROUNDS`) and each candidate mechanism/sampler/accountant
+(:data:`CANDIDATES`), σ is calibrated to (ε, δ) with the repository's accountant, σ_eff = σ·g from
+the mechanism's noise matrix (:func:`fedpriv.plan.noise_figure.iterate_noise_factor`), and the
+server step η·C is the largest up to :data:`MAX_STEP` whose accumulated noise
+a = η·C·σ_eff·√T / (m·(1 − β)) stays at :data:`~fedpriv.plan.noise_figure.A_TARGET`. The plan
+maximises the progress P = T·η·C (full-size server steps under the noise budget); plans within 5%
+of the best P are broken toward the smaller a, then the Gaussian mechanism (the simpler one). So the
+cohort is the smallest at which the full step keeps the accumulated noise at its target, and the
+rest of the budget goes to rounds — at moderate ε a larger cohort is almost free in ε ("TAN Without a
+Burn: Scaling Laws of DP-SGD"; "Scaling Laws for Differentially Private Language Models"), and
+cumulative noise, not one step's, decides ("On Optimal Hyperparameters for Differentially Private
+Deep Transfer Learning"). Momentum β = 0.9 and C = 1 are fixed ("Federated Learning of Gboard
+Language Models with Differential Privacy"; "Adaptive Federated Optimization": the server step is
+η·C once every update is clipped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from fedpriv.accounting import calibrate_noise_multiplier
+from fedpriv.errors import ConfigError
+from fedpriv.optim.server import MomentumOptimizer
+from fedpriv.plan.noise_figure import A_TARGET, accumulated_noise, iterate_noise_factor
+from fedpriv.sampling import make_sampler
+from fedpriv.schema import PlanOption, load, register_option
+from fedpriv.schema.checks import positive
+
+# (mechanism, sampling, accountant) the planner weighs: amplified BandMF under cyclic Poisson and the
+# Gaussian under Poisson, both accounted by RDP (a grid point calibrates in well under a second)
+CANDIDATES = (("gaussian", "poisson", "rdp"), ("bandmf", "cyclic_poisson", "rdp"))
+MAX_STEP = 1.0  # η·C: the largest server step (docs/PLANNER.md, "Calibration runs")
+MOMENTUM = 0.9  # server heavy-ball momentum
+CLIP_NORM = 1.0  # C: with every update clipped only η·C matters; C = 1 keeps η the step
+MIN_ROUNDS = 50  # fewer server steps than this lost on real text (cohort 500 × 30 rounds)
+MAX_ROUNDS = 2000
+MIN_COHORT = 8
+GRID_RATIO = 1.5
+TIE = 0.95  # plans within 5% of the best progress are ties
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One grid point: its cohort and rounds, mechanism, σ and σ_eff, server step η·C, accumulated
+    noise a and progress P = T·η·C."""
+
+    cohort_size: int
+    rounds: int
+    mechanism: str
+    sampling: str
+    accountant: str
+    noise_multiplier: float
+    sigma_eff: float
+    step: float
+    accumulated_noise: float
+    progress: float
+
+
+@dataclass
+class AutoPlan(PlanOption):
+    """``plan=auto`` (module docstring)."""
+
+    name: str = "auto"
+    # compute budget U: expected cohort x rounds <= U (null: the configured cohort_size x rounds)
+    client_updates: Optional[int] = None
+
+    def check(self, path: str) -> None:
+        positive(self, "client_updates", path=path)
+
+    def apply(self, spec, population: Optional[int], dimension: int) -> tuple[Any, Optional[dict]]:
+        """The executed config: the configured one with the chosen cohort, rounds, mechanism,
+        sampler, accountant, clip bound and server step, and ``plan.client_updates`` resolved (so
+        that applying it again returns it unchanged); and the choice with its prediction."""
+        _check_plannable(spec, population)
+        budget = self.client_updates or spec.cohort_size * spec.rounds
+        best = choose(population, dimension, spec.privacy.target_epsilon, spec.privacy.delta, budget)
+        population = spec.population or population  # the rates' N: public, so add/remove-one holds
+        mechanism = load("mechanism", {"name": best.mechanism}).fitted(population, best.cohort_size, best.rounds,
+                                                                         best.sampling)
+        optimizer = dataclasses.replace(spec.optimizer, lr=best.step / CLIP_NORM, momentum=MOMENTUM)
+        privacy = dataclasses.replace(spec.privacy, accountant=best.accountant, clip_norm=CLIP_NORM)
+        planned = dataclasses.replace(spec, cohort_size=best.cohort_size, rounds=best.rounds, sampling=best.sampling,
+                                      population=population, mechanism=mechanism, optimizer=optimizer, privacy=privacy,
+                                      plan=dataclasses.replace(self, client_updates=budget))
+        return planned, describe(best, population, dimension, budget)
+
+
+def _check_plannable(spec, population: Optional[int]) -> None:
+    """What the rule assumes: a public population, σ calibrated to a target ε, a heavy-ball server
+    step, user-level DP through clients."""
+    if population is None:
+        raise ConfigError("plan=auto plans from public quantities only: set population=N, the public number of "
+                          "users (the data's own count is private under add/remove-one neighbours)")
+    if spec.privacy.noise_multiplier is not None:
+        raise ConfigError("plan=auto calibrates sigma to privacy.target_epsilon: leave privacy.noise_multiplier=null")
+    if not isinstance(spec.optimizer, MomentumOptimizer):
+        raise ConfigError(f"plan=auto sets the step of optimizer=momentum, not optimizer={spec.optimizer.name}")
+    if spec.algorithm.central:
+        raise ConfigError(f"plan=auto plans user-level federated rounds, not algorithm={spec.algorithm.name}")
+    if spec.privacy.clipping != "fixed":
+        raise ConfigError("plan=auto sets a fixed clip bound: use privacy.clipping=fixed with it")
+
+
+def cohort_grid(population: int, budget: int) -> list[int]:
+    """Cohorts m with MIN_ROUNDS ≤ ⌊U/m⌋ ≤ MAX_ROUNDS and m ≤ N/4, geometric by GRID_RATIO."""
+    low = max(MIN_COHORT, math.ceil(budget / MAX_ROUNDS))
+    high = min(population // 4, budget // MIN_ROUNDS)
+    grid, m = [], float(low)
+    while round(m) <= high:
+        if not grid or round(m) != grid[-1]:
+            grid.append(round(m))
+        m *= GRID_RATIO
+    return grid
+
+
+def evaluate(mechanism: str, sampling: str, accountant: str, population: int, cohort: int, rounds: int,
+             epsilon: float, delta: float) -> Choice:
+    """The grid point (cohort, rounds) for one candidate: σ calibrated with the mechanism's own
+    DpEvent (accounting only: no key, no noise), σ_eff, and the step that keeps a at A_TARGET."""
+    option = load("mechanism", {"name": mechanism}).fitted(population, cohort, rounds, sampling)
+    sampler = make_sampler(sampling, population, cohort, None, groups=option.sampling_groups(),
+                           public_population=population)
+    built = option.build(1.0, 1.0, rounds=rounds, sampler=sampler)
+    sigma = calibrate_noise_multiplier(lambda s: built.dp_event(sampler, rounds, noise_multiplier=s), epsilon, delta,
+                                       accountant, built.neighboring_relation(sampler))
+    sigma_eff = sigma * iterate_noise_factor(built, rounds)
+    per_unit_step = accumulated_noise(sigma_eff, rounds, sampler.expected_cohort, 1.0, MOMENTUM)
+    step = min(MAX_STEP, A_TARGET / per_unit_step) if per_unit_step > 0 else MAX_STEP
+    return Choice(cohort, rounds, mechanism, sampling, accountant, sigma, sigma_eff, step, per_unit_step * step,
+                  rounds * step)
+
+
+def choose(population: int, dimension: int, epsilon: float, delta: float, budget: int) -> Choice:
+    """The plan's grid point (module docstring). ``dimension`` does not enter the rule (a is per
+    coordinate); it is stated with the prediction."""
+    grid = cohort_grid(population, budget)
+    if not grid:
+        raise ConfigError(f"plan=auto needs room for at least {MIN_ROUNDS} rounds of cohorts of {MIN_COHORT} from at "
+                          f"most a quarter of the {population} users: plan.client_updates={budget} is too small (at "
+                          f"least {MIN_ROUNDS * MIN_COHORT}) or the population too small (at least {4 * MIN_COHORT})")
+    rows = []
+    for cohort in grid:
+        rounds = min(MAX_ROUNDS, budget // cohort)
+        for mechanism, sampling, accountant in CANDIDATES:
+            try:
+                rows.append(evaluate(mechanism, sampling, accountant, population, cohort, rounds, epsilon, delta))
+            except ConfigError:
+                continue  # a pattern this mechanism cannot account (e.g. too few groups for its bands)
+    top = max(row.progress for row in rows)
+    ties = [row for row in rows if row.progress >= TIE * top]
+    return min(ties, key=lambda row: (row.accumulated_noise, row.mechanism != "gaussian", row.cohort_size))
+
+
+def describe(choice: Choice, population: int, dimension: int, budget: int) -> dict:
+    """The plan as privacy.json and summary.json record it, with its prediction: the noise norm
+    of one averaged update over the clip bound, the accumulated noise a, the full-size server
+    steps P and the epochs over the population."""
+    return {"rule": "plan=auto (docs/PLANNER.md)", "client_updates": budget, "population": population,
+            "dimension": dimension, "cohort_size": choice.cohort_size, "rounds": choice.rounds,
+            "mechanism": choice.mechanism, "sampling": choice.sampling, "accountant": choice.accountant,
+            "clip_norm": CLIP_NORM, "server_lr": choice.step / CLIP_NORM, "momentum": MOMENTUM,
+            "noise_multiplier": choice.noise_multiplier, "sigma_eff": choice.sigma_eff,
+            "prediction": {"averaged_noise_norm_to_clip": choice.noise_multiplier * math.sqrt(dimension)
+                           / choice.cohort_size, "accumulated_noise": choice.accumulated_noise,
+                           "server_steps": choice.progress, "epochs": choice.cohort_size * choice.rounds / population,
+                           "regime": "step-limited" if choice.step >= MAX_STEP else "noise-limited"}}
+
+
+def overrides(plan: dict) -> list[str]:
+    """The command-line overrides that give a fixed run the planned config."""
+    return [f"cohort_size={plan['cohort_size']}", f"rounds={plan['rounds']}", f"mechanism={plan['mechanism']}",
+            f"sampling={plan['sampling']}", f"privacy.accountant={plan['accountant']}",
+            f"privacy.clip_norm={plan['clip_norm']:g}", f"optimizer.lr={plan['server_lr']:.4g}",
+            f"optimizer.momentum={plan['momentum']:g}"]
+
+
+register_option("plan", "auto", AutoPlan())

@@ -1,0 +1,137 @@
+"""``plan=auto`` (issue 43, item 1): a plan is deterministic and idempotent, reads public
+quantities only, respects the compute budget U and the target ε; and the noise figure it rests on
+(σ_eff) is the noise the mechanism actually adds to the prefix sums."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from fedpriv.config import run_config
+from fedpriv.errors import ConfigError
+from fedpriv.plan import preflight
+from fedpriv.plan.auto import MIN_ROUNDS, choose, cohort_grid
+from fedpriv.plan.noise_figure import A_TARGET, iterate_noise_factor
+from fedpriv.research_key import noise_from_seed
+from fedpriv.sampling import make_sampler
+from fedpriv.schema import load
+from tests.conftest import compose_cfg
+
+SMOKE_PLAN = ("+experiment=smoke", "plan=auto", "plan.client_updates=480")  # 40 users: cohorts of 8-10
+
+
+def test_a_plan_is_deterministic_respects_the_budget_and_holds_its_target():
+    for budget in (400, 1000, 3000):
+        a, b = choose(400, 10_000, 4.0, 1e-4, budget), choose(400, 10_000, 4.0, 1e-4, budget)
+        assert a == b and a.cohort_size * a.rounds <= budget and a.rounds >= MIN_ROUNDS
+        assert a.accumulated_noise <= A_TARGET * (1 + 1e-9) and 0 < a.step <= 1.0
+    assert cohort_grid(400, 1000) == [8, 12, 18]  # m <= U / MIN_ROUNDS = 20 and <= N / 4
+
+
+def test_applying_a_plan_again_changes_nothing(tmp_path):
+    """A resumed run and a deployment's clients apply the plan to the executed config again."""
+    plan = preflight(compose_cfg(*SMOKE_PLAN, run_dir=tmp_path / "r"))
+    spec = plan.spec
+    again, choice = spec.plan.apply(spec, spec.population, plan.ledger.dimension)
+    assert again == spec and choice == plan.choice
+    assert spec.plan.client_updates == 480 and spec.cohort_size * spec.rounds <= 480
+    assert spec.privacy.clip_norm == 1.0 and spec.optimizer.lr == pytest.approx(choice["server_lr"])
+
+
+def test_a_plan_reads_no_example(tmp_path):
+    """Another corpus of the same public size (the generator's seed changes every sentence) gets the
+    same plan: nothing in it depends on the users' data."""
+    one = preflight(compose_cfg(*SMOKE_PLAN, run_dir=tmp_path / "a")).choice
+    other = preflight(compose_cfg(*SMOKE_PLAN, "data.seed=7", run_dir=tmp_path / "b")).choice
+    assert one == other
+
+
+def test_a_private_population_is_refused(tmp_path):
+    """The data's own count is private under add/remove-one: plan=auto needs it stated (population=N)."""
+    from fedpriv.data.stackoverflow_writer import write_tiny_dataset
+
+    path = write_tiny_dataset(tmp_path)
+    cfg = compose_cfg("+experiment=smoke", "plan=auto", "data=stackoverflow", f"data.path={path}",
+                      run_dir=tmp_path / "r")
+    with pytest.raises(ConfigError, match="population=N"):
+        preflight(cfg)
+    for bad, match in ((("privacy.noise_multiplier=1.0", "privacy.target_epsilon=null"), "noise_multiplier=null"),
+                       (("optimizer=ftrl",), "optimizer=momentum"), (("plan.client_updates=100",), "too small")):
+        with pytest.raises(ConfigError, match=match):
+            preflight(compose_cfg(*SMOKE_PLAN, *bad, run_dir=tmp_path / "r"))
+
+
+def test_a_planned_run_keeps_its_claim_and_records_its_plan(tmp_path, run_cli):
+    out = tmp_path / "run"
+    res = run_cli(*SMOKE_PLAN, "progress=false", f"run_dir={out}")
+    assert res.returncode == 0, res.stderr
+    privacy = json.loads((out / "privacy.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    assert privacy["epsilon"] <= 50.0 * (1 + 1e-9) and privacy["plan"] == summary["plan"]
+    plan = summary["plan"]
+    assert privacy["rounds"] == plan["rounds"]
+    assert privacy["noise_multiplier"] == pytest.approx(plan["noise_multiplier"])
+    assert summary["noise"]["accumulated_noise"] == pytest.approx(plan["prediction"]["accumulated_noise"])
+    config = (out / "config.yaml").read_text()
+    assert f"cohort_size: {plan['cohort_size']}" in config and "client_updates: 480" in config
+
+
+def test_the_cli_prints_the_plan_and_its_overrides(tmp_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "fedpriv.plan", *SMOKE_PLAN[:1], "plan.client_updates=480", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    shown = json.loads(res.stdout)
+    assert shown["plan"]["client_updates"] == 480
+    assert f"cohort_size={shown['plan']['cohort_size']}" in shown["overrides"]
+    bad = subprocess.run([sys.executable, "-m", "fedpriv.plan", "+experiment=smoke", "plan.client_updates=10"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["gaussian", "bandmf", "blt"])
+def test_sigma_eff_is_the_noise_on_the_prefix_sums(name):
+    """g_M(T) from the noise matrix equals what the mechanism's own draws put on the prefix sums
+    (σ = C = 1, 4,000 coordinates, 24 rounds): the normalisation the planner and the warning rely on."""
+    rounds, d = 24, 4000
+    sampling = {"gaussian": "poisson", "bandmf": "cyclic_poisson", "blt": "cyclic"}[name]
+    option = load("mechanism", {"name": name}).fitted(480, 40, rounds, sampling)
+    sampler = make_sampler(sampling, 480, 40, None, groups=option.sampling_groups())
+    mechanism = option.build(1.0, 1.0, noise=noise_from_seed(3), rounds=rounds, sampler=sampler)
+    g = iterate_noise_factor(mechanism, rounds)
+    prefix = torch.zeros(d, dtype=torch.float64)
+    variances = []
+    for t in range(rounds):
+        prefix += mechanism.noise(t, (d,)).to(torch.float64)
+        variances.append(float(prefix.var()))
+    measured = math.sqrt(sum(variances) / rounds / ((rounds + 1) / 2))
+    assert measured == pytest.approx(g, rel=0.05)
+    assert (g == 1.0) if name == "gaussian" else (g < 1.0)
+
+
+def test_the_plan_option_is_validated(tmp_path):
+    with pytest.raises(ConfigError, match="client_updates"):
+        run_config(compose_cfg("plan=auto", "plan.client_updates=0", run_dir=tmp_path / "r"))
+    spec = run_config(compose_cfg(run_dir=tmp_path / "r"))
+    assert spec.plan.name == "fixed" and spec.plan.apply(spec, 10, 10) == (spec, None)
+    assert dataclasses.asdict(run_config(compose_cfg("plan=auto", run_dir=tmp_path / "r")).plan) == {
+        "name": "auto", "client_updates": None}
+
+
+def test_a_planned_run_resumes_on_its_plan(tmp_path):
+    """resume=true applies the plan to the original config again: the same executed config, so the
+    checkpoint is accepted and the run continues where it stopped."""
+    from tests.helpers import interrupt_and_resume
+
+    cfg = compose_cfg("+experiment=smoke", "plan=auto", "plan.client_updates=400", "progress=false",
+                      run_dir=tmp_path / "r")
+    first, resumed = interrupt_and_resume(cfg, crash_round=2)
+    assert dataclasses.replace(resumed.spec, resume=False) == first.spec and resumed.start_round == 2
+    assert resumed.plan.choice == first.plan.choice
+    resumed.run.unlock()
