@@ -24,13 +24,14 @@ app = ClientApp()
 
 @functools.lru_cache(maxsize=4)
 def _config(run_config_json: str) -> tuple[RunConfig, ClientRandomness]:
-    """The run's resolved typed config (parsed once per node; in research mode fitted to the
-    population, as the server's :func:`fedpriv.plan.build_plan` fits it) and where this node's
+    """The run's resolved typed config (parsed once per node; the config the server executes,
+    :func:`fedpriv.plan.executed_config`) and where this node's
     randomness comes from (OS entropy in secure mode, the deployment default: the node never learns
     anything that regenerates server noise or cohorts)."""
     spec = run_config(deployment_config(json.loads(run_config_json)))
-    if not spec.secure:  # research mode: the key of the server's config.yaml, whose mechanism is fitted to the data
-        spec = executed_config(spec, load_task(spec))
+    # what the server executes (the plan applied, the mechanism fitted: public values only): the
+    # rounds the clients' example-level DP is set for, and in research mode the key of its config.yaml
+    spec = executed_config(spec, load_task(spec))
     return spec, client_randomness(spec)
 
 

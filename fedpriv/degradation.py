@@ -23,6 +23,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from fedpriv.plan.auto import MIN_COHORT, MIN_ROUNDS
+
 LOSS_RISE = 0.05  # final test loss above (1 + LOSS_RISE) x the best one: degraded
 MIN_EVALUATIONS = 3  # evaluations needed before a rise of the loss is judged
 
@@ -60,10 +62,17 @@ def _final_accuracy(row: dict) -> float:
     return float(row.get("test_word_accuracy", row["test_accuracy"]))
 
 
-def _fix(cause: str, cohort_size: float, rounds: int, server_lr: float | None) -> str:
-    """Overrides that address ``cause`` at the compute of this run (U = cohort_size x rounds)."""
-    budget = max(1, round(cohort_size * rounds))
-    plan = f"plan=auto plan.client_updates={budget}"
+MIN_PLANNED_UPDATES = MIN_ROUNDS * MIN_COHORT  # the smallest budget plan=auto accepts
+
+
+def _fix(cause: str, cohort_size: float, rounds: int, server_lr: float | None, planned: bool,
+         public_population: bool) -> str:
+    """Overrides that address ``cause`` at the compute of this run (U = cohort_size x rounds, at
+    least what plan=auto accepts); plan=auto is not suggested to a run that used it, and is
+    suggested with ``population=N`` where the run states no public population."""
+    budget = max(MIN_PLANNED_UPDATES, round(cohort_size * rounds))
+    plan = (f"plan=auto plan.client_updates={budget}" + ("" if public_population else " population=N (the public "
+                                                                                       "number of users)"))
     cohort = f"a larger cohort (cohort_size={max(2, round(2 * cohort_size))})"
     step = f"a smaller server step (optimizer.lr={server_lr / 2:.3g})" if server_lr else "a smaller server step"
     correlated = "correlated noise (mechanism=bandmf sampling=balls_in_bins privacy.accountant=mc)"
@@ -71,16 +80,20 @@ def _fix(cause: str, cohort_size: float, rounds: int, server_lr: float | None) -
              UNSTABLE: [step, plan],
              TOO_FEW: [plan, f"more server steps (rounds={2 * rounds})"],
              UNKNOWN: [plan, step, cohort]}[cause]
+    if planned:
+        fixes = [fix for fix in fixes if fix != plan] or [f"a larger budget (plan.client_updates={2 * budget})"]
     return ", or ".join(fixes)
 
 
 def degradation(history: Sequence[dict], unigram: float | None, vocab_size: int, *, noise_warned: bool = False,
-                cohort_size: float = 1.0, rounds: int = 1, server_lr: float | None = None) -> Degradation | None:
+                cohort_size: float = 1.0, rounds: int = 1, server_lr: float | None = None, planned: bool = False,
+                public_population: bool = True) -> Degradation | None:
     """The verdict on a run whose metrics rows are ``history`` (rows with ``test_loss`` are its
     evaluations), or None when it did not degrade (or was never evaluated). ``unigram``: the
     unigram baseline's accuracy (None: condition (b) is skipped); ``vocab_size``: V, the model's
     output ids; ``noise_warned``: the pre-run noise figure was above its warning threshold;
-    ``cohort_size``, ``rounds``, ``server_lr``: this run's, for the fix's overrides."""
+    ``cohort_size``, ``rounds``, ``server_lr``: this run's, for the fix's overrides; ``planned``: it
+    ran under plan=auto; ``public_population``: its population is public (plan=auto can plan it)."""
     evaluations = [row for row in history if "test_loss" in row]
     if not evaluations:
         return None
@@ -110,4 +123,4 @@ def degradation(history: Sequence[dict], unigram: float | None, vocab_size: int,
         cause = UNKNOWN
     return Degradation(best_loss=best_loss, best_round=int(best["round"]), final_loss=final_loss, rise=rise,
                        final_accuracy=final_accuracy, unigram=unigram, reasons=reasons, cause=cause,
-                       fix=_fix(cause, cohort_size, rounds, server_lr))
+                       fix=_fix(cause, cohort_size, rounds, server_lr, planned, public_population))

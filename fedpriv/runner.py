@@ -31,6 +31,7 @@ from fedpriv.metrics import evaluate
 from fedpriv.console import ADVICE_LOGGER
 from fedpriv.models import set_flat_params
 from fedpriv.plan import RunPlan, build_plan, executed_config
+from fedpriv.plan.auto import overrides
 from fedpriv.plan.noise_figure import A_WARN, PER_ROUND_WARNING, NoiseFigure
 from fedpriv.public.stages import Stage, build_stages
 from fedpriv.randomness import RunRandomness, mode_label
@@ -118,7 +119,9 @@ def _build(spec: RunConfig, task: Task, run: RunDirectory, plan: RunPlan | None)
     if plan is None:
         adopt = None if checkpoint is None else (lambda mechanism: _adopt_strategy(mechanism, checkpoint, run))
         plan = build_plan(fitted, task, adopt=adopt)
-    spec, privacy = plan.spec, plan.spec.privacy
+    spec, privacy, task = plan.spec, plan.spec.privacy, plan.task
+    if plan.choice is not None:  # what the planner replaced, once, on stderr (advice)
+        logging.getLogger(ADVICE_LOGGER).info("plan=auto sets %s (docs/PLANNER.md)", " ".join(overrides(plan.choice)))
     randomness = _randomness(spec, checkpoint, run)
     sampler = make_sampler(spec.sampling, plan.population, spec.cohort_size, randomness.subkey("sampling"),
                            groups=spec.mechanism.sampling_groups(), public_population=spec.population)
@@ -351,7 +354,9 @@ def _train(session: RunSession, round_fn: RoundFn, outputs: RunOutputs) -> dict:
         last_eval = evaluate_params(session.task, server.model_params)
     verdict = degradation(session.history, session.task.data.unigram_accuracy, session.task.data.vocab.size,
                           noise_warned=session.plan.noise.too_noisy, cohort_size=spec.cohort_size,
-                          rounds=rounds, server_lr=getattr(spec.optimizer, "lr", None))
+                          rounds=rounds, server_lr=getattr(spec.optimizer, "lr", None),
+                          planned=session.plan.choice is not None,
+                          public_population=bool(spec.population or spec.data.public_population()))
     summary = _summary(session, last_eval, time.perf_counter() - started, verdict)
     audit = None
     if server.canaries is not None:  # post-processing of the releases and the canaries (docs/PRIVACY.md)

@@ -46,7 +46,7 @@ def test_an_exploding_loss_is_an_unstable_step_unless_the_noise_was_warned():
     history = _history((10.7, 0.008), (107.5, 0.001), (342.1, 0.0))
     verdict = degradation(history, UNIGRAM, V, cohort_size=8, rounds=6, server_lr=300.0)
     assert verdict.reasons == ("loss rose", "below unigram", "diverged") and verdict.cause == UNSTABLE
-    assert verdict.fix.startswith("a smaller server step (optimizer.lr=150)") and "client_updates=48" in verdict.fix
+    assert verdict.fix.startswith("a smaller server step (optimizer.lr=150)") and "client_updates=400" in verdict.fix
     noisy = degradation(history, UNIGRAM, V, noise_warned=True, cohort_size=8, rounds=6)
     assert noisy.cause == NOISE
     assert "cohort_size=16" in noisy.fix
@@ -60,7 +60,7 @@ def test_an_exploding_loss_is_an_unstable_step_unless_the_noise_was_warned():
 def test_flat_below_the_unigram_baseline_is_too_few_steps():
     verdict = degradation(_history((5.70, 0.01), (5.68, 0.02), (5.66, 0.03)), UNIGRAM, V, cohort_size=8, rounds=6)
     assert verdict.reasons == ("below unigram",) and verdict.cause == TOO_FEW
-    assert "plan=auto plan.client_updates=48" in verdict.fix and "rounds=12" in verdict.fix
+    assert "plan=auto plan.client_updates=400" in verdict.fix and "rounds=12" in verdict.fix
     # an untrained model sits at about ln V: just past it is not an explosion
     near = degradation(_history((5.73, 0.01)), UNIGRAM, V, cohort_size=8, rounds=2)
     assert near.reasons == ("below unigram", "diverged") and near.cause == TOO_FEW
@@ -99,3 +99,15 @@ def test_a_run_that_learns_does_not_warn(run_cli, tmp_path):
     assert [line for line in _warnings(res.stderr) if "degraded" in line] == [], res.stderr
     summary = json.loads((tmp_path / "good" / "summary.json").read_text())
     assert summary["degraded"] is False and "degradation" not in summary
+
+
+def test_the_fix_suggests_a_plan_the_planner_accepts():
+    """plan=auto is suggested with at least the budget it accepts, with population=N where the run
+    has no public population, and not to a run that was planned (a review finding)."""
+    from fedpriv.degradation import MIN_PLANNED_UPDATES, _fix
+
+    assert "plan=auto plan.client_updates=400" in _fix("too few steps", 8, 3, 1.0, False, True)
+    assert MIN_PLANNED_UPDATES == 400
+    assert "population=N" in _fix("noise", 100, 150, 1.0, False, False)
+    assert "plan=auto" not in _fix("noise", 8, 50, 0.05, True, True)
+    assert _fix("too few steps", 8, 50, 0.05, True, True).startswith("more server steps")

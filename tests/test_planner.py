@@ -136,3 +136,29 @@ def test_a_planned_run_resumes_on_its_plan(tmp_path):
     assert dataclasses.replace(resumed.spec, resume=False) == first.spec and resumed.start_round == 2
     assert resumed.plan.choice == first.plan.choice
     resumed.run.unlock()
+
+
+def test_a_planned_runs_clients_are_set_for_its_rounds(tmp_path):
+    """Under client.dp=example the clients' noise is calibrated for the rounds the run executes (the
+    planned ones), so their example-level target holds (a review finding)."""
+    from fedpriv.runner import prepare
+
+    session = prepare(compose_cfg(*SMOKE_PLAN, "client.dp=example", "progress=false", run_dir=tmp_path / "r"))
+    session.run.unlock()
+    dp, spec = session.task.local.dp, session.spec
+    assert spec.rounds == 50 and dp.epsilon(spec.rounds, spec.privacy.accountant) <= 8.0 * (1 + 1e-6)
+
+
+def test_the_printed_overrides_give_a_fixed_run_the_planned_config(tmp_path):
+    from fedpriv.plan.auto import overrides
+
+    planned = preflight(compose_cfg(*SMOKE_PLAN, run_dir=tmp_path / "a"))
+    fixed = preflight(compose_cfg("+experiment=smoke", *overrides(planned.choice), run_dir=tmp_path / "b"))
+    assert dataclasses.replace(fixed.spec, plan=planned.spec.plan, run_dir=planned.spec.run_dir) == planned.spec
+    assert fixed.noise_multiplier == planned.noise_multiplier and fixed.choice is None
+
+
+def test_a_constant_rate_accumulates_more_noise_than_the_cosine_schedule(tmp_path):
+    cosine = preflight(compose_cfg("+experiment=smoke", run_dir=tmp_path / "a")).noise.accumulated
+    constant = preflight(compose_cfg("+experiment=smoke", "optimizer.schedule=constant", run_dir=tmp_path / "b"))
+    assert constant.noise.accumulated == pytest.approx(cosine * math.sqrt(8 / 3))

@@ -26,6 +26,7 @@ Language Models with Differential Privacy"; "Adaptive Federated Optimization": t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -89,7 +90,7 @@ class AutoPlan(PlanOption):
         population = spec.population or population  # the rates' N: public, so add/remove-one holds
         mechanism = load("mechanism", {"name": best.mechanism}).fitted(population, best.cohort_size, best.rounds,
                                                                          best.sampling)
-        optimizer = dataclasses.replace(spec.optimizer, lr=best.step / CLIP_NORM, momentum=MOMENTUM)
+        optimizer = dataclasses.replace(spec.optimizer, lr=best.step / CLIP_NORM, momentum=MOMENTUM, schedule="cosine")
         privacy = dataclasses.replace(spec.privacy, accountant=best.accountant, clip_norm=CLIP_NORM)
         planned = dataclasses.replace(spec, cohort_size=best.cohort_size, rounds=best.rounds, sampling=best.sampling,
                                       population=population, mechanism=mechanism, optimizer=optimizer, privacy=privacy,
@@ -142,9 +143,11 @@ def evaluate(mechanism: str, sampling: str, accountant: str, population: int, co
                   rounds * step)
 
 
+@functools.lru_cache(maxsize=16)
 def choose(population: int, dimension: int, epsilon: float, delta: float, budget: int) -> Choice:
     """The plan's grid point (module docstring). ``dimension`` does not enter the rule (a is per
-    coordinate); it is stated with the prediction."""
+    coordinate); it is stated with the prediction. Cached: its arguments are public values, and a
+    run applies its plan more than once (the pre-flight, the run, a resume)."""
     grid = cohort_grid(population, budget)
     if not grid:
         raise ConfigError(f"plan=auto needs room for at least {MIN_ROUNDS} rounds of cohorts of {MIN_COHORT} from at "
@@ -158,6 +161,9 @@ def choose(population: int, dimension: int, epsilon: float, delta: float, budget
                 rows.append(evaluate(mechanism, sampling, accountant, population, cohort, rounds, epsilon, delta))
             except ConfigError:
                 continue  # a pattern this mechanism cannot account (e.g. too few groups for its bands)
+    if not rows:
+        raise ConfigError(f"plan=auto found no mechanism it can account for cohorts of {grid[0]}-{grid[-1]} from "
+                          f"{population} users: give a larger population or plan.client_updates")
     top = max(row.progress for row in rows)
     ties = [row for row in rows if row.progress >= TIE * top]
     return min(ties, key=lambda row: (row.accumulated_noise, row.mechanism != "gaussian", row.cohort_size))
@@ -179,11 +185,13 @@ def describe(choice: Choice, population: int, dimension: int, budget: int) -> di
 
 
 def overrides(plan: dict) -> list[str]:
-    """The command-line overrides that give a fixed run the planned config."""
-    return [f"cohort_size={plan['cohort_size']}", f"rounds={plan['rounds']}", f"mechanism={plan['mechanism']}",
-            f"sampling={plan['sampling']}", f"privacy.accountant={plan['accountant']}",
-            f"privacy.clip_norm={plan['clip_norm']:g}", f"optimizer.lr={plan['server_lr']:.4g}",
-            f"optimizer.momentum={plan['momentum']:g}"]
+    """The command-line overrides that give a fixed run the planned config (the public population
+    included: it fixes the rates and the add/remove-one relation; the learning rate exactly)."""
+    return [f"population={plan['population']}", f"cohort_size={plan['cohort_size']}", f"rounds={plan['rounds']}",
+            f"mechanism={plan['mechanism']}", f"sampling={plan['sampling']}",
+            f"privacy.accountant={plan['accountant']}", f"privacy.clip_norm={plan['clip_norm']!r}",
+            f"optimizer.lr={plan['server_lr']!r}", f"optimizer.momentum={plan['momentum']!r}",
+            "optimizer.schedule=cosine"]
 
 
 register_option("plan", "auto", AutoPlan())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -59,6 +60,7 @@ class RunPlan:
     (:mod:`fedpriv.plan.noise_figure`)."""
 
     spec: RunConfig
+    task: Task  # the task of the executed config (cached per process: fedpriv.task.load_task)
     population: int
     noise_multiplier: float
     calibrated: bool
@@ -91,6 +93,7 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     population = len(task.units)
     spec, choice = _apply_plan(spec, task)
     spec = fit_to_population(spec, population)
+    task = load_task(spec)  # the executed config's (clients' example-level DP is set for its rounds)
     validate_against_data(spec, population, task.algorithm.privacy_unit)
     batched = spec.backend.batched_rounds
     if batched:  # its one-pass / central round clips per sample: refused before any write
@@ -123,20 +126,23 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     step = server_step(spec)
     noise = noise_figure(mechanism, sigma, spec.rounds, sampler.expected_cohort, ledger.dimension, privacy.clip_norm,
                          None if step is None else step[0], 0.0 if step is None else step[1])
-    return RunPlan(spec=spec, population=population, noise_multiplier=sigma,
+    return RunPlan(spec=spec, task=task, population=population, noise_multiplier=sigma,
                    calibrated=privacy.noise_multiplier is None, mechanism_clip=mechanism_clip, ledger=ledger,
                    outputs=planned_outputs(spec, client_dp=task.local.dp is not None), per_sample_checked=batched,
                    choice=choice, noise=noise)
 
 
 def server_step(spec: RunConfig) -> tuple[float, float] | None:
-    """The server optimizer's learning rate and momentum when it is a (heavy-ball) SGD step on the
-    privatized average, whose accumulated noise :mod:`fedpriv.plan.noise_figure` states; None for
-    another optimizer (an adaptive one rescales its step per coordinate)."""
+    """The server optimizer's learning rate (as the cosine schedule's peak that accumulates the same
+    noise) and momentum when it is a (heavy-ball) SGD step on the privatized average, whose
+    accumulated noise :mod:`fedpriv.plan.noise_figure` states; None for another optimizer (an
+    adaptive one rescales its step per coordinate)."""
     optimizer = spec.optimizer
     if not isinstance(optimizer, SGDOptimizer):
         return None
-    return float(optimizer.lr), float(getattr(optimizer, "momentum", 0.0))
+    # the figure's η is the cosine schedule's peak: a constant rate η carries √(8/3) times its noise
+    scale = 1.0 if optimizer.schedule == "cosine" else math.sqrt(8.0 / 3.0)
+    return float(optimizer.lr) * scale, float(getattr(optimizer, "momentum", 0.0))
 
 
 def _noise_multiplier(spec: RunConfig, mechanism: Mechanism, sampler) -> float:
