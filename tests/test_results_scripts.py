@@ -61,3 +61,40 @@ def test_memory_profile_attributes_a_stage_and_restores_the_outer_one():
     time.sleep(0.05)
     assert sampler.peaks["inner"] >= sampler.peaks["outer"] + 50  # the block counts in the inner stage
     assert any(stage == "inner" for _, stage, _ in sampler.timeline)
+
+
+def test_planner_calibration_runs_compose_and_its_rows_read_a_run(tmp_path):
+    """scripts/planner_calibration.py: every run's overrides compose (known keys and options), and a
+    row reads σ, the final and best test loss from a run directory and computes a = lr·C·σ·√T/(m̄(1−β)),
+    refusing a mechanism whose noise is not independent Gaussian (its g is not 1)."""
+    import json
+    import math
+
+    import pytest
+    import yaml
+
+    from tests.conftest import compose_cfg
+
+    calib = _script("planner_calibration")
+    todo = calib.runs(tmp_path / "stackoverflow.sqlite", 100)
+    for name, overrides in todo.items():
+        cfg = compose_cfg(*overrides, run_dir=tmp_path / name)
+        assert cfg["mechanism"]["name"] == "gaussian" and cfg["cohort_size"] == 50, name
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"optimizer": {"lr": 0.5, "schedule": "cosine", "momentum": 0.9},
+                                                    "privacy": {"clip_norm": 2.0}}))
+    ledger = {"mechanism": "gaussian", "noise_multiplier": 0.6, "epsilon": 8.0, "sampling": {"expected_cohort": 50}}
+    (run / "privacy.json").write_text(json.dumps(ledger))
+    losses = [(10, 6.0), (20, 5.0), (30, 5.3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "test_loss": v, "test_accuracy": 0.1}) + "\n"
+                                               for r, v in losses))
+    (run / "summary.json").write_text(json.dumps({"rounds": 30, "degraded": True, "wall_s": 1.0}))
+    row = calib.row("run", run, ["x=1"])
+    assert math.isclose(row["a"], 0.5 * 2.0 * 0.6 * math.sqrt(30) / (50 * (1 - 0.9)))
+    assert (row["best_loss"], row["best_round"], row["final_loss"]) == (5.0, 20, 5.3)
+    assert row["degraded"] is True  # 5.3 > 1.05 x 5.0
+    assert "| run | 8.00 | 0.6000 | 1 |" in calib.table([row])
+    (run / "privacy.json").write_text(json.dumps({**ledger, "mechanism": "bandmf"}))
+    with pytest.raises(SystemExit, match="Gaussian mechanism"):
+        calib.row("run", run, [])
