@@ -81,10 +81,11 @@ class NoiseFigure:
 
 
 def noise_figure(mechanism, noise_multiplier: float, rounds: int, expected_cohort: float, dimension: int,
-                 clip_norm: float, server_lr: float | None, momentum: float) -> NoiseFigure:
-    """The figures of a run (``server_lr`` None: its optimizer is not an SGD step, no ``a``)."""
+                 clip_norm: float, step: tuple[float, float] | None) -> NoiseFigure:
+    """The figures of a run; ``step``: the server's (learning rate, momentum), None where its
+    optimizer is not an SGD step (then no ``a``)."""
     sigma_eff = noise_multiplier * iterate_noise_factor(mechanism, rounds)
     per_round = noise_multiplier * math.sqrt(dimension) / expected_cohort
-    accumulated = (None if server_lr is None else
-                   accumulated_noise(sigma_eff, rounds, expected_cohort, server_lr * clip_norm, momentum))
+    accumulated = (None if step is None else
+                   accumulated_noise(sigma_eff, rounds, expected_cohort, step[0] * clip_norm, step[1]))
     return NoiseFigure(sigma_eff, per_round, accumulated)

@@ -54,10 +54,10 @@ class RunPlan:
     ``ledger``: the accounting of the planned rounds on key-less sampler and mechanism (budget
     checked; the run's ledger is this one bound to the keyed ones, :meth:`PrivacyLedger.bind`);
     ``outputs``: the files the run writes, in the order of their first write
-    (:mod:`fedpriv.run_outputs`); ``per_sample_checked``: Book-Keeping's support of the model was
-    checked for a round that clips per sample on the server's side (the clients' engines are
-    checked when the task is loaded); ``noise``: σ_eff, σ·√d/m̄ and the accumulated noise a
-    (:mod:`fedpriv.plan.noise_figure`)."""
+    (:mod:`fedpriv.run_outputs`); ``noise``: σ_eff, σ·√d/m̄ and the accumulated noise a
+    (:mod:`fedpriv.plan.noise_figure`). Book-Keeping's support of the model is checked while
+    planning wherever the backend runs a round that clips per sample on the server's side (the
+    clients' engines are checked when the task is loaded)."""
 
     spec: RunConfig
     task: Task  # the task of the executed config (cached per process: fedpriv.task.load_task)
@@ -67,7 +67,6 @@ class RunPlan:
     mechanism_clip: float
     ledger: PrivacyLedger
     outputs: tuple[str, ...]
-    per_sample_checked: bool
     choice: dict | None  # what plan=auto chose, with its prediction (privacy.json and summary.json `plan`)
     noise: NoiseFigure  # the noise the run's step carries into the model (fedpriv.plan.noise_figure)
 
@@ -95,8 +94,7 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     spec = fit_to_population(spec, population)
     task = load_task(spec)  # the executed config's (clients' example-level DP is set for its rounds)
     validate_against_data(spec, population, task.algorithm.privacy_unit)
-    batched = spec.backend.batched_rounds
-    if batched:  # its one-pass / central round clips per sample: refused before any write
+    if spec.backend.batched_rounds:  # its one-pass / central round clips per sample: refused before any write
         task.algorithm.check_model(task.client_model, spec.model.per_sample_alternative(), batched=True)
     privacy = spec.privacy
     sampler = make_sampler(spec.sampling, population, spec.cohort_size, None,
@@ -123,13 +121,12 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
                            dimension=task.initial_params.numel(), monte_carlo_settings=_monte_carlo_settings(spec))
     ledger.check_can_run(spec.rounds)
     check_observability(spec)
-    step = server_step(spec)
     noise = noise_figure(mechanism, sigma, spec.rounds, sampler.expected_cohort, ledger.dimension, privacy.clip_norm,
-                         None if step is None else step[0], 0.0 if step is None else step[1])
+                         server_step(spec))
     return RunPlan(spec=spec, task=task, population=population, noise_multiplier=sigma,
                    calibrated=privacy.noise_multiplier is None, mechanism_clip=mechanism_clip, ledger=ledger,
-                   outputs=planned_outputs(spec, client_dp=task.local.dp is not None), per_sample_checked=batched,
-                   choice=choice, noise=noise)
+                   outputs=planned_outputs(spec, client_dp=task.local.dp is not None), choice=choice,
+                   noise=noise)
 
 
 def server_step(spec: RunConfig) -> tuple[float, float] | None:
