@@ -43,3 +43,9 @@ def summary(path: Path) -> dict | None:
     """The run's summary.json, or None while it has not finished."""
     f = path / "summary.json"
     return read_mapping(f, json.loads) if f.exists() else None
+
+
+def evaluations(path: Path) -> list[dict]:
+    """The run's metrics.jsonl rows that carry a test evaluation, in round order."""
+    rows = map(json.loads, (path / "metrics.jsonl").read_text().splitlines())
+    return [r for r in rows if "test_loss" in r]

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiment_runs import run_all, summary  # noqa: E402
+from experiment_runs import evaluations, run_all, summary  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpriv.rundir import read_mapping  # noqa: E402
@@ -84,7 +84,7 @@ def row(name: str, path: Path, overrides: list[str]) -> dict | None:
                          f"server schedule only (got {ledger['mechanism']}, {opt.get('schedule')})")
     sigma = float(ledger["noise_multiplier"])
     cohort = float(ledger["sampling"]["expected_cohort"])
-    evals = [r for r in map(json.loads, (path / "metrics.jsonl").read_text().splitlines()) if "test_loss" in r]
+    evals = evaluations(path)
     best = min(evals, key=lambda r: r["test_loss"])
     final = evals[-1]
     return {

@@ -46,21 +46,22 @@ def assert_all_stopped(out: Path) -> None:
         pytest.fail(f"{name} (process group {pid}) is still running")
 
 
-def test_deployed_run_equals_in_process_run(tmp_path):
-    """Research mode (asked for explicitly: deployments default to secure) reproduces the in-process
-    run bit for bit."""
+def test_deployed_run_over_tls_equals_in_process_run(tmp_path):
+    """Over TLS, research mode (asked for explicitly: deployments default to secure) reproduces the
+    in-process run bit for bit."""
     out = tmp_path / "deploy"
-    proc = deploy("--clients", "2", "--rounds", "2", "--out", str(out), "--", "privacy.secure_rng=false")
+    proc = deploy("--clients", "2", "--rounds", "2", "--out", str(out), "--tls", "--", "privacy.secure_rng=false")
     assert proc.returncode == 0, proc.stderr + (out / "logs" / "flwr-run.log").read_text()[-3000:]
     assert_all_stopped(out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["backend"] == "deployment"
     assert summary["privacy"]["randomness"]["mode"] == "research"
+    assert "running on https://127.0.0.1" in (out / "logs" / "superlink.log").read_text()
+    assert (out / "checkpoints" / "last.pt").stat().st_mode & 0o077 == 0  # it holds the run key: owner-only
     # deployments compute no statistics of training users, in any mode
     assert not (out / "diagnostics.jsonl").exists() and "wall_s" not in summary
     rows = RunDirectory(out).read_metrics()
     assert all(set(row) <= {"round", "epsilon", "mode"} or "test_accuracy" in row for row in rows)
-    assert "insecure" in (out / "logs" / "superlink.log").read_text().lower()
     # the same experiment in process
     from fedpriv.runner import prepare
     from server.app import run_local
@@ -75,21 +76,32 @@ def test_deployed_run_equals_in_process_run(tmp_path):
     assert a == b
 
 
-def test_deployed_run_over_tls(tmp_path):
-    out = tmp_path / "tls"
-    proc = deploy("--clients", "2", "--rounds", "2", "--out", str(out), "--tls")
+# slow (~40 s, a second deployment): the TLS run above is the same deployment with the transport
+# encrypted; secure_mode(None, "deployment") is pinned in process by test_deployments_default_to_secure_mode
+@pytest.mark.slow
+def test_an_insecure_deployment_runs_in_secure_mode_by_default(tmp_path):
+    out = tmp_path / "plain"
+    proc = deploy("--clients", "2", "--rounds", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr + (out / "logs" / "flwr-run.log").read_text()[-3000:]
     assert_all_stopped(out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 2
     assert summary["privacy"]["randomness"]["mode"] == "secure"  # the deployment default
-    assert "running on https://127.0.0.1" in (out / "logs" / "superlink.log").read_text()
-    assert (out / "checkpoints" / "last.pt").stat().st_mode & 0o077 == 0  # it holds the run key: owner-only
+    assert "insecure" in (out / "logs" / "superlink.log").read_text().lower()
+    assert (out / "checkpoints" / "last.pt").stat().st_mode & 0o077 == 0
+
+
+def test_deployments_default_to_secure_mode():
+    from fedpriv.schema.run_config import secure_mode
+
+    assert secure_mode(None, "deployment") is True
+    assert secure_mode(None, "local") is False and secure_mode(None, "flower") is False
+    assert secure_mode(False, "deployment") is False and secure_mode(True, "local") is True
 
 
 # slow (~100 s, a 45 s round timeout waited out): its round logic is pinned in process by
 # tests/test_bad_updates.py::test_a_node_that_stops_replying_times_out_once_and_is_skipped, a real
-# deployment by test_deployed_run_equals_in_process_run
+# deployment by test_deployed_run_over_tls_equals_in_process_run
 @pytest.mark.slow
 def test_killed_supernode_round_finishes_within_the_timeout(tmp_path):
     """SIGKILL one of two SuperNodes after round 1: round 2 ends at its timeout with the dead
