@@ -11,11 +11,15 @@ whose summary.json exists is skipped); ``--jobs 2`` runs two at a time with one 
 
 Corpus B (real text, ``scripts/build_real_text_corpus.py``; 2,559 train users): the small LSTM of
 the calibration runs (scripts/planner_calibration.py), U = 5,000 client updates (cohort 50 × 100
-rounds, the calibration's compute). Corpus A: the synthetic default (10,000 users; the default
+rounds, the calibration's compute; ``B15_*``: U = 15,000, cohort 100 × 150 rounds, the shape of the
+issue's example, at ε = 8). Corpus A: the synthetic default (10,000 users; the default
 experiment's cohort 150 × 220 rounds, U = 33,000). "fixed" is every key at its default (clip 0.5,
 server lr 1, momentum 0.9, cosine; Gaussian noise under Poisson sampling, the data's own count under
 zero-out); "auto" adds ``plan=auto population=N`` with the same U; "nonprivate" is the fixed run
 with σ = 0 (and ``tuned``: the best non-private step measured in the calibration, lr·C = 4).
+``--sensitivity`` (after the auto runs have finished) reruns a planned run with its server step
+scaled so that the accumulated noise a is 0.35, 0.7 or 1.0 instead of the planner's target: the
+rule's constant checked at the validation point (a fixed run with the plan's overrides).
 Per run the table gives ε, σ, the final test accuracy and loss, the best test loss, and the
 summary's ``degraded`` verdict. One seed: an indication at the scale this machine allows.
 """
@@ -30,6 +34,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from experiment_runs import evaluations, run_all, summary  # noqa: E402
 from planner_calibration import REAL_MODEL, REAL_TEXT  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from fedpriv.rundir import read_mapping  # noqa: E402
 
 EPSILONS = (8, 4, 2)
 REAL_USERS = 2559  # the corpus's train users (docs/REAL_TEXT.md): public by construction here
@@ -47,6 +54,12 @@ def runs(real_text: Path) -> dict[str, list[str]]:
     for eps in EPSILONS:
         out[f"B_auto_eps{eps}"] = [*real, f"privacy.target_epsilon={eps}", "plan=auto", f"population={REAL_USERS}"]
         out[f"B_fixed_eps{eps}"] = [*real, f"privacy.target_epsilon={eps}"]
+    # the issue's shape (cohort 100 x 150 rounds): three times the compute, at eps 8 only
+    real15 = [o.replace("cohort_size=50", "cohort_size=100").replace("rounds=100", "rounds=150") for o in real]
+    out["B15_nonprivate"] = [*real15, "privacy.noise_multiplier=0"]
+    out["B15_nonprivate_tuned"] = [*real15, "privacy.noise_multiplier=0", "privacy.clip_norm=1.0", "optimizer.lr=4"]
+    out["B15_auto_eps8"] = [*real15, "privacy.target_epsilon=8", "plan=auto", f"population={REAL_USERS}"]
+    out["B15_fixed_eps8"] = [*real15, "privacy.target_epsilon=8"]
     synthetic = ["privacy.delta=1e-5"]
     out["A_nonprivate"] = [*synthetic, "privacy.noise_multiplier=0"]
     for eps in EPSILONS:
@@ -57,27 +70,49 @@ def runs(real_text: Path) -> dict[str, list[str]]:
     return out
 
 
+SENSITIVITY = {"B_auto_eps8": (0.35, 0.7, 1.0), "A_auto_eps2": (0.35, 0.7)}  # planned run → a values
+
+
+def sensitivity_runs(out: Path, todo: dict[str, list[str]]) -> dict[str, list[str]]:
+    """``<planned>_a<value>`` → the planned run's config as a fixed run (plan=auto's overrides) with
+    its server lr scaled by value / planned a; only for planned runs that have finished."""
+    from fedpriv.plan.auto import overrides  # noqa: PLC0415 (lazy: the table needs no torch)
+
+    runs_: dict[str, list[str]] = {}
+    for name, values in SENSITIVITY.items():
+        done = summary(out / name)
+        if done is None:
+            continue
+        plan = done["plan"]
+        base = [o for o in todo[name] if o not in ("plan=auto",) and not o.startswith("population=")]
+        for value in values:
+            scaled = dict(plan, server_lr=plan["server_lr"] * value / plan["prediction"]["accumulated_noise"])
+            runs_[f"{name}_a{value:g}"] = [*base, *overrides(scaled)]
+    return runs_
+
+
 def row(name: str, path: Path, overrides: list[str]) -> dict | None:
     """The table row of a finished run (None while it has not finished)."""
     done = summary(path)
     if done is None:
         return None
     ledger = json.loads((path / "privacy.json").read_text())
+    config = read_mapping(path / "config.yaml")
     evals = evaluations(path)
     best = min(evals, key=lambda r: r["test_loss"])
     final = evals[-1]
-    plan = done.get("plan") or {}
     return {
         "name": name,
         "overrides": overrides,
         "epsilon": ledger["epsilon"],
         "sigma": float(ledger["noise_multiplier"]),
         "mechanism": ledger["mechanism"],
-        "cohort_size": plan.get("cohort_size"),
+        "sampling": ledger["sampling"]["kind"],
+        "cohort_size": float(ledger["sampling"]["expected_cohort"]),
         "rounds": int(done["rounds"]),
-        "server_lr": plan.get("server_lr"),
-        "accumulated_noise": (plan.get("prediction") or {}).get("accumulated_noise"),
-        "noise": done.get("noise"),
+        "step": float(config["optimizer"]["lr"]) * float(config["privacy"]["clip_norm"]),
+        "accumulated_noise": done["noise"]["accumulated_noise"],
+        "planned": done.get("plan") is not None,
         "final_accuracy": final["test_accuracy"],
         "final_loss": final["test_loss"],
         "best_loss": best["test_loss"],
@@ -89,16 +124,15 @@ def row(name: str, path: Path, overrides: list[str]) -> dict | None:
 
 def table(rows: list[dict]) -> str:
     """A markdown table of the rows."""
-    head = ("| run | ε | mechanism | σ | cohort × rounds | server lr | planned a | final acc | final loss "
+    head = ("| run | ε | mechanism (sampling) | σ | cohort × rounds | lr·C | a | final acc | final loss "
             "| best loss (round) | degraded |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         eps = "∞" if r["epsilon"] is None else f"{r['epsilon']:.2f}"
-        shape = f"{r['cohort_size']} × {r['rounds']}" if r["cohort_size"] else f"default × {r['rounds']}"
-        lr = "default" if r["server_lr"] is None else f"{r['server_lr']:.3f}"
         a = "" if r["accumulated_noise"] is None else f"{r['accumulated_noise']:.2f}"
-        lines.append(f"| {r['name']} | {eps} | {r['mechanism']} | {r['sigma']:.3f} | {shape} | {lr} | {a} | "
-                     f"{r['final_accuracy']:.4f} | {r['final_loss']:.3f} | {r['best_loss']:.3f} ({r['best_round']}) "
+        lines.append(f"| {r['name']} | {eps} | {r['mechanism']} ({r['sampling']}) | {r['sigma']:.3f} | "
+                     f"{r['cohort_size']:g} × {r['rounds']} | {r['step']:.3g} | {a} | {r['final_accuracy']:.4f} | "
+                     f"{r['final_loss']:.3f} | {r['best_loss']:.3f} ({r['best_round']}) "
                      f"| {'yes' if r['degraded'] else 'no'} |")
     return "\n".join(lines)
 
@@ -109,16 +143,19 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (more than one: one torch thread each)")
     parser.add_argument("--only", nargs="*", help="run only these names, in this order (default: all)")
     parser.add_argument("--real-text", type=Path, default=REAL_TEXT, help="corpus B's stackoverflow.sqlite")
+    parser.add_argument("--sensitivity", action="store_true", help="the planned runs with a scaled step (docstring)")
     parser.add_argument("--table", action="store_true", help="print the table of the finished runs")
     parser.add_argument("--json", type=Path, help="write the rows of the finished runs here")
     args = parser.parse_args()
     todo = runs(args.real_text)
+    todo.update(sensitivity_runs(args.out, todo))
     unknown = sorted(set(args.only or ()) - set(todo))
     if unknown:
         print(f"error: unknown run names: {', '.join(unknown)} (known: {', '.join(todo)})", file=sys.stderr)
         raise SystemExit(2)
     if not (args.table or args.json):
-        run_all(args.out, {k: todo[k] for k in args.only} if args.only else todo, jobs=args.jobs)
+        names = args.only or [k for k in todo if ("_a" in k.split("auto_eps")[-1]) == args.sensitivity]
+        run_all(args.out, {k: todo[k] for k in names}, jobs=args.jobs)
         return
     rows = [r for k, v in todo.items() if (r := row(k, args.out / k, v)) is not None]
     if args.table:

@@ -98,3 +98,33 @@ def test_planner_calibration_runs_compose_and_its_rows_read_a_run(tmp_path):
     (run / "privacy.json").write_text(json.dumps({**ledger, "mechanism": "bandmf"}))
     with pytest.raises(SystemExit, match="Gaussian mechanism"):
         calib.row("run", run, [])
+
+
+def test_planner_validation_runs_compose_and_its_sensitivity_runs_scale_the_planned_step(tmp_path):
+    """scripts/planner_validation.py: every run's overrides compose (planned runs with plan=auto and
+    a public population, the others fixed); a sensitivity run is its planned run as a fixed run with
+    the plan's overrides and the server lr scaled to the asked accumulated noise."""
+    import json
+    import math
+
+    from tests.conftest import compose_cfg
+
+    val = _script("planner_validation")
+    todo = val.runs(tmp_path / "stackoverflow.sqlite")
+    for name, overrides in todo.items():
+        cfg = compose_cfg(*overrides, run_dir=tmp_path / name)
+        assert (cfg["plan"]["name"] == "auto") == ("_auto_" in name), name
+        assert (cfg["population"] is not None) == ("_auto_" in name), name
+        assert (cfg["privacy"]["noise_multiplier"] == 0) == ("nonprivate" in name), name
+    assert val.sensitivity_runs(tmp_path, todo) == {}  # no planned run has finished
+    plan = {"population": 2559, "cohort_size": 40, "rounds": 125, "mechanism": "bandmf",
+            "sampling": "cyclic_poisson", "accountant": "rdp", "clip_norm": 1.0, "server_lr": 0.6,
+            "momentum": 0.9, "prediction": {"accumulated_noise": 0.5}}
+    (tmp_path / "B_auto_eps8").mkdir()
+    (tmp_path / "B_auto_eps8" / "summary.json").write_text(json.dumps({"plan": plan}))
+    extra = val.sensitivity_runs(tmp_path, todo)
+    assert sorted(extra) == [f"B_auto_eps8_a{a:g}" for a in sorted(val.SENSITIVITY["B_auto_eps8"])]
+    cfg = compose_cfg(*extra["B_auto_eps8_a1"], run_dir=tmp_path / "a1")
+    assert cfg["plan"]["name"] == "fixed" and cfg["population"] == 2559 and cfg["cohort_size"] == 40
+    assert cfg["mechanism"]["name"] == "bandmf" and cfg["sampling"] == "cyclic_poisson"
+    assert math.isclose(cfg["optimizer"]["lr"], 0.6 * 1.0 / 0.5)
