@@ -84,10 +84,11 @@ def sensitivity_runs(out: Path, todo: dict[str, list[str]]) -> dict[str, list[st
         if done is None:
             continue
         plan = done["plan"]
-        base = [o for o in todo[name] if o not in ("plan=auto",) and not o.startswith("population=")]
         for value in values:
-            scaled = dict(plan, server_lr=plan["server_lr"] * value / plan["prediction"]["accumulated_noise"])
-            runs_[f"{name}_a{value:g}"] = [*base, *overrides(scaled)]
+            lr = plan["server_lr"] * value / plan["prediction"]["accumulated_noise"]
+            scaled = overrides(dict(plan, server_lr=lr))
+            keys = {o.partition("=")[0] for o in scaled} | {"plan"}
+            runs_[f"{name}_a{value:g}"] = [o for o in todo[name] if o.partition("=")[0] not in keys] + scaled
     return runs_
 
 

@@ -124,6 +124,9 @@ def test_planner_validation_runs_compose_and_its_sensitivity_runs_scale_the_plan
     (tmp_path / "B_auto_eps8" / "summary.json").write_text(json.dumps({"plan": plan}))
     extra = val.sensitivity_runs(tmp_path, todo)
     assert sorted(extra) == [f"B_auto_eps8_a{a:g}" for a in sorted(val.SENSITIVITY["B_auto_eps8"])]
+    for overrides in [*todo.values(), *extra.values()]:  # the CLI refuses a key given twice
+        keys = [o.partition("=")[0] for o in overrides]
+        assert len(keys) == len(set(keys)), overrides
     cfg = compose_cfg(*extra["B_auto_eps8_a1"], run_dir=tmp_path / "a1")
     assert cfg["plan"]["name"] == "fixed" and cfg["population"] == 2559 and cfg["cohort_size"] == 40
     assert cfg["mechanism"]["name"] == "bandmf" and cfg["sampling"] == "cyclic_poisson"
