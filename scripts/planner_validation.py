@@ -19,7 +19,8 @@ zero-out); "auto" adds ``plan=auto population=N`` with the same U; "nonprivate" 
 with σ = 0 (and ``tuned``: the best non-private step measured in the calibration, lr·C = 4).
 ``--sensitivity`` (after the auto runs have finished) reruns a planned run with its server step
 scaled so that the accumulated noise a is 0.35, 0.7 or 1.0 instead of the planner's target: the
-rule's constant checked at the validation point (a fixed run with the plan's overrides).
+rule's constant checked at the validation point (a fixed run with the plan's overrides); and the
+planned ε = 2 synthetic run at another cohort of the planner's grid (``A_auto_eps2_m86``).
 Per run the table gives ε, σ, the final test accuracy and loss, the best test loss, and the
 summary's ``degraded`` verdict. One seed: an indication at the scale this machine allows.
 """
@@ -41,6 +42,8 @@ from fedpriv.rundir import read_mapping  # noqa: E402
 EPSILONS = (8, 4, 2)
 REAL_USERS = 2559  # the corpus's train users (docs/REAL_TEXT.md): public by construction here
 SYNTHETIC_USERS = 10_000  # the generator's default num_users
+SYNTHETIC_BUDGET = 150 * 220  # U of corpus A: the default cohort x rounds
+REAL_BUDGET = 50 * 100  # U of corpus B
 
 
 def runs(real_text: Path) -> dict[str, list[str]]:
@@ -70,6 +73,10 @@ def runs(real_text: Path) -> dict[str, list[str]]:
     return out
 
 
+# planned run → the cohort of another grid point to run at the same ε and U (the plan's rule at that
+# cohort: rounds U // m, σ calibrated, the step at A_TARGET): is the tie-break toward the smaller
+# cohort right where the progress P is flat across cohorts?
+OTHER_COHORT = {"A_auto_eps2": 86}
 SENSITIVITY = {"B_auto_eps8": (0.35, 0.7, 1.0), "A_auto_eps2": (0.35, 0.7)}  # planned run → a values
 
 
@@ -89,6 +96,24 @@ def sensitivity_runs(out: Path, todo: dict[str, list[str]]) -> dict[str, list[st
             scaled = overrides(dict(plan, server_lr=lr))
             keys = {o.partition("=")[0] for o in scaled} | {"plan"}
             runs_[f"{name}_a{value:g}"] = [o for o in todo[name] if o.partition("=")[0] not in keys] + scaled
+    return runs_
+
+
+def other_cohort_runs(todo: dict[str, list[str]]) -> dict[str, list[str]]:
+    """``<planned>_m<cohort>``: the planned run's config at another cohort of the planner's grid, as
+    a fixed run with the overrides plan=auto would give there."""
+    from fedpriv.plan.auto import describe, evaluate, overrides  # noqa: PLC0415 (lazy, as above)
+
+    runs_: dict[str, list[str]] = {}
+    for name, cohort in OTHER_COHORT.items():
+        given = dict(o.partition("=")[::2] for o in todo[name])
+        population, epsilon = int(given["population"]), float(given["privacy.target_epsilon"])
+        budget = SYNTHETIC_BUDGET if name.startswith("A_") else REAL_BUDGET
+        rounds = budget // cohort
+        point = evaluate("bandmf", "cyclic_poisson", "rdp", population, cohort, rounds, epsilon, 1e-5)
+        scaled = overrides(describe(point, population, 1, budget))
+        keys = {o.partition("=")[0] for o in scaled} | {"plan"}
+        runs_[f"{name}_m{cohort}"] = [o for o in todo[name] if o.partition("=")[0] not in keys] + scaled
     return runs_
 
 
@@ -149,13 +174,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the rows of the finished runs here")
     args = parser.parse_args()
     todo = runs(args.real_text)
+    todo.update(other_cohort_runs(todo))
     todo.update(sensitivity_runs(args.out, todo))
     unknown = sorted(set(args.only or ()) - set(todo))
     if unknown:
         print(f"error: unknown run names: {', '.join(unknown)} (known: {', '.join(todo)})", file=sys.stderr)
         raise SystemExit(2)
     if not (args.table or args.json):
-        names = args.only or [k for k in todo if ("_a" in k.split("auto_eps")[-1]) == args.sensitivity]
+        extra = [k for k in todo if "_a" in k.split("auto_eps")[-1] or "_m" in k.split("auto_eps")[-1]]
+        names = args.only or [k for k in todo if (k in extra) == args.sensitivity]
         run_all(args.out, {k: todo[k] for k in names}, jobs=args.jobs)
         return
     rows = [r for k, v in todo.items() if (r := row(k, args.out / k, v)) is not None]

@@ -124,7 +124,11 @@ def test_planner_validation_runs_compose_and_its_sensitivity_runs_scale_the_plan
     (tmp_path / "B_auto_eps8" / "summary.json").write_text(json.dumps({"plan": plan}))
     extra = val.sensitivity_runs(tmp_path, todo)
     assert sorted(extra) == [f"B_auto_eps8_a{a:g}" for a in sorted(val.SENSITIVITY["B_auto_eps8"])]
-    for overrides in [*todo.values(), *extra.values()]:  # the CLI refuses a key given twice
+    other = val.other_cohort_runs(todo)
+    cfg = compose_cfg(*other["A_auto_eps2_m86"], run_dir=tmp_path / "m86")
+    assert (cfg["cohort_size"], cfg["rounds"], cfg["population"]) == (86, 33000 // 86, 10000)
+    assert cfg["plan"]["name"] == "fixed" and cfg["privacy"]["target_epsilon"] == 2
+    for overrides in [*todo.values(), *extra.values(), *other.values()]:  # the CLI refuses a key given twice
         keys = [o.partition("=")[0] for o in overrides]
         assert len(keys) == len(set(keys)), overrides
     cfg = compose_cfg(*extra["B_auto_eps8_a1"], run_dir=tmp_path / "a1")
