@@ -162,3 +162,42 @@ def test_a_constant_rate_accumulates_more_noise_than_the_cosine_schedule(tmp_pat
     cosine = preflight(compose_cfg("+experiment=smoke", run_dir=tmp_path / "a")).noise.accumulated
     constant = preflight(compose_cfg("+experiment=smoke", "optimizer.schedule=constant", run_dir=tmp_path / "b"))
     assert constant.noise.accumulated == pytest.approx(cosine * math.sqrt(8 / 3))
+
+
+def test_ties_go_to_the_smaller_noise_then_gaussian_then_the_most_progress(monkeypatch):
+    """Plans within 5% of the best progress P tie. The noise-limited ones all sit at a = A_TARGET up
+    to rounding (which must not decide); among them the Gaussian mechanism wins if it ties, else the
+    plan with the most progress. A plan at a smaller a (step-limited) wins any tie."""
+    from fedpriv.plan import auto
+
+    def row(cohort, mechanism, progress, a=A_TARGET):
+        return auto.Choice(cohort, 100, mechanism, "poisson", "rdp", 1.0, 1.0, 0.5, a, progress)
+
+    def plan(rows):
+        table = {(r.cohort_size, r.mechanism): r for _, r in rows}
+
+        def evaluate(mechanism, sampling, accountant, population, cohort, *rest):
+            if (cohort, mechanism) not in table:
+                raise ConfigError("not on this grid")
+            return table[cohort, mechanism]
+
+        monkeypatch.setattr(auto, "cohort_grid", lambda population, budget: sorted({m for m, _ in rows}))
+        monkeypatch.setattr(auto, "evaluate", evaluate)
+        auto.choose.cache_clear()
+        try:
+            return auto.choose(1000, 1, 8.0, 1e-5, 10_000)
+        finally:
+            auto.choose.cache_clear()
+
+    # a equal up to the last bits: the most progress wins, not the rounding nor the smaller cohort
+    best = plan([(10, row(10, "bandmf", 100.0, A_TARGET - 1e-15)), (20, row(20, "bandmf", 104.0, A_TARGET + 1e-15))])
+    assert best.cohort_size == 20
+    # a Gaussian plan within 5% beats a BandMF one with more progress
+    best = plan([(10, row(10, "gaussian", 99.0)), (20, row(20, "bandmf", 104.0))])
+    assert (best.cohort_size, best.mechanism) == (10, "gaussian")
+    # outside 5% it does not
+    best = plan([(10, row(10, "gaussian", 90.0)), (20, row(20, "bandmf", 104.0))])
+    assert best.mechanism == "bandmf"
+    # a step-limited plan (smaller a) wins a tie
+    best = plan([(10, row(10, "bandmf", 100.0, 0.3)), (20, row(20, "bandmf", 104.0))])
+    assert best.cohort_size == 10

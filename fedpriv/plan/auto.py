@@ -13,10 +13,11 @@ the mechanism's noise matrix (:func:`fedpriv.plan.noise_figure.iterate_noise_fac
 server step η·C is the largest up to :data:`MAX_STEP` whose accumulated noise
 a = η·C·σ_eff·√T / (m·(1 − β)) stays at :data:`~fedpriv.plan.noise_figure.A_TARGET`. The plan
 maximises the progress P = T·η·C (full-size server steps under the noise budget); plans within 5%
-of the best P are broken toward the smaller a, then the Gaussian mechanism (the simpler one). So the
-cohort is the smallest at which the full step keeps the accumulated noise at its target, and the
-rest of the budget goes to rounds — at moderate ε a larger cohort is almost free in ε ("TAN Without a
-Burn: Scaling Laws of DP-SGD"; "Scaling Laws for Differentially Private Language Models"), and
+of the best P tie, and are broken toward the smaller a (to 1e-9: every noise-limited plan sits at
+A_TARGET), then the Gaussian mechanism (the simpler one), then the most progress. Where the noise
+limits the step, P = a·m·(1 − β)·√T/σ_eff is flat over a wide range of cohorts: at moderate ε a
+larger cohort is almost free in ε ("TAN Without a Burn: Scaling Laws of DP-SGD"; "Scaling Laws for
+Differentially Private Language Models"), and
 cumulative noise, not one step's, decides ("On Optimal Hyperparameters for Differentially Private
 Deep Transfer Learning"). Momentum β = 0.9 and C = 1 are fixed ("Federated Learning of Gboard
 Language Models with Differential Privacy"; "Adaptive Federated Optimization": the server step is
@@ -166,7 +167,8 @@ def choose(population: int, dimension: int, epsilon: float, delta: float, budget
                           f"{population} users: give a larger population or plan.client_updates")
     top = max(row.progress for row in rows)
     ties = [row for row in rows if row.progress >= TIE * top]
-    return min(ties, key=lambda row: (row.accumulated_noise, row.mechanism != "gaussian", row.cohort_size))
+    # a is A_TARGET up to rounding on every noise-limited row: compare it to 1e-9, not to the last bit
+    return min(ties, key=lambda row: (round(row.accumulated_noise, 9), row.mechanism != "gaussian", -row.progress))
 
 
 def describe(choice: Choice, population: int, dimension: int, budget: int) -> dict:
