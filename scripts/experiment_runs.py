@@ -4,11 +4,12 @@ thread each), and read the summaries back."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,7 +46,41 @@ def summary(path: Path) -> dict | None:
     return read_mapping(f, json.loads) if f.exists() else None
 
 
-def evaluations(path: Path) -> list[dict]:
-    """The run's metrics.jsonl rows that carry a test evaluation, in round order."""
+def final_and_best(path: Path) -> tuple[dict, dict]:
+    """The run's last test evaluation and its lowest-loss one (metrics.jsonl rows with a test_loss)."""
     rows = map(json.loads, (path / "metrics.jsonl").read_text().splitlines())
-    return [r for r in rows if "test_loss" in r]
+    evals = [r for r in rows if "test_loss" in r]
+    return evals[-1], min(evals, key=lambda r: r["test_loss"])
+
+
+def results_parser(description: str, out: Path) -> argparse.ArgumentParser:
+    """The options every results script shares: ``--out``, ``--only``, ``--table``, ``--json``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--only", nargs="*", help="run only these names, in this order (default: all)")
+    parser.add_argument("--table", action="store_true", help="print the table of the finished runs")
+    parser.add_argument("--json", type=Path, help="write the rows of the finished runs here")
+    return parser
+
+
+def check_names(only: Sequence[str] | None, todo: Mapping[str, Sequence[str]]) -> None:
+    """Exit 2 with one ``error:`` line when ``--only`` names a run the script does not have."""
+    unknown = sorted(set(only or ()) - set(todo))
+    if unknown:
+        print(f"error: unknown run names: {', '.join(unknown)} (known: {', '.join(todo)})", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def report(args: argparse.Namespace, todo: Mapping[str, Sequence[str]],
+           row: Callable[[str, Path, Sequence[str]], dict | None], table: Callable[[list[dict]], str]) -> None:
+    """``--table`` / ``--json``: the rows of the finished runs of ``todo`` under ``args.out``."""
+    rows = [r for k, v in todo.items() if (r := row(k, args.out / k, v)) is not None]
+    if args.table:
+        print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def markdown_table(head: str, lines: Iterable[str]) -> str:
+    """``head``, its separator row, then ``lines``."""
+    return "\n".join([head, "|" + "---|" * head.count(" | ") + "---|", *lines])

@@ -24,14 +24,13 @@ beside it as ``summary_degraded``). Single seed, small scans: an indication, not
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiment_runs import evaluations, run_all, summary  # noqa: E402
+from experiment_runs import check_names, final_and_best, markdown_table, report, results_parser, run_all, summary  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpriv.rundir import read_mapping  # noqa: E402
@@ -84,9 +83,7 @@ def row(name: str, path: Path, overrides: list[str]) -> dict | None:
                          f"server schedule only (got {ledger['mechanism']}, {opt.get('schedule')})")
     sigma = float(ledger["noise_multiplier"])
     cohort = float(ledger["sampling"]["expected_cohort"])
-    evals = evaluations(path)
-    best = min(evals, key=lambda r: r["test_loss"])
-    final = evals[-1]
+    final, best = final_and_best(path)
     return {
         "name": name,
         "overrides": overrides,
@@ -110,38 +107,27 @@ def row(name: str, path: Path, overrides: list[str]) -> dict | None:
 def table(rows: list[dict]) -> str:
     """A markdown table of the rows."""
     head = "| run | ε | σ | lr·C | a | final acc | final loss | best loss (round) | degraded | wall s |"
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    lines = []
     for r in rows:
         eps = "∞" if r["epsilon"] is None else f"{r['epsilon']:.2f}"
         wall = "" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
         lines.append(f"| {r['name']} | {eps} | {r['sigma']:.4f} | {r['lr'] * r['clip_norm']:g} | {r['a']:.3f} | "
                      f"{r['final_accuracy']:.4f} | {r['final_loss']:.4f} | {r['best_loss']:.4f} ({r['best_round']}) "
                      f"| {'yes' if r['degraded'] else 'no'} | {wall} |")
-    return "\n".join(lines)
+    return markdown_table(head, lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("outputs/planner_calibration"))
-    parser.add_argument("--only", nargs="*", help="run only these names, in this order (default: all)")
+    parser = results_parser(__doc__.splitlines()[0], Path("outputs/planner_calibration"))
     parser.add_argument("--real-text", type=Path, default=REAL_TEXT, help="corpus B's stackoverflow.sqlite")
     parser.add_argument("--real-rounds", type=int, default=100, help="corpus B's rounds")
-    parser.add_argument("--table", action="store_true", help="print the table of the finished runs")
-    parser.add_argument("--json", type=Path, help="write the rows of the finished runs here")
     args = parser.parse_args()
     todo = runs(args.real_text, args.real_rounds)
-    unknown = sorted(set(args.only or ()) - set(todo))
-    if unknown:
-        print(f"error: unknown run names: {', '.join(unknown)} (known: {', '.join(todo)})", file=sys.stderr)
-        raise SystemExit(2)
+    check_names(args.only, todo)
     if not (args.table or args.json):
         run_all(args.out, {k: todo[k] for k in args.only} if args.only else todo)
         return
-    rows = [r for k, v in todo.items() if (r := row(k, args.out / k, v)) is not None]
-    if args.table:
-        print(table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    report(args, todo, row, table)
 
 
 if __name__ == "__main__":

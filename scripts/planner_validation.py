@@ -27,13 +27,12 @@ summary's ``degraded`` verdict. One seed: an indication at the scale this machin
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiment_runs import evaluations, run_all, summary  # noqa: E402
+from experiment_runs import check_names, final_and_best, markdown_table, report, results_parser, run_all, summary  # noqa: E402
 from planner_calibration import REAL_MODEL, REAL_TEXT  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -124,9 +123,7 @@ def row(name: str, path: Path, overrides: list[str]) -> dict | None:
         return None
     ledger = json.loads((path / "privacy.json").read_text())
     config = read_mapping(path / "config.yaml")
-    evals = evaluations(path)
-    best = min(evals, key=lambda r: r["test_loss"])
-    final = evals[-1]
+    final, best = final_and_best(path)
     return {
         "name": name,
         "overrides": overrides,
@@ -152,7 +149,7 @@ def table(rows: list[dict]) -> str:
     """A markdown table of the rows."""
     head = ("| run | ε | mechanism (sampling) | σ | cohort × rounds | lr·C | a | final acc | final loss "
             "| best loss (round) | degraded |")
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    lines = []
     for r in rows:
         eps = "∞" if r["epsilon"] is None else f"{r['epsilon']:.2f}"
         a = "" if r["accumulated_noise"] is None else f"{r['accumulated_noise']:.2f}"
@@ -160,36 +157,25 @@ def table(rows: list[dict]) -> str:
                      f"{r['cohort_size']:g} × {r['rounds']} | {r['step']:.3g} | {a} | {r['final_accuracy']:.4f} | "
                      f"{r['final_loss']:.3f} | {r['best_loss']:.3f} ({r['best_round']}) "
                      f"| {'yes' if r['degraded'] else 'no'} |")
-    return "\n".join(lines)
+    return markdown_table(head, lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("outputs/planner_validation"))
+    parser = results_parser(__doc__.splitlines()[0], Path("outputs/planner_validation"))
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (more than one: one torch thread each)")
-    parser.add_argument("--only", nargs="*", help="run only these names, in this order (default: all)")
     parser.add_argument("--real-text", type=Path, default=REAL_TEXT, help="corpus B's stackoverflow.sqlite")
     parser.add_argument("--sensitivity", action="store_true", help="the planned runs with a scaled step (docstring)")
-    parser.add_argument("--table", action="store_true", help="print the table of the finished runs")
-    parser.add_argument("--json", type=Path, help="write the rows of the finished runs here")
     args = parser.parse_args()
     todo = runs(args.real_text)
     todo.update(other_cohort_runs(todo))
     todo.update(sensitivity_runs(args.out, todo))
-    unknown = sorted(set(args.only or ()) - set(todo))
-    if unknown:
-        print(f"error: unknown run names: {', '.join(unknown)} (known: {', '.join(todo)})", file=sys.stderr)
-        raise SystemExit(2)
+    check_names(args.only, todo)
     if not (args.table or args.json):
         extra = [k for k in todo if "_a" in k.split("auto_eps")[-1] or "_m" in k.split("auto_eps")[-1]]
         names = args.only or [k for k in todo if (k in extra) == args.sensitivity]
         run_all(args.out, {k: todo[k] for k in names}, jobs=args.jobs)
         return
-    rows = [r for k, v in todo.items() if (r := row(k, args.out / k, v)) is not None]
-    if args.table:
-        print(table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    report(args, todo, row, table)
 
 
 if __name__ == "__main__":
