@@ -164,14 +164,15 @@ def test_a_constant_rate_accumulates_more_noise_than_the_cosine_schedule(tmp_pat
     assert constant.noise.accumulated == pytest.approx(cosine * math.sqrt(8 / 3))
 
 
-def test_ties_go_to_the_smaller_noise_then_gaussian_then_the_most_progress(monkeypatch):
+def test_ties_go_to_the_smaller_noise_enough_rounds_gaussian_then_the_most_progress(monkeypatch):
     """Plans within 5% of the best progress P tie. The noise-limited ones all sit at a = A_TARGET up
-    to rounding (which must not decide); among them the Gaussian mechanism wins if it ties, else the
-    plan with the most progress. A plan at a smaller a (step-limited) wins any tie."""
+    to rounding (which must not decide); among them plans of at least PREFERRED_ROUNDS rounds go
+    first, then the Gaussian mechanism if it ties, then the plan with the most progress. A plan at a
+    smaller a (step-limited) wins any tie."""
     from fedpriv.plan import auto
 
-    def row(cohort, mechanism, progress, a=A_TARGET):
-        return auto.Choice(cohort, 100, mechanism, "poisson", "rdp", 1.0, 1.0, 0.5, a, progress)
+    def row(cohort, mechanism, progress, a=A_TARGET, rounds=100):
+        return auto.Choice(cohort, rounds, mechanism, "poisson", "rdp", 1.0, 1.0, 0.5, a, progress)
 
     def plan(rows):
         table = {(r.cohort_size, r.mechanism): r for _, r in rows}
@@ -198,6 +199,9 @@ def test_ties_go_to_the_smaller_noise_then_gaussian_then_the_most_progress(monke
     # outside 5% it does not
     best = plan([(10, row(10, "gaussian", 90.0)), (20, row(20, "bandmf", 104.0))])
     assert best.mechanism == "bandmf"
+    # a plan of fewer than PREFERRED_ROUNDS rounds loses a tie, even as the Gaussian
+    best = plan([(10, row(10, "bandmf", 100.0)), (20, row(20, "gaussian", 104.0, rounds=auto.PREFERRED_ROUNDS - 1))])
+    assert (best.cohort_size, best.mechanism) == (10, "bandmf")
     # a step-limited plan (smaller a) wins a tie
     best = plan([(10, row(10, "bandmf", 100.0, 0.3)), (20, row(20, "bandmf", 104.0))])
     assert best.cohort_size == 10

@@ -14,7 +14,8 @@ server step η·C is the largest up to :data:`MAX_STEP` whose accumulated noise
 a = η·C·σ_eff·√T / (m·(1 − β)) stays at :data:`~fedpriv.plan.noise_figure.A_TARGET`. The plan
 maximises the progress P = T·η·C (full-size server steps under the noise budget); plans within 5%
 of the best P tie, and are broken toward the smaller a (to 1e-9: every noise-limited plan sits at
-A_TARGET), then the Gaussian mechanism (the simpler one), then the most progress. Where the noise
+A_TARGET), then at least :data:`PREFERRED_ROUNDS` rounds, then the Gaussian mechanism (the simpler
+one), then the most progress. Where the noise
 limits the step, P = a·m·(1 − β)·√T/σ_eff is flat over a wide range of cohorts: at moderate ε a
 larger cohort is almost free in ε ("TAN Without a Burn: Scaling Laws of DP-SGD"; "Scaling Laws for
 Differentially Private Language Models"), and
@@ -47,6 +48,9 @@ MAX_STEP = 1.0  # η·C: the largest server step (docs/PLANNER.md, "Calibration 
 MOMENTUM = 0.9  # server heavy-ball momentum
 CLIP_NORM = 1.0  # C: with every update clipped only η·C matters; C = 1 keeps η the step
 MIN_ROUNDS = 50  # fewer server steps than this lost on real text (cohort 500 × 30 rounds)
+# among tied plans, those with at least this many rounds go first: on real text at ε = 8 the tied
+# 61 × 81 plan ended at 0.0643 and 40 × 125 at 0.0732 (docs/RESULTS.md, "plan=auto at equal compute")
+PREFERRED_ROUNDS = 100
 MAX_ROUNDS = 2000
 MIN_COHORT = 8
 GRID_RATIO = 1.5
@@ -168,7 +172,8 @@ def choose(population: int, dimension: int, epsilon: float, delta: float, budget
     top = max(row.progress for row in rows)
     ties = [row for row in rows if row.progress >= TIE * top]
     # a is A_TARGET up to rounding on every noise-limited row: compare it to 1e-9, not to the last bit
-    return min(ties, key=lambda row: (round(row.accumulated_noise, 9), row.mechanism != "gaussian", -row.progress))
+    return min(ties, key=lambda row: (round(row.accumulated_noise, 9), row.rounds < PREFERRED_ROUNDS,
+                                      row.mechanism != "gaussian", -row.progress))
 
 
 def describe(choice: Choice, population: int, dimension: int, budget: int) -> dict:
