@@ -20,7 +20,8 @@ with σ = 0 (and ``tuned``: the best non-private step measured in the calibratio
 ``--sensitivity`` (after the auto runs have finished) reruns a planned run with its server step
 scaled so that the accumulated noise a is 0.35, 0.7 or 1.0 instead of the planner's target: the
 rule's constant checked at the validation point (a fixed run with the plan's overrides); and the
-planned ε = 2 synthetic run at another cohort of the planner's grid (``A_auto_eps2_m86``).
+ε = 2 synthetic plan at cohort 86 (``A_auto_eps2_m86``: where P peaks; the plan the present tie
+rule picks, as a fixed run — the first rule picked 38 × 868, which ``A_auto_eps2`` ran under it).
 Per run the table gives ε, σ, the final test accuracy and loss, the best test loss, and the
 summary's ``degraded`` verdict. One seed: an indication at the scale this machine allows.
 """
@@ -72,9 +73,9 @@ def runs(real_text: Path) -> dict[str, list[str]]:
     return out
 
 
-# planned run → the cohort of another grid point to run at the same ε and U (the plan's rule at that
-# cohort: rounds U // m, σ calibrated, the step at A_TARGET): is the tie-break toward the smaller
-# cohort right where the progress P is flat across cohorts?
+# planned run → a cohort of the planner's grid to run at the same ε and U as a fixed run (the rule at
+# that cohort: rounds U // m, σ calibrated, the step at A_TARGET): where the progress P is flat across
+# cohorts the tie-break picks the cohort, and this compares two of them
 OTHER_COHORT = {"A_auto_eps2": 86}
 SENSITIVITY = {"B_auto_eps8": (0.35, 0.7, 1.0), "A_auto_eps2": (0.35, 0.7)}  # planned run → a values
 
@@ -82,7 +83,7 @@ SENSITIVITY = {"B_auto_eps8": (0.35, 0.7, 1.0), "A_auto_eps2": (0.35, 0.7)}  # p
 def sensitivity_runs(out: Path, todo: dict[str, list[str]]) -> dict[str, list[str]]:
     """``<planned>_a<value>`` → the planned run's config as a fixed run (plan=auto's overrides) with
     its server lr scaled by value / planned a; only for planned runs that have finished."""
-    from fedpriv.plan.auto import overrides  # noqa: PLC0415 (lazy: the table needs no torch)
+    from fedpriv.plan.auto import overrides  # noqa: PLC0415 (lazy: only the runs that are built need it)
 
     runs_: dict[str, list[str]] = {}
     for name, values in SENSITIVITY.items():
@@ -107,9 +108,10 @@ def other_cohort_runs(todo: dict[str, list[str]]) -> dict[str, list[str]]:
     for name, cohort in OTHER_COHORT.items():
         given = dict(o.partition("=")[::2] for o in todo[name])
         population, epsilon = int(given["population"]), float(given["privacy.target_epsilon"])
+        delta = float(given["privacy.delta"])
         budget = SYNTHETIC_BUDGET if name.startswith("A_") else REAL_BUDGET
         rounds = budget // cohort
-        point = evaluate("bandmf", "cyclic_poisson", "rdp", population, cohort, rounds, epsilon, 1e-5)
+        point = evaluate("bandmf", "cyclic_poisson", "rdp", population, cohort, rounds, epsilon, delta)
         scaled = overrides(describe(point, population, 1, budget))
         keys = {o.partition("=")[0] for o in scaled} | {"plan"}
         runs_[f"{name}_m{cohort}"] = [o for o in todo[name] if o.partition("=")[0] not in keys] + scaled
@@ -167,11 +169,10 @@ def main() -> None:
     parser.add_argument("--sensitivity", action="store_true", help="the planned runs with a scaled step (docstring)")
     args = parser.parse_args()
     todo = runs(args.real_text)
-    todo.update(other_cohort_runs(todo))
-    todo.update(sensitivity_runs(args.out, todo))
+    extra = {**other_cohort_runs(todo), **sensitivity_runs(args.out, todo)}
+    todo.update(extra)
     check_names(args.only, todo)
     if not (args.table or args.json):
-        extra = [k for k in todo if "_a" in k.split("auto_eps")[-1] or "_m" in k.split("auto_eps")[-1]]
         names = args.only or [k for k in todo if (k in extra) == args.sensitivity]
         run_all(args.out, {k: todo[k] for k in names}, jobs=args.jobs)
         return

@@ -57,7 +57,7 @@ def test_deployed_run_over_tls_equals_in_process_run(tmp_path):
     assert summary["rounds"] == 2 and summary["backend"] == "deployment"
     assert summary["privacy"]["randomness"]["mode"] == "research"
     assert "running on https://127.0.0.1" in (out / "logs" / "superlink.log").read_text()
-    assert (out / "checkpoints" / "last.pt").stat().st_mode & 0o077 == 0  # it holds the run key: owner-only
+    assert (out / "checkpoints" / "last.pt").stat().st_mode & 0o077 == 0  # checkpoints are written owner-only
     # deployments compute no statistics of training users, in any mode
     assert not (out / "diagnostics.jsonl").exists() and "wall_s" not in summary
     rows = RunDirectory(out).read_metrics()
@@ -77,7 +77,8 @@ def test_deployed_run_over_tls_equals_in_process_run(tmp_path):
 
 
 # slow (~40 s, a second deployment): the TLS run above is the same deployment with the transport
-# encrypted; secure_mode(None, "deployment") is pinned in process by test_deployments_default_to_secure_mode
+# encrypted; the secure default of a deployment's config is pinned in process by
+# test_deployments_default_to_secure_mode
 @pytest.mark.slow
 def test_an_insecure_deployment_runs_in_secure_mode_by_default(tmp_path):
     out = tmp_path / "plain"
@@ -88,12 +89,21 @@ def test_an_insecure_deployment_runs_in_secure_mode_by_default(tmp_path):
     assert summary["rounds"] == 2
     assert summary["privacy"]["randomness"]["mode"] == "secure"  # the deployment default
     assert "insecure" in (out / "logs" / "superlink.log").read_text().lower()
-    assert (out / "checkpoints" / "last.pt").stat().st_mode & 0o077 == 0
+    assert (out / "checkpoints" / "last.pt").stat().st_mode & 0o077 == 0  # it holds the run key: owner-only
 
 
-def test_deployments_default_to_secure_mode():
+def test_deployments_default_to_secure_mode(tmp_path):
+    from fedpriv.compose import deployment_config
+    from fedpriv.config import run_config
     from fedpriv.schema.run_config import secure_mode
 
+    # the config a deployed run's server and clients compose (what deploy_local.sh passes to flwr run)
+    def composed(overrides: str):
+        return run_config(deployment_config({"experiment": "smoke", "overrides": overrides, "run-dir": str(tmp_path)}))
+
+    deployed = composed("rounds=2")
+    assert deployed.backend.name == "deployment" and deployed.secure is True
+    assert composed("privacy.secure_rng=false").secure is False
     assert secure_mode(None, "deployment") is True
     assert secure_mode(None, "local") is False and secure_mode(None, "flower") is False
     assert secure_mode(False, "deployment") is False and secure_mode(True, "local") is True
