@@ -25,7 +25,6 @@ beside it as ``summary_degraded``). Single seed, small scans: an indication, not
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -33,9 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from experiment_runs import check_names, final_and_best, markdown_table, report, results_parser, run_all, summary  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from fedpriv.degradation import LOSS_RISE  # noqa: E402  (the end-of-run warning's rule)
+from fedpriv.plan.noise_figure import accumulated_noise  # noqa: E402
 from fedpriv.rundir import read_mapping  # noqa: E402
 
-LOSS_RISE = 0.05  # final test loss above (1 + LOSS_RISE) x its best: degraded (fedpriv/degradation.py's rule)
 REAL_TEXT = Path("/work/data/real_text/stackoverflow.sqlite")
 COMMON = ["cohort_size=50", "eval_every=10", "privacy.delta=1e-5", "mechanism=gaussian", "sampling=poisson",
           "privacy.clip_norm=1.0"]
@@ -65,11 +65,6 @@ def runs(real_text: Path, real_rounds: int) -> dict[str, list[str]]:
     return out
 
 
-def accumulated_noise(lr: float, clip: float, sigma: float, rounds: int, cohort: float, momentum: float) -> float:
-    """a = lr·C·σ·√T / (m̄·(1−β)) for independent Gaussian noise (g = 1)."""
-    return lr * clip * sigma * math.sqrt(rounds) / (cohort * (1.0 - momentum))
-
-
 def row(name: str, path: Path, overrides: list[str]) -> dict | None:
     """The table row of a finished run (None while it has not finished)."""
     done = summary(path)
@@ -81,7 +76,7 @@ def row(name: str, path: Path, overrides: list[str]) -> dict | None:
     if ledger["mechanism"] != "gaussian" or opt.get("schedule") != "cosine":
         raise SystemExit(f"error: {name}: a is defined here for the Gaussian mechanism with the cosine "
                          f"server schedule only (got {ledger['mechanism']}, {opt.get('schedule')})")
-    sigma = float(ledger["noise_multiplier"])
+    sigma, step = float(ledger["noise_multiplier"]), float(opt["lr"]) * float(config["privacy"]["clip_norm"])
     cohort = float(ledger["sampling"]["expected_cohort"])
     final, best = final_and_best(path)
     return {
@@ -92,8 +87,8 @@ def row(name: str, path: Path, overrides: list[str]) -> dict | None:
         "lr": float(opt["lr"]),
         "clip_norm": float(config["privacy"]["clip_norm"]),
         "rounds": int(done["rounds"]),
-        "a": accumulated_noise(float(opt["lr"]), float(config["privacy"]["clip_norm"]), sigma, int(done["rounds"]),
-                               cohort, float(opt.get("momentum", 0.0))),
+        # g = 1 (independent Gaussian noise): σ_eff = σ; the step is lr·C
+        "a": accumulated_noise(sigma, int(done["rounds"]), cohort, step, float(opt.get("momentum", 0.0))),
         "final_accuracy": final["test_accuracy"],
         "final_loss": final["test_loss"],
         "best_loss": best["test_loss"],

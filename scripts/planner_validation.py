@@ -37,13 +37,13 @@ from experiment_runs import check_names, final_and_best, markdown_table, report,
 from planner_calibration import REAL_MODEL, REAL_TEXT  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from fedpriv.data.synthetic import SyntheticConfig  # noqa: E402
 from fedpriv.rundir import read_mapping  # noqa: E402
+from fedpriv.schema import RunConfig  # noqa: E402
 
 EPSILONS = (8, 4, 2)
 REAL_USERS = 2559  # the corpus's train users (docs/REAL_TEXT.md): public by construction here
-SYNTHETIC_USERS = 10_000  # the generator's default num_users
-SYNTHETIC_BUDGET = 150 * 220  # U of corpus A: the default cohort x rounds
-REAL_BUDGET = 50 * 100  # U of corpus B
+SYNTHETIC_USERS = SyntheticConfig.num_users  # the generator's default population
 
 
 def runs(real_text: Path) -> dict[str, list[str]]:
@@ -80,6 +80,13 @@ OTHER_COHORT = {"A_auto_eps2": 86}
 SENSITIVITY = {"B_auto_eps8": (0.35, 0.7, 1.0), "A_auto_eps2": (0.35, 0.7)}  # planned run → a values
 
 
+def _as_fixed(base: list[str], planned: list[str]) -> list[str]:
+    """``base`` without plan=auto and without the keys ``planned`` sets, then ``planned``: the CLI
+    refuses a key given twice."""
+    keys = {o.partition("=")[0] for o in planned} | {"plan"}
+    return [o for o in base if o.partition("=")[0] not in keys] + planned
+
+
 def sensitivity_runs(out: Path, todo: dict[str, list[str]]) -> dict[str, list[str]]:
     """``<planned>_a<value>`` → the planned run's config as a fixed run (plan=auto's overrides) with
     its server lr scaled by value / planned a; only for planned runs that have finished."""
@@ -93,9 +100,7 @@ def sensitivity_runs(out: Path, todo: dict[str, list[str]]) -> dict[str, list[st
         plan = done["plan"]
         for value in values:
             lr = plan["server_lr"] * value / plan["prediction"]["accumulated_noise"]
-            scaled = overrides(dict(plan, server_lr=lr))
-            keys = {o.partition("=")[0] for o in scaled} | {"plan"}
-            runs_[f"{name}_a{value:g}"] = [o for o in todo[name] if o.partition("=")[0] not in keys] + scaled
+            runs_[f"{name}_a{value:g}"] = _as_fixed(todo[name], overrides(dict(plan, server_lr=lr)))
     return runs_
 
 
@@ -109,12 +114,10 @@ def other_cohort_runs(todo: dict[str, list[str]]) -> dict[str, list[str]]:
         given = dict(o.partition("=")[::2] for o in todo[name])
         population, epsilon = int(given["population"]), float(given["privacy.target_epsilon"])
         delta = float(given["privacy.delta"])
-        budget = SYNTHETIC_BUDGET if name.startswith("A_") else REAL_BUDGET
-        rounds = budget // cohort
-        point = evaluate("bandmf", "cyclic_poisson", "rdp", population, cohort, rounds, epsilon, delta)
-        scaled = overrides(describe(point, population, 1, budget))
-        keys = {o.partition("=")[0] for o in scaled} | {"plan"}
-        runs_[f"{name}_m{cohort}"] = [o for o in todo[name] if o.partition("=")[0] not in keys] + scaled
+        # the run's compute U: its cohort x rounds (the defaults where it sets neither)
+        budget = int(given.get("cohort_size", RunConfig.cohort_size)) * int(given.get("rounds", RunConfig.rounds))
+        point = evaluate("bandmf", "cyclic_poisson", "rdp", population, cohort, budget // cohort, epsilon, delta)
+        runs_[f"{name}_m{cohort}"] = _as_fixed(todo[name], overrides(describe(point, population, 1, budget)))
     return runs_
 
 
