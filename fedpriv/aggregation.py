@@ -42,6 +42,25 @@ class RoundAggregate:
         return cls(clip_norm=clip_norm, total=torch.zeros(dim), squares=torch.zeros(dim) if squares else None,
                    scale=scale)
 
+    def beside(self, device: torch.device) -> "RoundAggregate | None":
+        """An empty aggregate with this one's bound whose sum lives on ``device``, where the deltas
+        were computed (:meth:`merge` it back in once): deltas clipped and summed where they are,
+        no per-user copy to host memory. None where this aggregate also tracks squares or scales
+        the deltas first (they are added here, in host memory)."""
+        if self.squares is not None or self.scale is not None:
+            return None
+        return RoundAggregate(clip_norm=self.clip_norm, total=torch.zeros(self.total.shape, device=device))
+
+    def merge(self, other: "RoundAggregate") -> None:
+        """Add ``other``'s clipped sum (one copy to this sum's device) and its bookkeeping."""
+        if other.squares is not None or other.scale is not None or other.clip_norm != self.clip_norm:
+            raise ValueError("only an aggregate made by beside() merges back")
+        self.total.add_(other.total.to(self.total.device))
+        self.accepted += other.accepted
+        self.rejected += other.rejected
+        self.clipped += other.clipped
+        self.norms.extend(other.norms)
+
     def add(self, delta: torch.Tensor, tally: bool = True) -> bool:
         """Clip and add one user's delta; reject (and count) a wrong shape or non-finite values.
         ``tally=False`` (an audit's canary): clipped and added the same way, left out of the

@@ -76,7 +76,7 @@ class Algorithm:
     def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
         """What each client runs on its unit in a round."""
         return LocalConfig(epochs=client.epochs, batch_size=client.batch_size, lr=float(client.lr),
-                           max_steps=client.max_steps, replay_every=_replay_every(client))
+                           max_steps=client.max_steps, replay_every=_replay_every(client), precision=client.precision)
 
     def per_sample_setting(self, batched: bool) -> str | None:
         """The setting that makes this algorithm clip per sample (Book-Keeping) in its clients'
@@ -150,7 +150,7 @@ class FedSGD(Algorithm):
 
     def local_config(self, client: schema.Client, rounds: int, accountant: str) -> LocalConfig:
         return LocalConfig(epochs=1, batch_size=2**31 - 1, lr=float(client.lr), max_steps=1,
-                           replay_every=_replay_every(client))
+                           replay_every=_replay_every(client), precision=client.precision)
 
     def batched_round(self, model: nn.Module, local: LocalConfig, pad_id: int,
                       units: Sequence[np.ndarray]) -> BatchedRound | None:
@@ -163,7 +163,8 @@ class FedSGD(Algorithm):
             nonlocal clipper
             if clipper is None:
                 clipper = CohortClipper(replica, inputs.clip_norm, local.lr, pad_id, mode=self.spec.clipping_mode,
-                                        max_rows=self.spec.max_rows, replay_every=local.replay_every)
+                                        max_rows=self.spec.max_rows, replay_every=local.replay_every,
+                                        precision=local.precision)
             clipper.set_clip_norm(inputs.clip_norm)  # this round's bound (adaptive clipping: C_t)
             return clipper.clipped_sum(inputs.params, inputs.cohort, lambda u: units[u])
 

@@ -31,11 +31,12 @@ def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int, r
 
 
 def iter_client_updates(task: Task, params: torch.Tensor, users: list[int], round_idx: int,
-                        rng: ClientRandomness, diagnostics: bool = False) -> Iterator[ClientUpdate]:
+                        rng: ClientRandomness, diagnostics: bool = False, host: bool = True) -> Iterator[ClientUpdate]:
     """What the clients ``users`` compute in round ``round_idx``, in their order: one after another,
     each computed when it is asked for, or in cohort-parallel chunks (``client.parallel > 1``:
     :mod:`fedpriv.cohort_parallel`; all of them at once), which give each user the same delta up to
-    float rounding (the same draws per user)."""
+    float rounding (the same draws per user). Deltas come in host memory, or with ``host=False``
+    (cohort-parallel chunks only) on the device that computed them."""
     if task.trainer is None:
         for user in users:
             yield client_update(task, params, user, round_idx, rng, diagnostics)
@@ -43,7 +44,7 @@ def iter_client_updates(task: Task, params: torch.Tensor, users: list[int], roun
     results = task.trainer.updates(params, [task.units[u] for u in users],
                                    [rng.draws(round_idx, u) for u in users], diagnostics)
     for u, (delta, metrics) in zip(users, results):
-        yield ClientUpdate(user=u, delta=delta.cpu(), metrics=metrics)
+        yield ClientUpdate(user=u, delta=delta.cpu() if host else delta, metrics=metrics)
 
 
 def client_updates(task: Task, params: torch.Tensor, users: list[int], round_idx: int, rng: ClientRandomness,
@@ -58,7 +59,10 @@ class StreamedReplies:
     order, the order :class:`~fedpriv.replies.ClientReplies` adds a message's replies in, so the
     sum is bit-identical to the one Flower's message path builds from the same deltas; the round
     holds one delta at a time (with ``client.parallel > 1``, the cohort's deltas: the chunks are
-    formed over the whole cohort), never an encoded copy."""
+    formed over the whole cohort), never an encoded copy. Cohort-parallel deltas are clipped and
+    summed on the device that computed them, in user order, and the sum is copied to host memory
+    once (:meth:`~fedpriv.aggregation.RoundAggregate.beside`): bit-identical on the CPU, equal up to
+    the device's float rounding of norms and sums on a GPU."""
 
     def __init__(self, task: Task, params: torch.Tensor, users: list[int], round_idx: int,
                  rng: ClientRandomness, diagnostics: bool) -> None:
@@ -70,14 +74,20 @@ class StreamedReplies:
             raise ValueError(f"replies of round {self.round_idx + 1} added to round {round_idx + 1}")
         losses: list[float] = []
 
+        near = agg.beside(self.task.device) if self.task.trainer is not None else None
+
         def noting_losses() -> Iterator[ClientUpdate]:
             for update in iter_client_updates(self.task, self.params, self.users, self.round_idx, self.rng,
-                                              self.diagnostics):
+                                              self.diagnostics, host=near is None):
                 if "train_loss" in update.metrics:
                     losses.append(update.metrics["train_loss"])
                 yield update
 
-        return add_updates(agg, expected, noting_losses()), losses
+        if near is None:
+            return add_updates(agg, expected, noting_losses()), losses
+        seen = add_updates(near, expected, noting_losses())
+        agg.merge(near)
+        return seen, losses
 
 
 def in_process_round_fn(task: Task, spec: RunConfig) -> RoundFn:

@@ -27,6 +27,7 @@ from fedpriv.clipping import BookKeeping
 from fedpriv.clipping.engine import REPLAY_EVERY
 from fedpriv.metrics import sequence_token_losses
 from fedpriv.models import set_flat_params
+from fedpriv.precision import compute_precision
 
 
 @dataclass
@@ -77,7 +78,8 @@ class CohortClipper:
     """
 
     def __init__(self, model: nn.Module, clip_norm: float, lr: float, pad_id: int,
-                 mode: str = "mixopt", max_rows: int = 512, replay_every: int = REPLAY_EVERY) -> None:
+                 mode: str = "mixopt", max_rows: int = 512, replay_every: int = REPLAY_EVERY,
+                 precision: str = "fp32") -> None:
         if not lr > 0:
             raise ValueError(f"lr must be positive, got {lr}")
         self.model = model
@@ -85,6 +87,7 @@ class CohortClipper:
         self.lr = float(lr)
         self.pad_id = pad_id
         self.max_rows = int(max_rows)
+        self.precision = precision  # the forward/backward's arithmetic (BK's norms and sums: IEEE float32)
         self.bk = BookKeeping(model, clip_norm=self.clip_norm / self.lr, noise_multiplier=0.0, mode=mode,
                               replay_every=replay_every)
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -99,6 +102,11 @@ class CohortClipper:
         self.bk.clip_norm = self.clip_norm / self.lr
 
     def clipped_sum(self, params: torch.Tensor, users: np.ndarray, rows_of) -> CohortSum:
+        device = self._params[0].device
+        with compute_precision(self.precision, device):
+            return self._clipped_sum(params, users, rows_of)
+
+    def _clipped_sum(self, params: torch.Tensor, users: np.ndarray, rows_of) -> CohortSum:
         set_flat_params(self.model, params)
         self.model.train()
         device = self._params[0].device

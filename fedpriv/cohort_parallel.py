@@ -38,6 +38,7 @@ from torch.func import functional_call, grad, grad_and_value, vmap
 from fedpriv.local_dp import ExampleDP, example_schedule
 from fedpriv.randomness import ClientDraws
 from fedpriv.models import set_flat_params, vmappable
+from fedpriv.precision import as_fp32, compute_precision, exact_fp32
 from fedpriv.training import LocalConfig, batch_schedule
 
 
@@ -123,6 +124,11 @@ class CohortTrainer:
         if len(rows) != len(draws):
             raise ValueError("one ClientDraws per client is needed")
         params = params.to(self.device)
+        with compute_precision(self.local.precision, self.device):
+            return self._updates(params, rows, draws, diagnostics)
+
+    def _updates(self, params: Tensor, rows: Sequence[np.ndarray], draws: Sequence[ClientDraws],
+                 diagnostics: bool) -> list[tuple[Tensor, dict[str, float]]]:
         # clients of similar size side by side (a client's step count grows with its rows), so a
         # chunk's short clients do not idle through its long ones' steps; each client's result
         # does not depend on its chunk
@@ -179,9 +185,12 @@ class CohortTrainer:
         for k in range(dp.steps):
             picks = [torch.nonzero(masks[k]).flatten() for _, masks in drawn]
             grads = self._example_grads(theta, chunk.batch(picks))  # [clients, rows, *shape]
-            sq = sum(g.pow(2).flatten(2).sum(-1) for g in grads.values())
-            scale = dp.clip_norm / sq.sqrt().clamp_min(dp.clip_norm)  # [clients, rows]
-            summed = {name: torch.einsum("cb,cb...->c...", scale, grads[name]).contiguous() for name in self.names}
+            with exact_fp32():  # norms, clip factors and clipped sums in IEEE float32 (any precision)
+                grads = {name: as_fp32(g) for name, g in grads.items()}
+                sq = sum(g.pow(2).flatten(2).sum(-1) for g in grads.values())
+                scale = dp.clip_norm / sq.sqrt().clamp_min(dp.clip_norm)  # [clients, rows]
+                summed = {name: torch.einsum("cb,cb...->c...", scale, grads[name]).contiguous()
+                          for name in self.names}
             del grads
             for c, (noise, _) in enumerate(drawn):  # each client's own stream, over its parameters in order
                 noise.add_([summed[name][c] for name in self.names], std)

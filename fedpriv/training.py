@@ -19,6 +19,7 @@ from fedpriv.data.federated import rows_tensor
 from fedpriv.local_dp import ExampleDP, dp_sgd_steps
 from fedpriv.metrics import token_loss
 from fedpriv.models import get_flat_params, set_flat_params
+from fedpriv.precision import compute_precision
 from fedpriv.randomness import ClientDraws
 
 
@@ -32,6 +33,7 @@ class LocalConfig:
     max_steps: int | None = None  # cap on local steps per round (None: full epochs)
     dp: ExampleDP | None = None  # example-level DP-SGD steps instead of plain SGD (client.dp=example)
     replay_every: int = REPLAY_EVERY  # every Book-Keeping engine's forward-replay schedule (client.bk_replay_every)
+    precision: str = "fp32"  # the arithmetic of the local steps (client.precision: fedpriv/precision.py)
 
 
 def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray, cfg: LocalConfig,
@@ -44,7 +46,8 @@ def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray
     numbers of sentences and steps — statistics of the user's data that no epsilon covers. With
     ``cfg.dp`` the steps are example-level DP-SGD (:mod:`fedpriv.local_dp`) through ``bk``, a
     BookKeeping engine hooked on ``model``, and nothing but the delta is returned. ``draws``: the
-    client's randomness this round (the minibatch order; the DP masks and noise).
+    client's randomness this round (the minibatch order; the DP masks and noise). The steps run
+    in ``cfg.precision`` (:func:`fedpriv.precision.compute_precision`); the delta is float32.
     """
     global_params = global_params.to(_device_of(model))
     set_flat_params(model, global_params)
@@ -52,10 +55,12 @@ def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray
     if cfg.dp is not None:
         if bk is None:
             raise ValueError("client.dp=example needs a BookKeeping engine on the client model")
-        dp_sgd_steps(model, bk, rows, cfg.lr, cfg.dp, draws, pad_id)
+        with compute_precision(cfg.precision, global_params.device):
+            dp_sgd_steps(model, bk, rows, cfg.lr, cfg.dp, draws, pad_id)
         return get_flat_params(model).sub_(global_params), {}
     losses: list[torch.Tensor] | None = [] if diagnostics else None
-    steps = _sgd_steps(model, rows, cfg, draws.order, pad_id, losses)
+    with compute_precision(cfg.precision, global_params.device):
+        steps = _sgd_steps(model, rows, cfg, draws.order, pad_id, losses)
     delta = get_flat_params(model).sub_(global_params)  # in the fresh copy: no second model-sized tensor
     if losses is None:
         return delta, {}

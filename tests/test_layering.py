@@ -179,7 +179,7 @@ def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
 # it is the top floor.
 _PKG = r"(\..+)?"
 FOUNDATIONS = (r"fedpriv\.(schema(\..+)?|research_key|content_digest|cache|randomness|keystream|rundir|atomic|devices"
-               r"|allocator|errors)")
+               r"|allocator|errors|precision)")
 NEVER = [
     (r"fedpriv\.randomness", r"(?!fedpriv\.errors$|fedpriv\.keystream$).*", "imports",
      "randomness takes bytes and keys: nothing above errors (and the keystream it draws from)"),

@@ -52,6 +52,7 @@ from torch.profiler import record_function
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
 from fedpriv.keystream import GaussianKeystream
+from fedpriv.precision import as_fp32, exact_fp32
 from fedpriv.clipping.provenance import (FLAT_LISTENERS, CallPrint, Provenance, UnsupportedLayerError,
                                          ambiguous_batch_dim, call_print, check_data_independent, check_separable,
                                          choose_perturbed, declared_rows, expand_rows, output_mismatch, output_prints,
@@ -646,7 +647,9 @@ class BookKeeping:
                 self._forward_replay(forwards, outside)
         finally:
             self._in_backward = False
-        with torch.no_grad():
+        # the DP arithmetic in IEEE float32 from float32 copies, whatever client.precision ran the
+        # forward and backward in (fedpriv/precision.py): norms and clipped sums from the same values
+        with torch.no_grad(), exact_fp32():
             grouping = None
             if groups is not None:
                 ids = torch.as_tensor(groups, device=per_sample_loss.device)
@@ -662,7 +665,7 @@ class BookKeeping:
                     with record_function(f"bk.contributions.{type(call.module).__name__}"):
                         positions = None if call.rows is None else Grouping.from_units(
                             call.rows if grouping is None else grouping.unit[call.rows], units)
-                        for p, c in call.rule.contributions(call.module, call.input, g):
+                        for p, c in call.rule.contributions(call.module, as_fp32(call.input), as_fp32(g)):
                             contributions[id(p)].append(c)
                             if positions is None:
                                 plain.add(id(p))
@@ -679,7 +682,7 @@ class BookKeeping:
                     f"parameter(s) {', '.join(names)} are used both on flattened positions and on batch rows "
                     "(a tied weight?); per-sample clipping needs one layout per parameter")
             del calls, grads
-            self._clip_and_noise(contributions, grouping, units, per_sample_loss.dtype, position_units)
+            self._clip_and_noise(contributions, grouping, units, as_fp32(per_sample_loss).dtype, position_units)
 
     def _clip_and_noise(self, contributions: dict[int, list[Contribution]],
                         grouping: Optional[Grouping], units: int, dtype: torch.dtype,

@@ -1,0 +1,132 @@
+"""client.precision (fedpriv/precision.py): the modes set torch's float32 switches and autocast for
+the clients' steps and restore them; whatever the mode, the DP arithmetic (norms, clip factors,
+clipped sums) is IEEE float32, so a clipped example's contribution has norm C to float32 rounding."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedpriv.clipping import BookKeeping
+from fedpriv.cohort_parallel import CohortTrainer
+from fedpriv.errors import ConfigError
+from fedpriv.local_dp import ExampleDP
+from fedpriv.models import LSTMLanguageModel, get_flat_params
+from fedpriv.precision import _switches, as_fp32, compute_precision, exact_fp32
+from fedpriv.schema import Client, load
+from fedpriv.training import LocalConfig, local_update
+
+from helpers import client_draws
+
+CPU = torch.device("cpu")
+
+
+def _state() -> list[object]:
+    return [getattr(owner, name) for owner, name in _switches()]
+
+
+@pytest.mark.parametrize("mode,expected", [("fp32", "ieee"), ("tf32", "tf32"), ("bf16", "tf32")])
+def test_modes_set_the_float32_switches_and_restore_them(mode, expected):
+    before = _state()
+    with compute_precision(mode, CPU):
+        assert all(v in (expected, expected == "tf32") for v in _state())
+        assert torch.is_autocast_enabled("cpu") == (mode == "bf16")
+        with exact_fp32():  # the DP arithmetic: IEEE, no autocast, inside any mode
+            assert all(v in ("ieee", False) for v in _state())
+            assert not torch.is_autocast_enabled("cpu")
+        assert torch.is_autocast_enabled("cpu") == (mode == "bf16")
+    assert _state() == before and not torch.is_autocast_enabled("cpu")
+    with pytest.raises(RuntimeError, match="boom"):
+        with compute_precision(mode, CPU):
+            raise RuntimeError("boom")
+    assert _state() == before and not torch.is_autocast_enabled("cpu")
+
+
+def test_an_unknown_precision_is_refused():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        with compute_precision("fp16", CPU):
+            pass
+    with pytest.raises(ConfigError, match="client.precision"):
+        load(Client, {"precision": "fp16"}, "client")
+
+
+def test_as_fp32_upcasts_lower_floats_only():
+    assert as_fp32(torch.ones(2, dtype=torch.bfloat16)).dtype == torch.float32
+    assert as_fp32(torch.ones(2, dtype=torch.float64)).dtype == torch.float64
+    assert as_fp32(torch.ones(2, dtype=torch.long)).dtype == torch.long
+
+
+def test_bk_clips_in_float32_under_bf16_autocast():
+    """One example whose gradient is far above C: the clipped gradient BK writes has norm C to
+    float32 rounding, though the forward and backward ran in bfloat16 (norms taken in bfloat16
+    miss C by ~1e-3)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96), nn.Tanh(), nn.Linear(96, 48))
+    clip = 0.01
+    bk = BookKeeping(model, clip_norm=clip, noise_multiplier=0.0)
+    errors = []
+    for seed in range(6):
+        x = torch.randn(1, 64, generator=torch.Generator().manual_seed(seed)) * 3
+        with compute_precision("bf16", CPU):
+            out = model(x)
+            assert out.dtype == torch.bfloat16  # autocast ran the forward in bfloat16
+            bk.backward((out.float() ** 2).sum(dim=1))
+        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters()))
+        assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+        errors.append(abs(float(norm) / clip - 1.0))
+    assert max(errors) < 2e-6, errors
+    bk.detach()
+
+
+def _users(seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, 40, (n, 9)) for n in (5, 9, 3, 7)]
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(1)
+    return LSTMLanguageModel(40, embed_dim=8, hidden_size=12, projection_dim=8)
+
+
+def test_cohort_parallel_example_dp_clips_in_float32_under_bf16(monkeypatch):
+    """Every example sampled, one step, no noise, an example clip far below the gradients: each
+    client's delta is −lr/D · Σ_i clip(g_i), of norm lr·C/D with one row per client (to the
+    rounding of θ_new − θ_old); and the clipped sum is taken with autocast off and IEEE float32."""
+    dp = ExampleDP(sampling_rate=1.0, steps=1, clip_norm=1e-3, noise_multiplier=0.0, delta=1e-5, denominator=2.0)
+    local = LocalConfig(lr=0.5, dp=dp, precision="bf16")
+    users = [u[:1] for u in _users()]
+    model = _model()
+    trainer = CohortTrainer(model, local, pad_id=0, parallel=4)
+    seen = []
+    einsum = torch.einsum
+
+    def noting(*args, **kwargs):
+        seen.append((torch.is_autocast_enabled("cpu"), _state()))
+        return einsum(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "einsum", noting)
+    out = trainer.updates(get_flat_params(model), users, [client_draws(10 + k) for k in range(len(users))])
+    assert seen and all(not autocast and all(v in ("ieee", False) for v in state) for autocast, state in seen)
+    for delta, _ in out:
+        assert float(delta.double().norm()) == pytest.approx(0.5 * 1e-3 / 2.0, rel=1e-4)
+
+
+def test_bf16_changes_the_local_steps_and_loop_and_parallel_agree():
+    """bf16 is not a no-op (the delta differs from fp32's) yet computes the same update (cosine
+    > 0.99); the loop and cohort-parallel chunks agree in bf16 as they do in fp32, up to
+    bfloat16's rounding."""
+    users = _users()
+    model = _model()
+    params = get_flat_params(model)
+    fp32, bf16 = LocalConfig(lr=0.4, batch_size=3), LocalConfig(lr=0.4, batch_size=3, precision="bf16")
+    for k, rows in enumerate(users):
+        d32, _ = local_update(model, params, rows, fp32, client_draws(k))
+        d16, _ = local_update(model, params, rows, bf16, client_draws(k))
+        assert d16.dtype == torch.float32
+        assert float((d16 - d32).norm()) > 1e-4 * float(d32.norm())
+        assert float(torch.nn.functional.cosine_similarity(d16, d32, dim=0)) > 0.99
+    trainer = CohortTrainer(_model(), bf16, pad_id=0, parallel=4)
+    par = trainer.updates(params, users, [client_draws(k) for k in range(len(users))])
+    for k, rows in enumerate(users):
+        d16, _ = local_update(model, params, rows, bf16, client_draws(k))
+        assert float(torch.nn.functional.cosine_similarity(par[k][0], d16, dim=0)) > 0.99
