@@ -27,6 +27,7 @@ from fedpriv import schema
 from fedpriv.clipping import BookKeeping, UnsupportedLayerError
 from fedpriv.clipping.engine import REPLAY_EVERY
 from fedpriv.cohort import CohortClipper, CohortSum
+from fedpriv.errors import ConfigError
 from fedpriv.local_dp import resolve_example_dp
 from fedpriv.replies import RoundInputs
 from fedpriv.training import LocalConfig
@@ -100,6 +101,20 @@ class Algorithm:
                 "What runs: algorithm=dp_fedavg with client.dp=none, or algorithm=dp_fedsgd "
                 f"algorithm.one_pass=false (each user's whole update clipped, no per-sample clipping){alternative}"
             ) from None
+
+    def check_precision(self, precision: str) -> None:
+        """Refuse ``client.precision`` other than fp32 where this algorithm clips per sample (in
+        the clients' steps or its batched round): Book-Keeping's checks that the model keeps
+        samples apart (the separability probe, the forward replay) compare gradients at float32
+        tolerance (1e-3 relative), which TF32's and bfloat16's rounding exceed. The clip itself
+        would hold (fedpriv/precision.py); the checks would refuse sound models at random."""
+        setting = self.per_sample_setting(False) or self.per_sample_setting(True)
+        if precision != "fp32" and setting is not None:
+            raise ConfigError(
+                f"client.precision={precision} cannot run with per-sample clipping ({setting}): Book-Keeping's "
+                "checks that the model keeps samples apart compare gradients at float32 tolerance, which "
+                f"{precision} rounding exceeds; use client.precision=fp32 (DP-FedAvg's local SGD, "
+                "algorithm=dp_fedavg client.dp=none, runs in any precision)")
 
     def client_engine(self, model: nn.Module, local: LocalConfig) -> BookKeeping | None:
         """The per-sample clipping engine hooked on the clients' model, if the local steps need one."""

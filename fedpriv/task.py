@@ -114,6 +114,7 @@ def _load_task(keyed: _Keyed) -> Task:
     client = spec.client
     local = algorithm.local_config(client, spec.rounds, spec.privacy.accountant)
     algorithm.check_model(client_model, spec.model.per_sample_alternative())  # the clients' engine, refused in one line
+    algorithm.check_precision(client.precision)
     # the trainer's replica is copied before the engine hooks client_model
     trainer = (CohortTrainer(client_model, local, data.vocab.pad_id, client.parallel)
                if cohort_parallel(client, device) and algorithm.per_unit_deltas else None)

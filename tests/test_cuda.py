@@ -97,3 +97,28 @@ def test_cohort_parallel_equals_the_loop_on_the_device(tmp_path, extra):
     assert par.task.trainer.device.type == DEVICE
     assert loop_privacy == par_privacy
     assert _relative_gap(par.server.params, loop.server.params) <= 1e-4
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_every_precision_clips_to_the_bound_on_the_device(precision):
+    """client.precision changes the forward and backward, never the clip: a clipped example's
+    gradient has norm C to float32 rounding in every mode (TF32 and bfloat16 norms would miss
+    it by ~1e-3)."""
+    from test_precision import clipped_norm_errors
+
+    errors = clipped_norm_errors(torch.device(DEVICE), precision)
+    assert max(errors) < 2e-6, errors
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("parallel", [(), ("client.parallel=3", "client.parallel_on_cpu=true")], ids=["loop", "chunks"])
+def test_lower_precision_runs_account_as_fp32(tmp_path, parallel, precision):
+    """DP-FedAvg in TF32 or bfloat16 on the device, by the loop and in cohort-parallel chunks:
+    the same ledger as fp32 (precision is not in the research key: the same cohorts and noise),
+    and a finite model near fp32's."""
+    exact, _, exact_privacy = _run(tmp_path, "fp32", *parallel, f"device={DEVICE}")
+    low, _, low_privacy = _run(tmp_path, precision, *parallel, f"device={DEVICE}", f"client.precision={precision}")
+    assert low_privacy == exact_privacy
+    assert torch.isfinite(low.server.params).all()
+    moved = _relative_gap(exact.server.params, exact.task.initial_params.to(exact.server.params))
+    assert _relative_gap(low.server.params, exact.server.params) <= 0.1 * moved

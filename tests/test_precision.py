@@ -56,26 +56,34 @@ def test_as_fp32_upcasts_lower_floats_only():
     assert as_fp32(torch.ones(2, dtype=torch.long)).dtype == torch.long
 
 
-def test_bk_clips_in_float32_under_bf16_autocast():
-    """One example whose gradient is far above C: the clipped gradient BK writes has norm C to
-    float32 rounding, though the forward and backward ran in bfloat16 (norms taken in bfloat16
-    miss C by ~1e-3)."""
+def clipped_norm_errors(device: torch.device, precision: str) -> list[float]:
+    """``|‖clipped gradient‖ / C − 1|`` of six single examples whose gradients are far above C,
+    clipped by BK on ``device`` with the forward and backward in ``precision``."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 96), nn.Tanh(), nn.Linear(96, 48))
+    model = nn.Sequential(nn.Linear(64, 96), nn.Tanh(), nn.Linear(96, 48)).to(device)
     clip = 0.01
     bk = BookKeeping(model, clip_norm=clip, noise_multiplier=0.0)
     errors = []
     for seed in range(6):
-        x = torch.randn(1, 64, generator=torch.Generator().manual_seed(seed)) * 3
-        with compute_precision("bf16", CPU):
+        x = (torch.randn(1, 64, generator=torch.Generator().manual_seed(seed)) * 3).to(device)
+        with compute_precision(precision, device):
             out = model(x)
-            assert out.dtype == torch.bfloat16  # autocast ran the forward in bfloat16
+            if precision == "bf16":
+                assert out.dtype == torch.bfloat16  # autocast ran the forward in bfloat16
             bk.backward((out.float() ** 2).sum(dim=1))
         norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters()))
         assert all(p.grad.dtype == torch.float32 for p in model.parameters())
         errors.append(abs(float(norm) / clip - 1.0))
-    assert max(errors) < 2e-6, errors
     bk.detach()
+    return errors
+
+
+def test_bk_clips_in_float32_under_bf16_autocast():
+    """One example whose gradient is far above C: the clipped gradient BK writes has norm C to
+    float32 rounding, though the forward and backward ran in bfloat16 (norms taken in bfloat16
+    miss C by ~1e-3)."""
+    errors = clipped_norm_errors(CPU, "bf16")
+    assert max(errors) < 2e-6, errors
 
 
 def _users(seed: int = 0) -> list[np.ndarray]:
@@ -130,3 +138,32 @@ def test_bf16_changes_the_local_steps_and_loop_and_parallel_agree():
     for k, rows in enumerate(users):
         d16, _ = local_update(model, params, rows, bf16, client_draws(k))
         assert float(torch.nn.functional.cosine_similarity(par[k][0], d16, dim=0)) > 0.99
+
+
+def test_lower_precision_with_per_sample_clipping_exits_2_and_writes_nothing(run_cli, tmp_path):
+    """Book-Keeping's sample-separation checks compare gradients at float32 tolerance: bf16 with
+    per-sample clipping is one error line, exit 2, no run directory."""
+    out = tmp_path / "run"
+    res = run_cli("+experiment=smoke", "client.dp=example", "client.precision=bf16", f"run_dir={out}")
+    assert res.returncode == 2, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: client.precision=bf16 cannot run with per-sample")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("overrides,refused", [
+    ((), False), (("client.dp=example",), True), (("algorithm=dp_fedsgd",), True),
+    (("algorithm=dp_fedsgd", "algorithm.one_pass=false"), False), (("algorithm=dpsgd",), True)])
+def test_which_algorithms_take_a_lower_precision(tmp_path, overrides, refused):
+    from conftest import compose_cfg
+    from fedpriv.algorithms import build_algorithm
+    from fedpriv.config import run_config
+
+    algorithm = build_algorithm(run_config(compose_cfg("+experiment=smoke", *overrides, run_dir=tmp_path / "r")))
+    algorithm.check_precision("fp32")
+    for precision in ("tf32", "bf16"):
+        if refused:
+            with pytest.raises(ConfigError, match=f"client.precision={precision} cannot run"):
+                algorithm.check_precision(precision)
+        else:
+            algorithm.check_precision(precision)

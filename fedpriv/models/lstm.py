@@ -36,6 +36,7 @@ from torch import nn
 
 from fedpriv.clipping import (LayerRule, computed_from, flat_positions, no_contributions, record_call,
                               register_hint, register_rule)
+from fedpriv.precision import as_fp32
 from fedpriv.schema import ModelOption, positive, register_option
 
 
@@ -89,7 +90,9 @@ class LSTM(nn.Module):
         """Zero initial state. ``ih`` over all steps, the recurrence without autograd, the
         recurrent products reported as one ``hh`` call on the stored states (made for real if no
         engine hooks ``hh``), joined by :class:`_Recurrence` (see the module docstring)."""
-        x_gates = self.ih(x)  # [B, T, 4H], one hooked call
+        # [B, T, 4H], one hooked call; the recurrence and its BPTT in float32 whatever the autocast
+        # (client.precision=bf16 runs this product in bfloat16: its gradient flows back through the cast)
+        x_gates = as_fp32(self.ih(x))
         w_hh = self.hh.weight.detach()  # the recurrent product inside _Recurrence is not a hooked call
         with torch.no_grad():
             states = _recurrence_forward(x_gates.detach(), w_hh)

@@ -122,8 +122,8 @@ class Client(Section):
     bk_replay_every: Optional[int] = field(default=None, metadata=PRESENTATION)
     # the arithmetic of local training on the device (fedpriv/precision.py): fp32 (IEEE, TF32 off), tf32
     # (TensorFloat-32 matmuls/cuDNN on a GPU; fp32 on a CPU) or bf16 (tf32 + bfloat16 autocast); norms,
-    # clipping and noise are IEEE float32 in every mode, evaluation is fp32
-    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    # clipping and noise are IEEE float32 in every mode, evaluation is fp32; not in the research key
+    precision: Literal["fp32", "tf32", "bf16"] = field(default="fp32", metadata=PRESENTATION)
 
     def check(self, path: str) -> None:
         positive(self, "epochs", "batch_size", "lr", "max_steps", "parallel", "bk_replay_every", path=path)
