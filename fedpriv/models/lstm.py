@@ -111,7 +111,12 @@ class LSTM(nn.Module):
         x_gates = self.ih(x)  # one 3-D Linear call over all time steps
         outputs = []
         for t in range(x.shape[1]):
-            gates = x_gates[:, t] if h is None else x_gates[:, t] + self.hh(h)
+            if h is None:
+                gates = x_gates[:, t]
+            elif self.per_sample:  # the hooked hh call a clipping engine records
+                gates = x_gates[:, t] + self.hh(h)
+            else:  # one fused GEMM-and-add (batched under vmap): no separate gate sum
+                gates = torch.addmm(x_gates[:, t], h, self.hh.weight.t())
             i, f, g, o = gates.chunk(4, dim=-1)
             c = (torch.sigmoid(i) * torch.tanh(g) if c is None
                  else torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g))
