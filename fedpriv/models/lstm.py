@@ -109,6 +109,9 @@ class LSTM(nn.Module):
         and no batch-sized constant for per-sample clipping to puzzle over."""
         h, c = (None, None) if hx is None else (hx[0][0], hx[1][0])
         x_gates = self.ih(x)  # one 3-D Linear call over all time steps
+        if hx is None and not self.per_sample:  # no engine records hh: the recurrence with its own BPTT
+            hidden, cells, _ = _VmappableRecurrence.apply(x_gates, self.hh.weight)
+            return hidden, (hidden[:, -1].unsqueeze(0), cells[:, -1].unsqueeze(0))
         outputs = []
         for t in range(x.shape[1]):
             if h is None:
@@ -220,6 +223,72 @@ class _Recurrence(torch.autograd.Function):
                 d_c = d_c * f[:, t]
                 d_h = torch.mm(delta[:, t], w_hh)
         return delta, delta[:, 1:].contiguous(), None, None  # contiguous: BK's products flatten it
+
+
+class _VmappableRecurrence(torch.autograd.Function):
+    """``(x_gates [B,T,4H], W_hh [4H,H]) → (h [B,T,H], c [B,T,H], activated gates [B,T,4H])`` from
+    zero state, with back-propagation through time of its own; written in plain torch ops with
+    ``setup_context`` and ``generate_vmap_rule``, so ``torch.func.vmap``/``grad`` run it over stacked
+    per-client parameters (cohort-parallel training; the fused kernel has no batching rule).
+
+    What autograd through the unrolled steps does and this does not: it formed ``W_hh``'s gradient
+    as T−1 outer products ``δ_t h_{t−1}ᵀ`` of a batch's rows each and summed them one add at a time
+    (under vmap, T−1 skinny GEMMs and T−1 adds of a [clients, 4H, H] tensor per local step); here
+    it is one GEMM over all steps, ``Σ_t δ_t h_{t−1}ᵀ = δ[:,1:]ᵀ h[:,:−1]`` with ``δ_t = ∂L/∂gates_t``
+    (the same BPTT as :class:`_Recurrence`). The gate sum is one ``addmm`` per step. The gradients
+    are returned in the inputs' dtypes (under bfloat16 autocast the products run in bfloat16)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x_gates, w_hh):  # type: ignore[override]
+        size = x_gates.shape[-1] // 4
+        h = c = None
+        hidden, cells, acts = [], [], []
+        for t in range(x_gates.shape[1]):
+            pre = x_gates[:, t] if h is None else torch.addmm(x_gates[:, t], h, w_hh.t())
+            s = torch.sigmoid(pre)
+            g = torch.tanh(pre[:, 2 * size:3 * size])
+            i, f, o = s[:, :size], s[:, size:2 * size], s[:, 3 * size:]
+            c = i * g if c is None else f * c + i * g
+            h = o * torch.tanh(c)
+            hidden.append(h)
+            cells.append(c)
+            acts.append(torch.cat([i, f, g, o], -1))
+        return torch.stack(hidden, 1), torch.stack(cells, 1), torch.stack(acts, 1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # type: ignore[override]
+        x_gates, w_hh = inputs
+        hidden, cells, acts = output
+        ctx.mark_non_differentiable(acts)
+        ctx.dtypes = (x_gates.dtype, w_hh.dtype)
+        ctx.save_for_backward(w_hh, hidden, cells, acts)
+
+    @staticmethod
+    def backward(ctx, d_hidden, d_cells, _d_acts):  # type: ignore[override]
+        w_hh, hidden, cells, acts = ctx.saved_tensors
+        steps, size = acts.shape[1], acts.shape[-1] // 4
+        i, f, g, o = acts.chunk(4, dim=-1)  # [B, T, H] each
+        tanh_cells = torch.tanh(cells)
+        c_prev = torch.cat([torch.zeros_like(cells[:, :1]), cells[:, :-1]], 1)
+        to_cell = o * (1 - tanh_cells * tanh_cells)  # ∂c_t ← ∂h_t
+        coef = torch.cat([g * i * (1 - i), c_prev * f * (1 - f), i * (1 - g * g)], -1)  # δ_i, δ_f, δ_g ← ∂c_t
+        coef_o = tanh_cells * o * (1 - o)  # δ_o ← ∂h_t
+        deltas: list = [None] * steps
+        d_h = d_c = None
+        for t in reversed(range(steps)):
+            dh = d_hidden[:, t] if d_h is None else d_hidden[:, t] + d_h
+            dc = dh * to_cell[:, t] + d_cells[:, t]
+            if d_c is not None:
+                dc = dc + d_c
+            deltas[t] = torch.cat([dc.repeat(1, 3) * coef[:, t], dh * coef_o[:, t]], -1)
+            if t:
+                d_c = dc * f[:, t]
+                d_h = deltas[t].mm(w_hh)
+        delta = torch.stack(deltas, 1)  # [B, T, 4H]: ∂L/∂gates_t, the recurrent path included
+        d_w = delta[:, 1:].reshape(-1, 4 * size).t().mm(hidden[:, :-1].reshape(-1, size))
+        return delta.to(ctx.dtypes[0]), d_w.to(ctx.dtypes[1])
 
 
 def _per_sample_forward(module: LSTM) -> Callable[[], None]:
