@@ -89,15 +89,15 @@ class _Keyed:
 
 def cohort_parallel(client: schema.Client, device: torch.device) -> bool:
     """Whether clients train in cohort-parallel chunks: ``client.parallel > 1`` on an accelerator,
-    or on the CPU with ``client.parallel_on_cpu``. On the CPU the chunks measured 2.6× (default
-    experiment) to 6.9× (StackOverflow-size round) slower than the per-client loop (docs/BENCHMARKS.md
+    or on the CPU with ``client.parallel_on_cpu``. On the CPU the chunks measured 1.3–1.4× slower than
+    the per-client loop (default experiment, StackOverflow-size round; docs/BENCHMARKS.md
     "Paper scale"), so the loop runs there, with one ``warning:`` line saying so."""
     if client.parallel <= 1:
         return False
     if device.type != "cpu" or client.parallel_on_cpu:
         return True
     log.warning(f"client.parallel={client.parallel} runs the per-client loop on the CPU, where cohort-parallel "
-                 "chunks measured 2.6-6.9x slower (docs/BENCHMARKS.md); client.parallel_on_cpu=true runs them anyway")
+                 "chunks measured 1.3-1.4x slower (docs/BENCHMARKS.md); client.parallel_on_cpu=true runs them anyway")
     return False
 
 

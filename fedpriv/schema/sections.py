@@ -114,7 +114,7 @@ class Client(Section):
     dp: Literal["none", "example"] = "none"  # example: local steps are example-level DP-SGD through Book-Keeping
     example: ExampleDP = field(default_factory=ExampleDP)
     # clients trained in lockstep as one vectorized computation (1: one after another); on the CPU
-    # the loop runs instead unless parallel_on_cpu (measured 2.6-6.9x slower there: docs/BENCHMARKS.md)
+    # the loop runs instead unless parallel_on_cpu (measured 1.3-1.4x slower there: docs/BENCHMARKS.md)
     parallel: int = field(default=1, metadata=PRESENTATION)
     parallel_on_cpu: bool = field(default=False, metadata=PRESENTATION)  # true: client.parallel on the CPU too
     # every Book-Keeping engine of the run replays a step's forward (refusing models that mix samples) on its
