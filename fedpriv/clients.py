@@ -12,6 +12,7 @@ import torch
 
 from fedpriv.aggregation import RoundAggregate
 from fedpriv.config import client_diagnostics_enabled
+from fedpriv.precision import exact_fp32
 from fedpriv.randomness import ClientRandomness
 from fedpriv.research_key import client_randomness
 from fedpriv.replies import ClientUpdate, RoundFn, RoundInputs, add_updates
@@ -85,7 +86,8 @@ class StreamedReplies:
 
         if near is None:
             return add_updates(agg, expected, noting_losses()), losses
-        seen = add_updates(near, expected, noting_losses())
+        with exact_fp32():  # the clip and sum on the device: IEEE float32 whatever client.precision
+            seen = add_updates(near, expected, noting_losses())
         agg.merge(near)
         return seen, losses
 

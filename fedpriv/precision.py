@@ -20,10 +20,12 @@ whatever the mode. Lower precision changes *which* gradient a client computes (r
 forward and backward), never the sensitivity the accountant assumes. Evaluation always runs in
 ``fp32``, so reported metrics compare across modes.
 
-The TF32 switches are process-global in torch; :func:`compute_precision` sets them for the
-duration of a block and restores what was there. torch ≥ 2.9 has per-backend ``fp32_precision``
-switches and refuses a process that mixes them with the older ``allow_tf32`` ones; both are
-handled (the newer where it exists).
+The TF32 switches are process-global in torch (autocast is per thread); :func:`compute_precision`
+sets them for the duration of a block and restores what was there, so torch work on another
+thread during the block sees the block's mode. ``torch.backends.mkldnn`` (the CPU's own
+``fp32_precision``) is left as it is: "tf32 on a CPU computes what fp32 does" assumes its
+default. torch ≥ 2.9 has per-backend ``fp32_precision`` switches and refuses a process that mixes
+them with the older ``allow_tf32`` ones; both are handled (the newer where it exists).
 """
 
 from __future__ import annotations
@@ -70,10 +72,8 @@ def compute_precision(precision: str, device: torch.device) -> Iterator[None]:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     with _float32_mode(_FP32_MODE[precision]):
-        if precision == "bf16":
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                yield
-        else:
+        # bf16: autocast to bfloat16; fp32/tf32: autocast off on the device, whatever a caller set
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             yield
 
 

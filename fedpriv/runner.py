@@ -33,6 +33,7 @@ from fedpriv.models import set_flat_params
 from fedpriv.plan import RunPlan, build_plan, executed_config
 from fedpriv.plan.auto import overrides
 from fedpriv.plan.noise_figure import A_WARN, PER_ROUND_WARNING, NoiseFigure
+from fedpriv.precision import compute_precision
 from fedpriv.public.stages import Stage, build_stages
 from fedpriv.randomness import RunRandomness, mode_label
 from fedpriv.replies import RoundFn
@@ -293,8 +294,11 @@ def _restore(session: RunSession, checkpoint: dict) -> None:
 
 
 def evaluate_params(task: Task, params: torch.Tensor) -> dict[str, float]:
+    """The test metrics of ``params``, computed in IEEE float32 whatever ``client.precision`` (so
+    metrics compare across modes; torch's own default would run cuDNN's LSTM in TF32)."""
     set_flat_params(task.eval_model, params)
-    return evaluate(task.eval_model, task.data.test, task.data.vocab, word_of=task.data.test_word_of)
+    with compute_precision("fp32", task.device):
+        return evaluate(task.eval_model, task.data.test, task.data.vocab, word_of=task.data.test_word_of)
 
 
 def train(session: RunSession, round_fn: RoundFn) -> dict:

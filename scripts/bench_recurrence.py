@@ -7,10 +7,11 @@ One process, the two forms alternated (order rotated every repeat), medians afte
 repeat: ``CohortTrainer.updates`` (``torch.func.vmap`` over the clients' stacked parameters) of
 ragged clients (8–39 sentences of 20 tokens, batch 16, 2 steps) with
 
-* ``own BPTT``: :class:`fedpriv.models.lstm._VmappableRecurrence` (what the trainer runs):
-  ``W_hh``'s gradient is one GEMM over all steps;
-* ``autograd steps``: the same forward step by step, autograd forming ``W_hh``'s gradient per
-  step (T−1 skinny GEMMs and T−1 adds of a [clients, 4H, H] tensor per local step).
+* ``own BPTT``: the LSTM's lockstep form, :class:`fedpriv.models.lstm._VmappableRecurrence` (what
+  the trainer runs): ``W_hh``'s gradient is one GEMM over all steps;
+* ``autograd steps``: ``lockstep=False``, the unrolled form: the same steps through autograd,
+  which forms ``W_hh``'s gradient per step (T−1 skinny GEMMs and T−1 adds of a [clients, 4H, H]
+  tensor per local step), what the trainer ran before 2026-12-04.
 
 Both give the same deltas (the largest relative difference is printed).
 """
@@ -36,15 +37,6 @@ from fedpriv.models.lstm import LSTM  # noqa: E402
 from fedpriv.research_key import clients_from_seed  # noqa: E402
 from fedpriv.training import LocalConfig  # noqa: E402
 
-OWN = LSTM._unrolled
-
-
-def autograd_steps(self: LSTM, x: torch.Tensor, hx=None):
-    """The unrolled forward with an explicit zero state: the per-step path, autograd's BPTT."""
-    zeros = x.new_zeros(1, x.shape[0], self.hidden_size)
-    return OWN(self, x, (zeros, zeros) if hx is None else hx)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=670)
@@ -63,17 +55,20 @@ def main() -> None:
     params = get_flat_params(model)
     trainer = CohortTrainer(model, LocalConfig(lr=0.5, batch_size=16, max_steps=2), pad_id=0, parallel=args.parallel)
     clients = clients_from_seed(0)
-    forms = {"own BPTT": OWN, "autograd steps": autograd_steps}
+    lstms = [m for m in trainer.model.modules() if isinstance(m, LSTM)]
+    forms = {"own BPTT": True, "autograd steps": False}  # each LSTM's lockstep flag
     times: dict[str, list[float]] = {name: [] for name in forms}
     deltas = {}
     for rep in range(args.repeats):
         for name in (list(forms) if rep % 2 else list(forms)[::-1]):
-            LSTM._unrolled = forms[name]
+            for lstm in lstms:
+                lstm.lockstep = forms[name]
             draws = [clients.draws(0, u) for u in range(len(users))]  # fresh: the draws are consumed
             start = time.perf_counter()
             deltas[name] = [d for d, _ in trainer.updates(params, users, draws)]
             times[name].append(time.perf_counter() - start)
-    LSTM._unrolled = OWN
+    for lstm in lstms:
+        lstm.lockstep = True
     med = {name: statistics.median(t[1:] or t) for name, t in times.items()}
     diff = max(float((a - b).norm() / a.norm()) for a, b in zip(deltas["autograd steps"], deltas["own BPTT"]))
     out = {"date": date.today().isoformat(), "torch": torch.__version__, "threads": args.threads,

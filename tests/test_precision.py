@@ -167,3 +167,51 @@ def test_which_algorithms_take_a_lower_precision(tmp_path, overrides, refused):
                 algorithm.check_precision(precision)
         else:
             algorithm.check_precision(precision)
+
+
+def test_the_device_clip_and_sum_and_evaluation_run_in_ieee_float32(tmp_path, monkeypatch):
+    """With client.precision=bf16 and cohort-parallel chunks, each delta is clipped and added with
+    autocast off and the float32 switches IEEE (the round's sum keeps its bound); evaluation too
+    (metrics compare across modes), even when called inside a bf16 block."""
+    import fedpriv.clients as clients
+    import fedpriv.runner as runner
+    from conftest import compose_cfg
+    from fedpriv.aggregation import RoundAggregate
+    from fedpriv.runner import prepare
+
+    seen = []
+    add = RoundAggregate.add
+
+    def noting(self, delta, tally=True):
+        seen.append((torch.is_autocast_enabled("cpu"), _state()))
+        return add(self, delta, tally)
+
+    monkeypatch.setattr(RoundAggregate, "add", noting)
+    session = prepare(compose_cfg("+experiment=smoke", "progress=false", "rounds=1", "cohort_size=6",
+                                  "client.parallel=3", "client.parallel_on_cpu=true", "client.precision=bf16",
+                                  run_dir=tmp_path / "r"))
+    session.run.unlock()
+    assert session.task.trainer is not None and session.task.local.precision == "bf16"
+    cohort = session.server.cohort(0)
+    inputs = session.server.round_inputs(0, cohort)
+    host = RoundAggregate.zeros(inputs.params.numel(), inputs.clip_norm)
+    clients.in_process_round_fn(session.task, session.spec)(inputs).add_to(host, {int(u) for u in cohort}, 0)
+    assert host.accepted == len(cohort) == len(seen)
+    assert all(not autocast and all(v in ("ieee", False) for v in state) for autocast, state in seen)
+
+    evaluated = []
+    evaluate = runner.evaluate
+
+    def noting_eval(*args, **kwargs):
+        evaluated.append((torch.is_autocast_enabled("cpu"), _state()))
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "evaluate", noting_eval)
+    with compute_precision("bf16", CPU):
+        metrics = runner.evaluate_params(session.task, inputs.params)
+    assert evaluated == [(False, [v for v in _state_in("fp32")])] and metrics["loss"] > 0
+
+
+def _state_in(mode: str) -> list[object]:
+    with compute_precision(mode, CPU):
+        return _state()

@@ -26,7 +26,7 @@ def build_model(name: str, vocab_size: int, pad_id: int = 0, **kwargs) -> nn.Mod
 
 def vmappable(model: nn.Module) -> nn.Module:
     """A copy of ``model`` whose forward runs under ``torch.func.vmap`` over stacked parameters
-    (cohort-parallel training): every :class:`LSTM` takes its unrolled forward and attention is
+    (cohort-parallel training): every :class:`LSTM` takes its lockstep forward and attention is
     spelt out, since the fused LSTM and attention kernels have no batching rule (vmap would loop
     over the clients one by one). Same function; the copy carries no module hooks."""
     replica = copy.deepcopy(model)
@@ -38,6 +38,7 @@ def vmappable(model: nn.Module) -> nn.Module:
         if isinstance(module, LSTM):
             module.per_sample = False
             module.unrolled = True
+            module.lockstep = True  # the recurrence's own BPTT (one W_hh gradient GEMM per step of training)
         elif isinstance(module, CausalSelfAttention):
             module.explicit = True
     return replica

@@ -20,6 +20,9 @@ Three forwards compute the same function:
   come from two batched outer-product contributions (``Σ_t δ_t x_tᵀ`` and ``Σ_t δ_t h_{t-1}ᵀ``).
 * *unrolled* (``unrolled=True``): step by step through the Linear gates with autograd (the
   reference, and the per-sample form when an initial state is passed).
+* *lockstep* (``unrolled=True, lockstep=True``, set by :func:`fedpriv.models.vmappable` for
+  cohort-parallel training): the same steps in :class:`_VmappableRecurrence`, whose own BPTT forms
+  ``W_hh``'s gradient in one GEMM over all steps; ``vmap`` batches it over stacked parameters.
 
 Importing this module registers :class:`LSTM` with :mod:`fedpriv.clipping`: a rule with no
 parameters of its own (``ih``/``hh`` are clipped by the ``nn.Linear`` rule) whose ``prepare``
@@ -64,6 +67,7 @@ class LSTM(nn.Module):
         self.hh = nn.Linear(hidden_size, 4 * hidden_size, bias=False)
         self.unrolled = False  # step by step through the Linear gates, with autograd
         self.per_sample = False  # batched gate products + _Recurrence (set by the clipping prepare step)
+        self.lockstep = False  # with unrolled: _VmappableRecurrence's own BPTT (set by models.vmappable)
 
     def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -109,7 +113,7 @@ class LSTM(nn.Module):
         and no batch-sized constant for per-sample clipping to puzzle over."""
         h, c = (None, None) if hx is None else (hx[0][0], hx[1][0])
         x_gates = self.ih(x)  # one 3-D Linear call over all time steps
-        if hx is None and not self.per_sample:  # no engine records hh: the recurrence with its own BPTT
+        if hx is None and self.lockstep and not self.per_sample:  # cohort-parallel: the recurrence's own BPTT
             hidden, cells, _ = _VmappableRecurrence.apply(x_gates, self.hh.weight)
             return hidden, (hidden[:, -1].unsqueeze(0), cells[:, -1].unsqueeze(0))
         outputs = []
@@ -168,6 +172,22 @@ def _recurrence_forward(x_gates: torch.Tensor, w_hh: torch.Tensor) -> _States:
     return _States(gates, products, cells, tanh_cells, hidden)
 
 
+def _step_factors(gates: torch.Tensor, cells: torch.Tensor, tanh_cells: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The step-local factors of back-propagation through time, for all steps at once, from the
+    activated gates ``[σ(i), σ(f), tanh(g), σ(o)]`` [B, T, 4H] and the cells (zero initial state):
+    ``to_cell = σ(o)(1 − tanh²c_t)`` (∂c_t ← ∂h_t), ``coef = [tanh(g)σ(i)(1−σ(i)), c_{t−1}σ(f)(1−σ(f)),
+    σ(i)(1 − tanh²g)]`` (δ_i, δ_f, δ_g ← ∂c_t), ``coef_o = tanh(c_t)σ(o)(1−σ(o))`` (δ_o ← ∂h_t),
+    and ``σ(f)`` (∂c_{t−1} ← ∂c_t). Both recurrences' backwards (:class:`_Recurrence`,
+    :class:`_VmappableRecurrence`) run their recursion on these."""
+    i, f, g, o = gates.chunk(4, dim=-1)  # [B, T, H] each
+    c_prev = torch.cat([torch.zeros_like(cells[:, :1]), cells[:, :-1]], 1)
+    to_cell = o * (1 - tanh_cells * tanh_cells)
+    coef = torch.cat([g * i * (1 - i), c_prev * f * (1 - f), i * (1 - g * g)], -1)
+    coef_o = tanh_cells * o * (1 - o)
+    return to_cell, coef, coef_o, f
+
+
 class _Products(torch.autograd.Function):
     """The recurrent products the recurrence formed, ``products`` [B, T-1, 4H], as a tensor in the
     graph (hanging off ``anchor``, which gets no gradient from it): autograd hands it the
@@ -205,12 +225,7 @@ class _Recurrence(torch.autograd.Function):
         w_hh = ctx.w_hh
         b, steps, four_h = s.gates.shape
         size = four_h // 4
-        i, f, g, o = s.gates.chunk(4, dim=-1)  # [B, T, H] each
-        c_prev = torch.cat([s.cells.new_zeros(b, 1, size), s.cells[:, :-1]], 1)
-        # the step-local factors, for all steps at once: δ_t = (∂L/∂c_t, ∂L/∂h_t) times these
-        to_cell = o * (1 - s.tanh_cells * s.tanh_cells)  # ∂c_t ← ∂h_t
-        coef = torch.cat([g * i * (1 - i), c_prev * f * (1 - f), i * (1 - g * g)], -1)  # δ_i, δ_f, δ_g ← ∂c_t
-        coef_o = s.tanh_cells * o * (1 - o)  # δ_o ← ∂h_t
+        to_cell, coef, coef_o, f = _step_factors(s.gates, s.cells, s.tanh_cells)
         delta = torch.empty_like(s.gates)
         d_h = None  # W_hhᵀ δ_{t+1}
         d_c = d_cell.clone() if d_cell is not None else s.cells.new_zeros(b, size)
@@ -269,12 +284,9 @@ class _VmappableRecurrence(torch.autograd.Function):
     def backward(ctx, d_hidden, d_cells, _d_acts):  # type: ignore[override]
         w_hh, hidden, cells, acts = ctx.saved_tensors
         steps, size = acts.shape[1], acts.shape[-1] // 4
-        i, f, g, o = acts.chunk(4, dim=-1)  # [B, T, H] each
-        tanh_cells = torch.tanh(cells)
-        c_prev = torch.cat([torch.zeros_like(cells[:, :1]), cells[:, :-1]], 1)
-        to_cell = o * (1 - tanh_cells * tanh_cells)  # ∂c_t ← ∂h_t
-        coef = torch.cat([g * i * (1 - i), c_prev * f * (1 - f), i * (1 - g * g)], -1)  # δ_i, δ_f, δ_g ← ∂c_t
-        coef_o = tanh_cells * o * (1 - o)  # δ_o ← ∂h_t
+        w_hh = w_hh.to(acts.dtype)  # the products' dtype (bfloat16 under autocast), autocast on or not
+        to_cell, coef, coef_o, f = _step_factors(acts, cells, torch.tanh(cells))
+        # the recursion of _Recurrence.backward in plain ops (no writes into a preallocated tensor: vmap)
         deltas: list = [None] * steps
         d_h = d_c = None
         for t in reversed(range(steps)):
@@ -287,7 +299,7 @@ class _VmappableRecurrence(torch.autograd.Function):
                 d_c = dc * f[:, t]
                 d_h = deltas[t].mm(w_hh)
         delta = torch.stack(deltas, 1)  # [B, T, 4H]: ∂L/∂gates_t, the recurrent path included
-        d_w = delta[:, 1:].reshape(-1, 4 * size).t().mm(hidden[:, :-1].reshape(-1, size))
+        d_w = delta[:, 1:].reshape(-1, 4 * size).t().mm(hidden[:, :-1].reshape(-1, size).to(delta.dtype))
         return delta.to(ctx.dtypes[0]), d_w.to(ctx.dtypes[1])
 
 
