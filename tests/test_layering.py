@@ -203,7 +203,7 @@ FLOORS = [
                         r"|tensorboard_events)|fedpriv\.plan" + _PKG),
     ("foundations", FOUNDATIONS),
     ("parts", r"fedpriv\.(models|data|text|mechanisms|accounting|clipping|optim|public|audit)" + _PKG
-     + r"|fedpriv\.(sampling|aggregation|queries|replies|codec|adaptive_clipping|lora|metrics)"),
+     + r"|fedpriv\.(sampling|aggregation|queries|replies|codec|adaptive_clipping|lora|metrics|distributed_dp)"),
     ("the round", r"fedpriv\.(task|algorithms|training|cohort|cohort_parallel|clients|dpfedavg|local_dp|config)"),
 ]
 _FLOOR_ORDER = ["entry points", "run composition", "the round", "parts", "foundations"]

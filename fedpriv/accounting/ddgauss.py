@@ -1,0 +1,212 @@
+"""Accounting of the distributed discrete Gaussian (issue 45, first step: the mathematics).
+
+Kairouz, Liu and Steinke, "The Distributed Discrete Gaussian Mechanism for Federated Learning with
+Secure Aggregation" (ICML 2021). Each of ``n`` clients clips its update to L2 norm ``c``, rotates
+it (randomized Hadamard), scales it by ``1/γ``, rounds it to the integer grid by conditional
+randomized rounding, and adds its own share ``N_Z(0, σ²)`` of discrete Gaussian noise per
+coordinate; secure aggregation reveals only the sum (mod the field). In the scaled integer domain
+(``σ`` below is the *local* standard deviation there, i.e. the real-valued one divided by γ):
+
+* **Sensitivity after rounding** (the paper's conditional randomized rounding, its Theorem/
+  Proposition on the rounded norm): rounding is retried until the rounded vector's squared norm
+  is at most ``Δ₂² = min((c/γ + √d)², (c/γ)² + d/4 + √(2 ln(1/β))·(c/γ + √d/2))``, where ``β`` is
+  the probability bound of one try failing (``β = 0``: the unconditional bound ``c/γ + √d``).
+  In the integer domain also ``Δ₁ ≤ Δ₂·min(√d, Δ₂)``.
+* **The sum of n shares is nearly a discrete Gaussian** (its Theorem 1 and Proposition 14): with
+  ``τ = 10·Σ_{k=1}^{n−1} exp(−2π²σ²·k/(k+1))``, ``s₂ = Δ₂/(√n σ)`` and ``s₁ = Δ₁/(√n σ)``, one
+  round satisfies (α, ε(α))-RDP for every α > 1 with
+  ``ε(α) = min(α s₂²/2 + τd,  α(s₂² + 2 s₁ τ + τ² d)/2,  α(s₂ + τ√d)²/2)``.
+  With ``n = 1`` (τ = 0) this is the discrete Gaussian's ``α s₂²/2``, the continuous Gaussian's
+  RDP at noise multiplier ``σ/Δ₂`` (Canonne, Kamath and Steinke, "The Discrete Gaussian for
+  Differential Privacy").
+* **Poisson sampling** of the users with probability ``q`` amplifies it by the general upper bound
+  of Zhu and Wang, "Poisson Subsampled Rényi Differential Privacy" (ICML 2019, Theorem 5), for
+  integer α ≥ 2 (:func:`poisson_subsampled_rdp`); rounds compose additively in RDP, and ε at δ is
+  dp_accounting's RDP conversion (``rdp_privacy_accountant.compute_epsilon``).
+
+``n`` must be a number of shares the round is *guaranteed* to sum: fewer shares are less noise, so a
+round whose survivors fall below it must release nothing (dropouts beyond the planned minimum are a
+refusal, not a weaker guarantee). The accountant takes ``n`` as that planned minimum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+#: the integer RDP orders the amplification bound is evaluated at (Theorem 5 needs integers ≥ 2)
+ORDERS: tuple[int, ...] = tuple(range(2, 129)) + (192, 256)
+
+
+def rounded_l2_bound(scaled_clip: float, dim: int, beta: float) -> float:
+    """Δ₂ of a vector of L2 norm ≤ ``scaled_clip`` (= c/γ) after conditional randomized rounding to
+    the integer grid with failure probability bound ``beta`` ∈ [0, 1) (module docstring)."""
+    if not scaled_clip > 0 or dim < 1 or not 0 <= beta < 1:
+        raise ValueError(f"need scaled_clip > 0, dim >= 1 and 0 <= beta < 1 (got {scaled_clip}, {dim}, {beta})")
+    plain = scaled_clip + math.sqrt(dim)
+    if beta == 0:
+        return plain
+    conditional = math.sqrt(scaled_clip ** 2 + dim / 4
+                            + math.sqrt(2 * math.log(1 / beta)) * (scaled_clip + math.sqrt(dim) / 2))
+    return min(plain, conditional)
+
+
+def rounded_l1_bound(l2_bound: float, dim: int) -> float:
+    """Δ₁ of an integer vector of L2 norm ≤ ``l2_bound`` in ``dim`` coordinates: ≤ √d·Δ₂, and
+    ≤ Δ₂² since every nonzero integer coordinate has |x| ≤ x²."""
+    return l2_bound * min(math.sqrt(dim), l2_bound)
+
+
+def tau(shares: int, local_std: float) -> float:
+    """``τ = 10·Σ_{k=1}^{n−1} exp(−2π²σ²·k/(k+1))``: how far the sum of ``shares`` discrete
+    Gaussians of standard deviation ``local_std`` (integer domain) is from one discrete Gaussian."""
+    if shares < 1 or not local_std > 0:
+        raise ValueError(f"need shares >= 1 and local_std > 0 (got {shares}, {local_std})")
+    k = np.arange(1, shares, dtype=np.float64)
+    return float(10.0 * np.exp(-2.0 * (math.pi * local_std) ** 2 * k / (k + 1)).sum())
+
+
+def round_rdp(alpha: float, l1_scale: float, l2_scale: float, tau_value: float, dim: int) -> float:
+    """ε(α) of one round of the distributed discrete Gaussian without sampling (Proposition 14;
+    ``l*_scale`` = sensitivity / (√n σ), ``tau_value`` from :func:`tau`)."""
+    if not alpha > 1:
+        raise ValueError(f"RDP orders must exceed 1, got {alpha}")
+    return min(alpha * l2_scale ** 2 / 2 + tau_value * dim,
+               alpha * (l2_scale ** 2 + 2 * l1_scale * tau_value + tau_value ** 2 * dim) / 2,
+               alpha * (l2_scale + math.sqrt(dim) * tau_value) ** 2 / 2)
+
+
+def poisson_subsampled_rdp(alpha: int, q: float, rdp: Callable[[int], float]) -> float:
+    """RDP at integer order ``alpha`` ≥ 2 of a mechanism with RDP curve ``rdp`` run on a Poisson
+    sample of rate ``q``: Zhu and Wang's general upper bound (Theorem 5),
+    ``(1/(α−1))·log[(1−q)^{α−1}(αq−q+1) + C(α,2)q²(1−q)^{α−2}e^{ε(2)}
+    + 3·Σ_{l=3}^{α} C(α,l)(1−q)^{α−l}q^l e^{(l−1)ε(l)}]``, never above the unsampled ``rdp(α)``."""
+    if int(alpha) != alpha or alpha < 2:
+        raise ValueError(f"the subsampling bound needs an integer order >= 2, got {alpha}")
+    if not 0 < q <= 1:
+        raise ValueError(f"the sampling rate must be in (0, 1], got {q}")
+    alpha = int(alpha)
+    if q == 1:
+        return rdp(alpha)
+    log_q, log_1q = math.log(q), math.log1p(-q)
+    head = [(alpha - 1) * log_1q + math.log(alpha * q - q + 1),
+            math.log(special.comb(alpha, 2)) + 2 * log_q + (alpha - 2) * log_1q + rdp(2)]
+    orders = np.arange(3, alpha + 1, dtype=np.float64)
+    tail = (special.gammaln(alpha + 1) - special.gammaln(orders + 1) - special.gammaln(alpha - orders + 1)
+            + (alpha - orders) * log_1q + orders * log_q + (orders - 1) * np.array([rdp(int(o)) for o in orders]))
+    terms = np.concatenate([head, tail])
+    weights = np.concatenate([[1.0, 1.0], np.full(len(tail), 3.0)])
+    return min(float(special.logsumexp(terms, b=weights)) / (alpha - 1), rdp(alpha))
+
+
+@dataclass(frozen=True)
+class DistributedDiscreteGaussian:
+    """One round's distributed discrete Gaussian, in the real domain of the updates.
+
+    ``clip``: each client's L2 clip c; ``granularity``: γ (the integer grid's step in update
+    units); ``local_std``: each share's standard deviation in update units (σ_real; the integer
+    domain's σ is σ_real/γ); ``shares``: the number of shares every released sum is guaranteed to
+    hold (the planned minimum of surviving clients); ``dim``: d, the coordinates after padding to
+    the rotation's power of two; ``beta``: conditional rounding's failure bound."""
+
+    clip: float
+    granularity: float
+    local_std: float
+    shares: int
+    dim: int
+    beta: float = math.exp(-0.5)
+
+    def __post_init__(self) -> None:
+        for name in ("clip", "granularity", "local_std"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.shares < 1 or self.dim < 1:
+            raise ValueError(f"shares and dim must be at least 1 (got {self.shares}, {self.dim})")
+
+    @property
+    def l2_sensitivity(self) -> float:
+        """Δ₂ in the integer domain (after scaling by 1/γ and rounding)."""
+        return rounded_l2_bound(self.clip / self.granularity, self.dim, self.beta)
+
+    def rdp_curve(self) -> Callable[[float], float]:
+        """α ↦ ε(α) of one unsampled round (Proposition 14, in the integer domain), its constants
+        (the scales and τ) computed once."""
+        sigma = self.local_std / self.granularity
+        l2 = self.l2_sensitivity
+        spread = math.sqrt(self.shares) * sigma
+        l1_scale, l2_scale, t = rounded_l1_bound(l2, self.dim) / spread, l2 / spread, tau(self.shares, sigma)
+        return lambda alpha: round_rdp(alpha, l1_scale, l2_scale, t, self.dim)
+
+    def rdp(self, alpha: float) -> float:
+        """ε(α) of one unsampled round (:meth:`rdp_curve`)."""
+        return self.rdp_curve()(alpha)
+
+    def epsilon(self, delta: float, rounds: int, q: float = 1.0, orders: Sequence[int] = ORDERS) -> float:
+        """ε at ``delta`` after ``rounds`` rounds, each on a Poisson sample of rate ``q`` of the
+        users (q = 1: every round sees every user), by RDP composition and dp_accounting's
+        RDP → (ε, δ) conversion."""
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon  # lazy: dp_accounting (0.8 s)
+
+        if rounds < 1 or not 0 < delta < 1:
+            raise ValueError(f"need rounds >= 1 and 0 < delta < 1 (got {rounds}, {delta})")
+        curve = self.rdp_curve()
+        table = {order: curve(order) for order in range(2, max(orders) + 1)}  # each order's ε once
+        rdp = [rounds * poisson_subsampled_rdp(order, q, table.__getitem__) for order in orders]
+        return float(compute_epsilon(list(orders), rdp, delta)[0])
+
+
+def granularity_for_bits(clip: float, local_std: float, shares: int, dim: int, bits: int, k: float = 4.0,
+                         flatness: float = 1.0) -> float:
+    """The grid step γ at which ``k`` standard deviations of every coordinate of the centred sum
+    fit in ``bits`` (the paper's modular-clipping heuristic, its Section 4): after the rotation a
+    coordinate of ``Σ_i x_i`` is sub-Gaussian with variance at most ``ρ·(c n)²/d`` (ρ the rotation's
+    flatness, 1 for the randomized Hadamard up to a log factor; ``c n`` the sum's norm bound), the
+    rounding adds at most γ²/4 and the noise σ² per share, so ``2^bits = 2k·√(ρ(cn)²/d + n(γ²/4 + σ²))/γ``:
+    ``γ = √((ρ(cn)²/d + nσ²) / (4^bits/(4k²) − n/4))``. ``ValueError`` when ``4^bits ≤ n k²``."""
+    room = 4.0 ** bits / (4 * k * k) - shares / 4
+    if not room > 0:
+        raise ValueError(f"{bits} bits cannot hold {k} standard deviations of a sum of {shares} shares: "
+                         f"give more bits (4^bits > n·k²)")
+    return math.sqrt((flatness * (clip * shares) ** 2 / dim + shares * local_std ** 2) / room)
+
+
+def calibrate_local_std(epsilon: float, delta: float, clip: float, granularity: float, shares: int, dim: int,
+                        rounds: int, q: float = 1.0, beta: float = math.exp(-0.5)) -> float:
+    """The smallest share standard deviation σ_real (bisection, to 0.1%) at which ``rounds`` rounds
+    of :class:`DistributedDiscreteGaussian` with these settings cost at most ``epsilon`` at ``delta``."""
+    def cost(std: float) -> float:
+        return DistributedDiscreteGaussian(clip, granularity, std, shares, dim, beta).epsilon(delta, rounds, q)
+
+    lo, hi = 1e-6 * clip, clip
+    while cost(hi) > epsilon:
+        lo, hi = hi, hi * 4
+        if hi > 1e6 * clip:
+            raise ValueError(f"no noise level reaches epsilon {epsilon} with these settings")
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if cost(mid) <= epsilon else (mid, hi)
+    return hi
+
+
+def plan_ddgauss(epsilon: float, delta: float, clip: float, shares: int, length: int, rounds: int, q: float,
+                 bits: int, k: float = 4.0, beta: float = math.exp(-0.5), iterations: int = 8
+                 ) -> DistributedDiscreteGaussian:
+    """Grid step and share noise for an ε budget and a bit width: alternately the σ that meets ε
+    at the current γ (:func:`calibrate_local_std`) and the γ at which k standard deviations of the
+    sum fit the bits with that σ (:func:`granularity_for_bits`), from γ = the noise-free fit, until γ
+    moves by less than 0.1%. The result meets ε (each σ is calibrated at its own γ); the bits hold
+    k standard deviations of the sum at the returned γ up to that 0.1%. ``length``: the update's
+    coordinates (padded to a power of two here)."""
+    dim = 1 << (length - 1).bit_length()
+    gamma = granularity_for_bits(clip, 0.0, shares, dim, bits, k)
+    std = calibrate_local_std(epsilon, delta, clip, gamma, shares, dim, rounds, q, beta)
+    for _ in range(iterations):
+        previous, gamma = gamma, granularity_for_bits(clip, std, shares, dim, bits, k)
+        std = calibrate_local_std(epsilon, delta, clip, gamma, shares, dim, rounds, q, beta)
+        if abs(gamma / previous - 1) < 1e-3:  # a fixed point: σ no longer moves γ
+            break
+    return DistributedDiscreteGaussian(clip, gamma, std, shares, dim, beta)

@@ -1,0 +1,156 @@
+"""The distributed discrete Gaussian's client encoding and server decoding (issue 45, first step).
+
+Kairouz, Liu and Steinke, "The Distributed Discrete Gaussian Mechanism for Federated Learning with
+Secure Aggregation" (ICML 2021). A client with update ``x`` ∈ R^d sends, in Z_m (m = 2^bits):
+
+1. ``x`` clipped to L2 norm ``c`` and zero-padded to ``D`` = the next power of two ≥ d;
+2. rotated, ``H·diag(s)·x`` with ``H`` the orthonormal Walsh–Hadamard matrix and ``s`` random
+   signs shared by the round's clients (public randomness: the rotation flattens the vector so
+   that few coordinates are large; privacy does not rest on it);
+3. scaled by ``1/γ`` and rounded to the integer grid by *conditional randomized rounding*: each
+   coordinate goes to ``⌊v⌋ + Bernoulli(v − ⌊v⌋)`` (unbiased), retried until the rounded vector's
+   L2 norm is at most the sensitivity Δ₂ the accountant charges (:mod:`fedpriv.accounting.ddgauss`);
+4. plus its share ``N_Z(0, σ²)`` of discrete Gaussian noise per coordinate (σ = σ_real/γ);
+5. reduced mod m. Secure aggregation reveals only ``Σ_i`` (mod m) of these.
+
+The server maps the sum to the centred range ``[−m/2, m/2)``, multiplies by γ and rotates back:
+``Σ_i clip(x_i) + (rounding error) + γ·Σ_i noise_i``, exactly so while the centred sum does not
+wrap around m (the bits must hold k standard deviations of the sum: that choice, and accounting
+for a wrap, come in a later step).
+
+Randomness: the rounding's and the noise's uniforms come from SHAKE-256 under the client's key
+(:func:`fedpriv.randomness.uniforms`), secret in secure mode; the rotation's signs from the round's
+key. The discrete Gaussian is sampled as Canonne, Kamath and Steinke's "The Discrete Gaussian for
+Differential Privacy" (Algorithm 3: discrete Laplace proposals of scale ⌊σ⌋+1, accepted with
+probability ``exp(−(|y| − σ²/t)²/(2σ²))``), vectorized in float64: like every floating-point
+sampler, its probabilities carry float rounding (the paper's exact sampler uses rationals).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedpriv.accounting.ddgauss import DistributedDiscreteGaussian
+from fedpriv.randomness import uniforms
+
+MAX_ROUNDING_TRIES = 100  # conditional rounding fails with probability ≤ β per try (β < 1)
+
+
+def padded_dim(dim: int) -> int:
+    """The rotation's size: the smallest power of two ≥ ``dim``."""
+    if dim < 1:
+        raise ValueError(f"dim must be at least 1, got {dim}")
+    return 1 << (dim - 1).bit_length()
+
+
+def hadamard(x: Tensor) -> Tensor:
+    """``H x / √D`` along the last axis (D a power of two): the orthonormal fast Walsh–Hadamard
+    transform, O(D log D). It is its own inverse."""
+    size = x.shape[-1]
+    if size & (size - 1):
+        raise ValueError(f"the Hadamard transform needs a power-of-two length, got {size}")
+    lead = x.shape[:-1]
+    y = x.reshape(-1, size)
+    h = 1
+    while h < size:
+        pairs = y.reshape(-1, size // (2 * h), 2, h)
+        y = torch.stack((pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]), dim=2).reshape(-1, size)
+        h *= 2
+    return (y / math.sqrt(size)).reshape(*lead, size)
+
+
+def rotation_signs(round_key: bytes, round_idx: int, size: int) -> Tensor:
+    """The round's ±1 signs (float64), the same for every client of the round."""
+    return torch.from_numpy(np.where(uniforms(round_key, "ddgauss rotation", (round_idx,), size) < 0.5, -1.0, 1.0))
+
+
+def randomized_round(v: Tensor, u: np.ndarray) -> Tensor:
+    """``⌊v⌋ + [u < v − ⌊v⌋]`` coordinate-wise (unbiased: E = v), as int64."""
+    floor = torch.floor(v)
+    return (floor + (torch.from_numpy(u) < (v - floor)).to(v.dtype)).to(torch.int64)
+
+
+def conditional_round(v: Tensor, bound: float, key: bytes, index: tuple[int, ...]) -> Tensor:
+    """:func:`randomized_round` retried (fresh uniforms each try) until ``‖round(v)‖₂ ≤ bound``;
+    ``RuntimeError`` after :data:`MAX_ROUNDING_TRIES` (a ``bound`` below what rounding can meet)."""
+    for attempt in range(MAX_ROUNDING_TRIES):
+        rounded = randomized_round(v, uniforms(key, "ddgauss rounding", (*index, attempt), v.numel()))
+        if float(rounded.double().pow(2).sum()) <= bound * bound:
+            return rounded
+    raise RuntimeError(f"conditional rounding did not meet the norm bound {bound:.4g} in {MAX_ROUNDING_TRIES} "
+                       "tries: the update is not clipped to the mechanism's clip norm")
+
+
+def discrete_gaussian(sigma: float, n: int, key: bytes, index: tuple[int, ...]) -> Tensor:
+    """``n`` draws of ``N_Z(0, σ²)`` (int64): P(y) ∝ exp(−y²/(2σ²)) on the integers (module
+    docstring: Canonne–Kamath–Steinke's Algorithm 3, vectorized)."""
+    if not sigma > 0:
+        raise ValueError(f"sigma must be positive, got {sigma}")
+    t = math.floor(sigma) + 1
+    log_p = -1.0 / t  # the geometric's log ratio: P(G ≥ k) = e^{−k/t}
+    out: list[np.ndarray] = []
+    have, batch = 0, 0
+    while have < n:
+        want = int(1.3 * (n - have)) + 16
+        u = uniforms(key, "ddgauss noise", (*index, batch), 3 * want).reshape(3, want)
+        batch += 1
+        g1 = np.floor(np.log1p(-u[0]) / log_p)  # Geometric(1 − e^{−1/t}) from U ∈ [0, 1)
+        g2 = np.floor(np.log1p(-u[1]) / log_p)
+        y = g1 - g2  # the difference of two: discrete Laplace of scale t
+        accept = u[2] < np.exp(-((np.abs(y) - sigma * sigma / t) ** 2) / (2 * sigma * sigma))
+        kept = y[accept][: n - have]
+        out.append(kept)
+        have += len(kept)
+    return torch.from_numpy(np.concatenate(out).astype(np.int64))
+
+
+@dataclass(frozen=True)
+class DDGaussCodec:
+    """The encoding of one round's updates for :class:`DistributedDiscreteGaussian` ``mechanism``
+    into Z_m, ``m = 2**bits``, and the decoding of their sum. ``mechanism.dim`` is the padded size
+    (:func:`padded_dim` of the update's length)."""
+
+    mechanism: DistributedDiscreteGaussian
+    bits: int
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.bits <= 62:
+            raise ValueError(f"bits must be in [2, 62], got {self.bits}")
+        if padded_dim(self.mechanism.dim) != self.mechanism.dim:
+            raise ValueError(f"the mechanism's dim must be a power of two (the padded size), got {self.mechanism.dim}")
+
+    @property
+    def modulus(self) -> int:
+        return 1 << self.bits
+
+    def encode(self, update: Tensor, round_key: bytes, round_idx: int, client_key: bytes) -> Tensor:
+        """Client side: ``update`` (real, length ≤ dim) → its share in Z_m (int64), steps 1–5 of
+        the module docstring. ``client_key`` keys its rounding and noise (secret)."""
+        mech = self.mechanism
+        x = update.detach().double().flatten().cpu()
+        if x.numel() > mech.dim:
+            raise ValueError(f"an update of {x.numel()} coordinates does not fit the mechanism's {mech.dim}")
+        norm = float(torch.linalg.vector_norm(x))
+        if not math.isfinite(norm):
+            raise FloatingPointError("a non-finite update cannot be encoded")
+        x = x * min(1.0, mech.clip / norm) if norm > 0 else x
+        padded = torch.zeros(mech.dim, dtype=torch.float64)
+        padded[: x.numel()] = x
+        rotated = hadamard(padded * rotation_signs(round_key, round_idx, mech.dim))
+        rounded = conditional_round(rotated / mech.granularity, mech.l2_sensitivity, client_key, (round_idx,))
+        noise = discrete_gaussian(mech.local_std / mech.granularity, mech.dim, client_key, (round_idx,))
+        return torch.remainder(rounded + noise, self.modulus)
+
+    def decode(self, summed: Tensor, round_key: bytes, round_idx: int, length: int) -> Tensor:
+        """Server side: the sum of the shares mod m → ``Σ clip(x_i)`` + rounding error + the
+        summed noise, in update units (float64), the first ``length`` coordinates."""
+        m = self.modulus
+        centred = torch.remainder(summed.to(torch.int64) + m // 2, m) - m // 2
+        real = hadamard(centred.double() * self.mechanism.granularity) * rotation_signs(round_key, round_idx,
+                                                                                         self.mechanism.dim)
+        return real[:length]

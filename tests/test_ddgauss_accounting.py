@@ -1,0 +1,116 @@
+"""The distributed discrete Gaussian's accounting (fedpriv/accounting/ddgauss.py) against what it
+must reduce to: one share is the (discrete) Gaussian mechanism, whose RDP dp_accounting computes;
+n shares of σ are, for σ ≥ 2 (integer domain), one discrete Gaussian of σ√n; the subsampled bound
+is an upper bound of dp_accounting's Poisson-sampled Gaussian and close to it; fewer surviving
+shares cost more ε."""
+
+import math
+
+import dp_accounting
+import pytest
+
+from fedpriv.accounting.ddgauss import (DistributedDiscreteGaussian, poisson_subsampled_rdp, round_rdp,
+                                        rounded_l1_bound, rounded_l2_bound, tau)
+
+
+def _gaussian_epsilon(noise_multiplier: float, rounds: int, delta: float, q: float = 1.0) -> float:
+    event = dp_accounting.GaussianDpEvent(noise_multiplier)
+    if q < 1:
+        event = dp_accounting.PoissonSampledDpEvent(q, event)
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(event, rounds)
+    return accountant.get_epsilon(delta)
+
+
+def test_rounding_bounds():
+    assert rounded_l2_bound(100.0, 64, 0.0) == pytest.approx(108.0)  # c/γ + √d
+    conditional = rounded_l2_bound(100.0, 4096, math.exp(-0.5))
+    assert conditional < 100.0 + 64.0  # the conditional bound is the tighter one in high dimension
+    assert conditional == pytest.approx(math.sqrt(100.0 ** 2 + 4096 / 4 + 1.0 * (100.0 + 32.0)))
+    assert rounded_l1_bound(10.0, 64) == pytest.approx(80.0)  # √d·Δ₂
+    assert rounded_l1_bound(3.0, 64) == pytest.approx(9.0)  # Δ₂² (integer coordinates)
+    with pytest.raises(ValueError):
+        rounded_l2_bound(1.0, 8, 1.0)
+
+
+def test_one_share_is_the_gaussian_mechanism():
+    """n = 1 (τ = 0), β = 0 (Δ₂ = c/γ + √d), q = 1: ε equals the Gaussian mechanism's at noise
+    multiplier σ/Δ₂ (integer orders only here: ε within 1% above dp_accounting's)."""
+    mech = DistributedDiscreteGaussian(clip=1.0, granularity=1e-3, local_std=2e-3 * 1000, shares=1, dim=16, beta=0.0)
+    assert tau(1, 2.0) == 0.0
+    sigma_int = mech.local_std / mech.granularity
+    multiplier = sigma_int / mech.l2_sensitivity
+    for rounds in (1, 100):
+        ours = mech.epsilon(1e-5, rounds)
+        reference = _gaussian_epsilon(multiplier, rounds, 1e-5)
+        assert reference <= ours * (1 + 1e-9) and ours == pytest.approx(reference, rel=0.01)
+    assert mech.rdp(3.0) == pytest.approx(3.0 / (2 * multiplier ** 2))
+
+
+def test_n_shares_are_one_discrete_gaussian_of_the_summed_variance():
+    """σ ≥ 2 in the integer domain: τ is below 1e-15 and n shares of σ cost what one share of
+    σ√n costs."""
+    assert tau(1000, 2.0) < 1e-15
+    shares = DistributedDiscreteGaussian(clip=1.0, granularity=0.01, local_std=0.05, shares=100, dim=1024)
+    single = DistributedDiscreteGaussian(clip=1.0, granularity=0.01, local_std=0.5, shares=1, dim=1024)
+    assert shares.epsilon(1e-5, 50, q=0.01) == pytest.approx(single.epsilon(1e-5, 50, q=0.01), rel=1e-9)
+
+
+def test_small_shares_pay_for_the_sum_not_being_a_discrete_gaussian():
+    """σ = 0.3 in the integer domain: τ is not negligible, and ε is above the σ√n discrete Gaussian's."""
+    assert tau(100, 0.3) > 1e-2
+    shares = DistributedDiscreteGaussian(clip=1.0, granularity=0.1, local_std=0.03, shares=100, dim=64)
+    single = DistributedDiscreteGaussian(clip=1.0, granularity=0.1, local_std=0.3, shares=1, dim=64)
+    assert shares.epsilon(1e-5, 10) > single.epsilon(1e-5, 10) * 1.01
+
+
+def test_the_subsampled_bound_is_above_dp_accountings_and_close():
+    """One share, q = 0.01, 1000 rounds: the Theorem 5 bound is an upper bound of dp_accounting's
+    Poisson-sampled Gaussian (which is exact for the continuous Gaussian only) and within 20% of it
+    (measured: 2.47 against 2.12, 17%: the price of a bound that holds for any RDP curve)."""
+    mech = DistributedDiscreteGaussian(clip=1.0, granularity=1e-3, local_std=1.0, shares=1, dim=16, beta=0.0)
+    multiplier = (mech.local_std / mech.granularity) / mech.l2_sensitivity
+    ours = mech.epsilon(1e-5, 1000, q=0.01)
+    reference = _gaussian_epsilon(multiplier, 1000, 1e-5, q=0.01)
+    assert reference <= ours <= reference * 1.2, (ours, reference)
+    assert poisson_subsampled_rdp(5, 1.0, lambda a: 0.1 * a) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        poisson_subsampled_rdp(2.5, 0.1, lambda a: a)
+
+
+def test_dropouts_below_the_planned_shares_cost_more():
+    """Fewer shares are less noise: ε grows as the guaranteed survivors fall (the accountant must
+    be given the minimum a released round holds)."""
+    eps = [DistributedDiscreteGaussian(clip=1.0, granularity=0.01, local_std=0.1, shares=n, dim=4096)
+           .epsilon(1e-5, 100, q=0.05) for n in (100, 80, 50)]
+    assert eps[0] < eps[1] < eps[2]
+
+
+def test_round_rdp_takes_the_smallest_of_the_three_bounds():
+    l2, l1, t, d = 0.5, 2.0, 1e-3, 100
+    assert round_rdp(2.0, l1, l2, t, d) == pytest.approx(min(2 * l2 ** 2 / 2 + t * d,
+                                                             2 * (l2 ** 2 + 2 * l1 * t + t ** 2 * d) / 2,
+                                                             2 * (l2 + 10 * t) ** 2 / 2))
+    assert round_rdp(2.0, l1, l2, 0.0, d) == pytest.approx(l2 ** 2)
+
+
+def test_a_planned_round_meets_its_budget_at_nearly_the_central_noise():
+    """ε = 2, δ = 1e-5, q = 0.01, 100 rounds, 100 shares, 4,000 coordinates: the plan for 16 bits
+    meets ε, its bits hold 4 standard deviations of the sum, and the summed noise √n·σ is within
+    10% of the central Gaussian's at the same ε (measured 1.042×: the generic amplification bound;
+    the quantization's inflation of Δ₂ is 1e-4 at 16 bits); 12 bits cost more noise than 16."""
+    from fedpriv.accounting.accountant import calibrate_noise_multiplier
+    from fedpriv.accounting.ddgauss import granularity_for_bits, plan_ddgauss
+
+    plan = plan_ddgauss(2.0, 1e-5, 1.0, 100, 4000, 100, 0.01, 16)
+    assert plan.dim == 4096 and plan.epsilon(1e-5, 100, q=0.01) <= 2.0
+    assert granularity_for_bits(1.0, plan.local_std, 100, 4096, 16) == pytest.approx(plan.granularity, rel=2e-3)
+    central = calibrate_noise_multiplier(
+        lambda z: dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(z)), 100), 2.0, 1e-5)
+    summed = math.sqrt(100) * plan.local_std / plan.clip
+    assert central <= summed <= 1.1 * central, (summed, central)
+    coarse = plan_ddgauss(2.0, 1e-5, 1.0, 100, 4000, 100, 0.01, 12)
+    assert coarse.local_std > plan.local_std and coarse.l2_sensitivity * coarse.granularity > 1.005
+    with pytest.raises(ValueError, match="more bits"):
+        granularity_for_bits(1.0, 0.1, 100, 4096, 4)

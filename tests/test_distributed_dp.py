@@ -1,0 +1,91 @@
+"""The distributed discrete Gaussian's encoding (fedpriv/distributed_dp.py): the rotation is
+orthonormal and its own inverse, conditional rounding is unbiased and meets the accountant's norm
+bound, the discrete Gaussian sampler has the discrete Gaussian's moments and mass, and the sum of
+the clients' shares mod m decodes to the sum of their clipped updates plus noise of the planned
+scale (no wrap-around at these bits)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedpriv.accounting.ddgauss import DistributedDiscreteGaussian
+from fedpriv.distributed_dp import (DDGaussCodec, conditional_round, discrete_gaussian, hadamard, padded_dim,
+                                    randomized_round)
+
+KEY = bytes(range(32))
+
+
+def test_hadamard_is_orthonormal_and_its_own_inverse():
+    x = torch.randn(3, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = hadamard(x)
+    torch.testing.assert_close(hadamard(y), x)
+    torch.testing.assert_close(y.norm(dim=1), x.norm(dim=1))
+    e = torch.zeros(8, dtype=torch.float64)
+    e[0] = 1.0
+    torch.testing.assert_close(hadamard(e), torch.full((8,), 1 / math.sqrt(8), dtype=torch.float64))
+    assert padded_dim(1000) == 1024 and padded_dim(1024) == 1024
+    with pytest.raises(ValueError):
+        hadamard(torch.zeros(6))
+
+
+def test_randomized_rounding_is_unbiased_and_conditional_rounding_meets_its_bound():
+    v = torch.full((200_000,), 2.3, dtype=torch.float64)
+    r = randomized_round(v, np.random.default_rng(0).random(200_000))
+    assert set(r.unique().tolist()) == {2, 3} and float(r.double().mean()) == pytest.approx(2.3, abs=3e-3)
+    x = torch.randn(1024, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 0.3
+    bound = math.sqrt(float(x.pow(2).sum()) + 1024 / 4)  # about the rounded norm's mean: some tries fail
+    rounded = conditional_round(x, bound, KEY, (0,))
+    assert float(rounded.double().pow(2).sum()) <= bound ** 2
+    with pytest.raises(RuntimeError, match="norm bound"):
+        conditional_round(x, 0.5 * float(x.norm()), KEY, (0,))
+
+
+@pytest.mark.parametrize("sigma", [0.7, 3.0, 40.0])
+def test_the_discrete_gaussian_has_its_moments_and_mass(sigma):
+    draws = discrete_gaussian(sigma, 200_000, KEY, (7,))
+    assert draws.dtype == torch.int64 and len(draws) == 200_000
+    k = np.arange(-int(12 * sigma) - 3, int(12 * sigma) + 4)
+    pmf = np.exp(-k ** 2 / (2 * sigma ** 2))
+    pmf /= pmf.sum()
+    variance = float((pmf * k ** 2).sum())  # the discrete Gaussian's (not quite σ² for small σ)
+    assert float(draws.double().mean()) == pytest.approx(0.0, abs=4 * math.sqrt(variance / 200_000))
+    assert float(draws.double().var()) == pytest.approx(variance, rel=0.02)
+    assert float((draws == 0).double().mean()) == pytest.approx(float(pmf[k == 0][0]), abs=0.005)
+    assert not torch.equal(draws, discrete_gaussian(sigma, 200_000, KEY, (8,)))  # fresh per index
+
+
+def test_the_sum_of_shares_decodes_to_the_clipped_sum_plus_the_planned_noise():
+    length, clients = 1000, 20
+    dim = padded_dim(length)
+    mech = DistributedDiscreteGaussian(clip=1.0, granularity=2e-3, local_std=5e-3, shares=clients, dim=dim)
+    codec = DDGaussCodec(mech, bits=20)
+    gen = torch.Generator().manual_seed(2)
+    updates = [torch.randn(length, generator=gen) * (0.01 if i % 2 else 1.0) for i in range(clients)]  # some clipped
+    shares = [codec.encode(u, KEY, 3, bytes([i]) * 32) for i, u in enumerate(updates)]
+    assert all(s.min() >= 0 and s.max() < codec.modulus for s in shares)
+    decoded = codec.decode(torch.stack(shares).sum(0), KEY, 3, length)
+    clipped = sum(u.double() * min(1.0, 1.0 / float(u.double().norm())) for u in updates)
+    error = decoded - clipped
+    # the noise: Σ of n shares of σ/γ, times γ: std √n·σ; rounding adds at most γ/2 per coordinate
+    noise_std = math.sqrt(clients) * mech.local_std
+    assert float(error.std()) == pytest.approx(math.sqrt(noise_std ** 2 + clients * mech.granularity ** 2 / 6),
+                                               rel=0.1)
+    assert float(error.mean()) == pytest.approx(0.0, abs=4 * noise_std / math.sqrt(length))
+    one = codec.decode(codec.encode(updates[0], KEY, 3, bytes([0]) * 32), KEY, 3, length)
+    alone = one - updates[0].double() / updates[0].double().norm()  # one share is already noised
+    assert float(alone.std()) == pytest.approx(math.sqrt(mech.local_std ** 2 + mech.granularity ** 2 / 6), rel=0.1)
+
+
+def test_the_codec_refuses_what_it_cannot_encode():
+    mech = DistributedDiscreteGaussian(clip=1.0, granularity=1e-2, local_std=1e-2, shares=4, dim=16)
+    with pytest.raises(ValueError, match="bits"):
+        DDGaussCodec(mech, bits=1)
+    with pytest.raises(ValueError, match="power of two"):
+        DDGaussCodec(DistributedDiscreteGaussian(clip=1.0, granularity=1e-2, local_std=1e-2, shares=4, dim=12), 16)
+    codec = DDGaussCodec(mech, bits=16)
+    with pytest.raises(ValueError, match="does not fit"):
+        codec.encode(torch.zeros(17), KEY, 0, KEY)
+    with pytest.raises(FloatingPointError):
+        codec.encode(torch.tensor([float("nan")] * 4), KEY, 0, KEY)
