@@ -114,3 +114,23 @@ def test_a_planned_round_meets_its_budget_at_nearly_the_central_noise():
     assert coarse.local_std > plan.local_std and coarse.l2_sensitivity * coarse.granularity > 1.005
     with pytest.raises(ValueError, match="more bits"):
         granularity_for_bits(1.0, 0.1, 100, 4096, 4)
+
+
+def test_the_calculator_plans_ddgauss_and_refuses_too_few_bits(capsys):
+    """`python -m fedpriv.accounting ddgauss ...`: one JSON line with the plan (its ε within the
+    target, its noise beside the central Gaussian's); too few bits is one error line, exit 2."""
+    import json
+
+    from fedpriv.accounting.__main__ import main
+
+    args = ["ddgauss", "--target-epsilon", "2", "--delta", "1e-5", "--sampling-rate", "0.01", "--rounds", "100",
+            "--shares", "100", "--dim", "4000"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mechanism"] == "ddgauss" and out["bits"] == 16 and out["padded_dim"] == 4096
+    assert out["epsilon"] <= 2.0 and 1.0 <= out["noise_over_central"] <= 1.1
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--bits", "4"])
+    assert stop.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: ddgauss: 4 bits cannot hold")

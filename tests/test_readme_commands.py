@@ -26,6 +26,10 @@ CASES = {
         "-m fedpriv.accounting epsilon --noise-multiplier 1.5 --sampling balls_in_bins --bins 66",
         rf"epsilon = {NUMBER} \(upper bound; estimate {NUMBER}\)",
         rf"epsilon = {NUMBER} \(upper bound at confidence 0\.999; estimate {NUMBER}\)"),
+    "ddgauss_plan": (
+        "-m fedpriv.accounting ddgauss --target-epsilon 2 --delta 1e-5 --sampling-rate 0.01 --rounds 100",
+        rf"noise multiplier {NUMBER} = {NUMBER}x the central {NUMBER}",
+        rf"summed noise multiplier {NUMBER} is {NUMBER}x the central Gaussian's {NUMBER}"),
     "gboard_tree_epsilon": (
         "-m fedpriv.accounting epsilon --mechanism tree --noise-multiplier 7.0 --rounds 2000",
         rf"epsilon = {NUMBER}, sum of sensitivity\^2 {NUMBER} \(exact\)",

@@ -7,6 +7,8 @@ Examples::
     python -m fedpriv.accounting noise --target-epsilon 2 --sampling-rate 0.01 --rounds 1000 --delta 1e-5
     python -m fedpriv.accounting delta --epsilon 2 --noise-multiplier 1.5 --sampling balls_in_bins \
         --bins 66 --rounds 220 --mechanism bandmf --strategy-column 0.9,0.4,0.2 --json
+    python -m fedpriv.accounting ddgauss --target-epsilon 2 --delta 1e-5 --sampling-rate 0.01 \
+        --rounds 100 --shares 100 --dim 4000 --bits 16
 
 Balls-in-bins sampling is accounted by Monte Carlo (``--accountant mc``, its default there;
 :mod:`fedpriv.accounting.monte_carlo`): the claimed epsilon and delta are upper bounds holding
@@ -153,7 +155,52 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="any other key of the mechanism's option (repeatable), e.g. --set error=max")
         p.add_argument("--json", action="store_true", help="print one JSON line")
+    dd = sub.add_parser("ddgauss", help="plan the distributed discrete Gaussian (secure aggregation): grid step "
+                                         "and each client's noise for a target epsilon and a bit width")
+    dd.add_argument("--target-epsilon", type=float, required=True)
+    dd.add_argument("--delta", type=float, required=True, help="delta in (0, 1)")
+    dd.add_argument("--sampling-rate", type=float, required=True, help="q in (0, 1]: Poisson sampling of the users")
+    dd.add_argument("--rounds", type=int, required=True, help="number of rounds T >= 1")
+    dd.add_argument("--clip", type=float, default=1.0, help="each client's L2 clip norm c")
+    dd.add_argument("--shares", type=int, required=True,
+                    help="noise shares every released sum is guaranteed to hold (the fewest surviving clients)")
+    dd.add_argument("--dim", type=int, required=True, help="the update's coordinates (padded to a power of two)")
+    dd.add_argument("--bits", type=int, default=16, help="bits per coordinate of the secure sum (default 16)")
+    dd.add_argument("--k", type=float, default=4.0, help="standard deviations of the sum the bits must hold")
+    dd.add_argument("--json", action="store_true", help="print one JSON line")
     return parser
+
+
+def _ddgauss(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan of :func:`fedpriv.accounting.ddgauss.plan_ddgauss`, beside the central Gaussian's
+    noise multiplier at the same epsilon (RDP, Poisson sampling) for comparison."""
+    from fedpriv.accounting.ddgauss import plan_ddgauss, tau  # lazy: only this subcommand reads it
+
+    check_delta(args.delta)
+    check_epsilon(args.target_epsilon)
+    for name, value in (("rounds", args.rounds), ("shares", args.shares), ("dim", args.dim)):
+        if value < 1:
+            raise ConfigError(f"--{name} must be at least 1, got {value}")
+    if not 0 < args.sampling_rate <= 1 or not args.clip > 0 or not args.k > 0:
+        raise ConfigError(f"need 0 < --sampling-rate <= 1, --clip > 0 and --k > 0 (got {args.sampling_rate}, "
+                          f"{args.clip}, {args.k})")
+    try:
+        plan = plan_ddgauss(args.target_epsilon, args.delta, args.clip, args.shares, args.dim, args.rounds,
+                            args.sampling_rate, args.bits, args.k)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    central = calibrate_noise_multiplier(
+        lambda z: dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(args.sampling_rate, dp_accounting.GaussianDpEvent(z)), args.rounds),
+        args.target_epsilon, args.delta)
+    summed = math.sqrt(plan.shares) * plan.local_std / plan.clip
+    return {"mechanism": "ddgauss", "epsilon": plan.epsilon(args.delta, args.rounds, args.sampling_rate),
+            "target_epsilon": args.target_epsilon, "delta": args.delta, "accountant": "rdp (Zhu-Wang amplification)",
+            "bits": args.bits, "padded_dim": plan.dim, "granularity": plan.granularity, "local_std": plan.local_std,
+            "shares": plan.shares, "summed_noise_multiplier": summed, "central_noise_multiplier": central,
+            "noise_over_central": summed / central,
+            "sensitivity_inflation": plan.l2_sensitivity * plan.granularity / plan.clip,
+            "tau": tau(plan.shares, plan.local_std / plan.granularity)}
 
 
 # the flags each sampling reads (beside --rounds, the mechanism's and the accountant's): any other
@@ -526,6 +573,18 @@ def quiet_logging() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_logging()
     args = build_parser().parse_args(argv)
+    if args.command == "ddgauss":
+        try:
+            out = _ddgauss(args)
+        except ConfigError as err:
+            _fail(f"ddgauss: {err}")
+        print(json_text(out) if args.json else (
+            f"ddgauss: grid step {out['granularity']:.4g}, each client's noise std {out['local_std']:.4g} "
+            f"({out['bits']} bits, {out['padded_dim']} coordinates, {out['shares']} shares): epsilon = "
+            f"{out['epsilon']:.4g} at delta = {out['delta']:g}; the summed noise multiplier "
+            f"{out['summed_noise_multiplier']:.4f} is {out['noise_over_central']:.3f}x the central Gaussian's "
+            f"{out['central_noise_multiplier']:.4f}"))
+        return 0
     try:
         _validate(args)
         sampler = make_cli_sampler(args)
