@@ -15,8 +15,9 @@ Secure Aggregation" (ICML 2021). A client with update ``x`` ∈ R^d sends, in Z_
 
 The server maps the sum to the centred range ``[−m/2, m/2)``, multiplies by γ and rotates back:
 ``Σ_i clip(x_i) + (rounding error) + γ·Σ_i noise_i``, exactly so while the centred sum does not
-wrap around m (the bits must hold k standard deviations of the sum: that choice, and accounting
-for a wrap, come in a later step).
+wrap around m. The planner (:func:`fedpriv.accounting.ddgauss.plan_ddgauss`) sizes the bits for k
+standard deviations of the sum under a sub-Gaussian heuristic; a coordinate can still wrap (an
+accuracy loss, not a privacy one: nothing here detects it yet).
 
 Randomness: the rounding's and the noise's uniforms come from SHAKE-256 under the client's key
 (:func:`fedpriv.randomness.uniforms`), secret in secure mode; the rotation's signs from the round's
@@ -128,9 +129,14 @@ class DDGaussCodec:
     def modulus(self) -> int:
         return 1 << self.bits
 
-    def encode(self, update: Tensor, round_key: bytes, round_idx: int, client_key: bytes) -> Tensor:
-        """Client side: ``update`` (real, length ≤ dim) → its share in Z_m (int64), steps 1–5 of
-        the module docstring. ``client_key`` keys its rounding and noise (secret)."""
+    def encode(self, update: Tensor, round_key: bytes, round_idx: int, client_key: bytes, user: int) -> Tensor:
+        """Client ``user``'s side: ``update`` (real, length ≤ dim) → its share in Z_m (int64), steps
+        1–5 of the module docstring. ``client_key`` keys its rounding and noise: it must be secret
+        (secure mode: in research mode whoever holds the run's config regenerates every share) and
+        not the round's public key; (round, user) index its streams, so two clients never share noise
+        even under one key."""
+        if client_key == round_key:
+            raise ValueError("the client's key must not be the round's public rotation key")
         mech = self.mechanism
         x = update.detach().double().flatten().cpu()
         if x.numel() > mech.dim:
@@ -142,8 +148,8 @@ class DDGaussCodec:
         padded = torch.zeros(mech.dim, dtype=torch.float64)
         padded[: x.numel()] = x
         rotated = hadamard(padded * rotation_signs(round_key, round_idx, mech.dim))
-        rounded = conditional_round(rotated / mech.granularity, mech.l2_sensitivity, client_key, (round_idx,))
-        noise = discrete_gaussian(mech.local_std / mech.granularity, mech.dim, client_key, (round_idx,))
+        rounded = conditional_round(rotated / mech.granularity, mech.l2_sensitivity, client_key, (round_idx, user))
+        noise = discrete_gaussian(mech.local_std / mech.granularity, mech.dim, client_key, (round_idx, user))
         return torch.remainder(rounded + noise, self.modulus)
 
     def decode(self, summed: Tensor, round_key: bytes, round_idx: int, length: int) -> Tensor:

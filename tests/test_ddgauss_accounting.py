@@ -57,11 +57,15 @@ def test_n_shares_are_one_discrete_gaussian_of_the_summed_variance():
 
 
 def test_small_shares_pay_for_the_sum_not_being_a_discrete_gaussian():
-    """σ = 0.3 in the integer domain: τ is not negligible, and ε is above the σ√n discrete Gaussian's."""
-    assert tau(100, 0.3) > 1e-2
-    shares = DistributedDiscreteGaussian(clip=1.0, granularity=0.1, local_std=0.03, shares=100, dim=64)
-    single = DistributedDiscreteGaussian(clip=1.0, granularity=0.1, local_std=0.3, shares=1, dim=64)
+    """σ = 0.6 in the integer domain: τ is not negligible, and ε is above the σ√n discrete Gaussian's;
+    below σ = 1/2 (where Proposition 14 does not hold) ε is infinite."""
+    assert tau(2, 0.5) == pytest.approx(10 * math.exp(-math.pi ** 2 / 4))  # 0.8480: one term, k = 1
+    assert tau(100, 0.6) > 1e-2
+    shares = DistributedDiscreteGaussian(clip=1.0, granularity=0.1, local_std=0.06, shares=100, dim=64)
+    single = DistributedDiscreteGaussian(clip=1.0, granularity=0.1, local_std=0.6, shares=1, dim=64)
     assert shares.epsilon(1e-5, 10) > single.epsilon(1e-5, 10) * 1.01
+    below = DistributedDiscreteGaussian(clip=1.0, granularity=0.1, local_std=0.04, shares=100, dim=64)
+    assert below.epsilon(1e-5, 10) == math.inf
 
 
 def test_the_subsampled_bound_is_above_dp_accountings_and_close():
@@ -74,6 +78,9 @@ def test_the_subsampled_bound_is_above_dp_accountings_and_close():
     reference = _gaussian_epsilon(multiplier, 1000, 1e-5, q=0.01)
     assert reference <= ours <= reference * 1.2, (ours, reference)
     assert poisson_subsampled_rdp(5, 1.0, lambda a: 0.1 * a) == pytest.approx(0.5)
+    # the Gaussian curve α/2 at q = 0.01, α = 8: 1.4036e-3 (with Theorem 5's factor 3 on the l ≥ 3
+    # terms; 8.94e-4 without it, which is dp_accounting's exact subsampled Gaussian value)
+    assert poisson_subsampled_rdp(8, 0.01, lambda a: a / 2) == pytest.approx(1.40364e-3, rel=1e-4)
     with pytest.raises(ValueError):
         poisson_subsampled_rdp(2.5, 0.1, lambda a: a)
 

@@ -181,13 +181,15 @@ def _ddgauss(args: argparse.Namespace) -> dict[str, Any]:
     for name, value in (("rounds", args.rounds), ("shares", args.shares), ("dim", args.dim)):
         if value < 1:
             raise ConfigError(f"--{name} must be at least 1, got {value}")
+    if not 2 <= args.bits <= 62:
+        raise ConfigError(f"--bits must be in [2, 62] (the secure sum's field is 2^bits), got {args.bits}")
     if not 0 < args.sampling_rate <= 1 or not args.clip > 0 or not args.k > 0:
         raise ConfigError(f"need 0 < --sampling-rate <= 1, --clip > 0 and --k > 0 (got {args.sampling_rate}, "
                           f"{args.clip}, {args.k})")
     try:
         plan = plan_ddgauss(args.target_epsilon, args.delta, args.clip, args.shares, args.dim, args.rounds,
                             args.sampling_rate, args.bits, args.k)
-    except ValueError as err:
+    except (ValueError, RuntimeError) as err:
         raise ConfigError(str(err)) from None
     central = calibrate_noise_multiplier(
         lambda z: dp_accounting.SelfComposedDpEvent(

@@ -16,6 +16,7 @@ coordinate; secure aggregation reveals only the sum (mod the field). In the scal
   ``τ = 10·Σ_{k=1}^{n−1} exp(−2π²σ²·k/(k+1))``, ``s₂ = Δ₂/(√n σ)`` and ``s₁ = Δ₁/(√n σ)``, one
   round satisfies (α, ε(α))-RDP for every α > 1 with
   ``ε(α) = min(α s₂²/2 + τd,  α(s₂² + 2 s₁ τ + τ² d)/2,  α(s₂ + τ√d)²/2)``.
+  The bound needs ``σ ≥ 1/2`` (integer domain) when n > 1; below it this module charges ε = ∞.
   With ``n = 1`` (τ = 0) this is the discrete Gaussian's ``α s₂²/2``, the continuous Gaussian's
   RDP at noise multiplier ``σ/Δ₂`` (Canonne, Kamath and Steinke, "The Discrete Gaussian for
   Differential Privacy").
@@ -24,9 +25,12 @@ coordinate; secure aggregation reveals only the sum (mod the field). In the scal
   integer α ≥ 2 (:func:`poisson_subsampled_rdp`); rounds compose additively in RDP, and ε at δ is
   dp_accounting's RDP conversion (``rdp_privacy_accountant.compute_epsilon``).
 
-``n`` must be a number of shares the round is *guaranteed* to sum: fewer shares are less noise, so a
-round whose survivors fall below it must release nothing (dropouts beyond the planned minimum are a
-refusal, not a weaker guarantee). The accountant takes ``n`` as that planned minimum.
+``n`` must be a number of shares the round is *guaranteed* to sum: fewer shares are less noise. The
+neighbouring relation under which exactly n shares are summed in both worlds is *zero-out* (a
+user's data replaced by zeros, its noise share still sent: the paper's setting). Under add/remove
+of a user, "fewer than n survivors: release nothing" itself separates the two worlds, so the
+probability of that event must be added to δ (a Binomial tail under Poisson sampling) — the run
+integration (a later step) has to do so; this module does not.
 """
 
 from __future__ import annotations
@@ -138,6 +142,8 @@ class DistributedDiscreteGaussian:
         sigma = self.local_std / self.granularity
         l2 = self.l2_sensitivity
         spread = math.sqrt(self.shares) * sigma
+        if self.shares > 1 and sigma < 0.5:  # Theorem 1 / Proposition 14 assume σ ≥ 1/2: no bound below
+            return lambda alpha: math.inf
         l1_scale, l2_scale, t = rounded_l1_bound(l2, self.dim) / spread, l2 / spread, tau(self.shares, sigma)
         return lambda alpha: round_rdp(alpha, l1_scale, l2_scale, t, self.dim)
 
@@ -208,5 +214,6 @@ def plan_ddgauss(epsilon: float, delta: float, clip: float, shares: int, length:
         previous, gamma = gamma, granularity_for_bits(clip, std, shares, dim, bits, k)
         std = calibrate_local_std(epsilon, delta, clip, gamma, shares, dim, rounds, q, beta)
         if abs(gamma / previous - 1) < 1e-3:  # a fixed point: σ no longer moves γ
-            break
-    return DistributedDiscreteGaussian(clip, gamma, std, shares, dim, beta)
+            return DistributedDiscreteGaussian(clip, gamma, std, shares, dim, beta)
+    raise RuntimeError(f"the grid step did not settle in {iterations} iterations (last {gamma:.4g}, before "
+                       f"{previous:.4g}): the bits' fit to k standard deviations is not established")
