@@ -141,3 +141,28 @@ def test_the_calculator_plans_ddgauss_and_refuses_too_few_bits(capsys):
     assert stop.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("error: ddgauss: 4 bits cannot hold")
+
+
+def test_compute_epsilon_accounts_the_ddgauss_event_by_rdp_under_zero_out_only():
+    """The DpEvent goes through fedpriv's compute_epsilon (dp_accounting's accountants refuse it):
+    RDP under zero-out gives the mechanism's own ε; PLD, Monte Carlo and add/remove are one
+    ConfigError each; calibration finds the summed noise multiplier the planner finds."""
+    from fedpriv.accounting.accountant import PLD, RDP, calibrate_noise_multiplier, compute_epsilon
+    from fedpriv.accounting.ddgauss import DistributedDiscreteGaussianDpEvent, plan_ddgauss
+    from fedpriv.errors import ConfigError
+    from fedpriv.mechanisms.base import ZERO_OUT
+
+    plan = plan_ddgauss(2.0, 1e-5, 1.0, 100, 4000, 100, 0.01, 16)
+
+    def event(z: float) -> DistributedDiscreteGaussianDpEvent:
+        return DistributedDiscreteGaussianDpEvent(z, 100, plan.dim, plan.granularity, 0.01, 100)
+
+    summed = math.sqrt(100) * plan.local_std
+    assert compute_epsilon(event(summed), 1e-5, RDP, ZERO_OUT) == pytest.approx(plan.epsilon(1e-5, 100, 0.01))
+    assert compute_epsilon(event(0.0), 1e-5, RDP, ZERO_OUT) == math.inf
+    for accountant, relation, says in ((PLD, ZERO_OUT, "RDP only"), ("mc", ZERO_OUT, "RDP only"),
+                                       (RDP, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, "zero-out")):
+        with pytest.raises(ConfigError, match=says):
+            compute_epsilon(event(summed), 1e-5, accountant, relation)
+    z = calibrate_noise_multiplier(event, 2.0, 1e-5, RDP, ZERO_OUT, rtol=1e-3)
+    assert compute_epsilon(event(z), 1e-5, RDP, ZERO_OUT) <= 2.0 and z == pytest.approx(summed, rel=3e-3)

@@ -32,6 +32,7 @@ from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon as rdp_epsi
 from scipy import optimize
 
 from fedpriv.accounting import monte_carlo
+from fedpriv.accounting.ddgauss import DistributedDiscreteGaussianDpEvent
 from fedpriv.accounting.monte_carlo import MC, MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.errors import ConfigError
 
@@ -173,6 +174,19 @@ def pld_bytes(event: dp_accounting.DpEvent, discretization: float = PLD_VALUE_DI
     return points * _PLD_BYTES_PER_POINT
 
 
+def _ddgauss_epsilon(event: DistributedDiscreteGaussianDpEvent, delta: float, accountant: str,
+                     relation: Relation) -> float:
+    """ε of a distributed discrete Gaussian event: RDP only, under zero-out (its docstring says why);
+    ``ConfigError`` for any other pair."""
+    if accountant != RDP:
+        raise ConfigError(f"the distributed discrete Gaussian is accounted by RDP only (the paper's Proposition 14 "
+                          f"bound), not by {accountant}: use the rdp accountant")
+    if relation != Relation.REPLACE_SPECIAL:
+        raise ConfigError(f"the distributed discrete Gaussian's accounting is stated under zero-out neighbouring "
+                          f"(a user's shares are sent in both worlds), not {relation_name(relation)}")
+    return event.epsilon(delta)
+
+
 def _monte_carlo_event(event: dp_accounting.DpEvent, accountant: str, relation: Relation) -> bool:
     """Whether ``event`` goes to the Monte-Carlo accountant; ConfigError for a pair that cannot be
     accounted (a balls-in-bins event elsewhere, another event there, replace-one neighbouring)."""
@@ -207,6 +221,8 @@ def compute_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str 
         return math.inf
     if isinstance(event, dp_accounting.NoOpDpEvent):
         return 0.0
+    if isinstance(event, DistributedDiscreteGaussianDpEvent):
+        return _ddgauss_epsilon(event, delta, accountant, relation)
     if _monte_carlo_event(event, accountant, relation):
         return monte_carlo.epsilon(event, delta, monte_carlo_settings or MonteCarloSettings())
     if accountant == PLD and (need := pld_bytes(event, discretization)) > PLD_MEMORY_LIMIT:

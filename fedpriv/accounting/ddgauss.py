@@ -39,6 +39,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import attr
+import dp_accounting
 import numpy as np
 from scipy import special
 
@@ -155,7 +157,7 @@ class DistributedDiscreteGaussian:
         """ε at ``delta`` after ``rounds`` rounds, each on a Poisson sample of rate ``q`` of the
         users (q = 1: every round sees every user), by RDP composition and dp_accounting's
         RDP → (ε, δ) conversion."""
-        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon  # lazy: dp_accounting (0.8 s)
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon  # lazy: its submodule, used here only
 
         if rounds < 1 or not 0 < delta < 1:
             raise ValueError(f"need rounds >= 1 and 0 < delta < 1 (got {rounds}, {delta})")
@@ -217,3 +219,39 @@ def plan_ddgauss(epsilon: float, delta: float, clip: float, shares: int, length:
             return DistributedDiscreteGaussian(clip, gamma, std, shares, dim, beta)
     raise RuntimeError(f"the grid step did not settle in {iterations} iterations (last {gamma:.4g}, before "
                        f"{previous:.4g}): the bits' fit to k standard deviations is not established")
+
+
+@attr.s(frozen=True, repr=False)
+class DistributedDiscreteGaussianDpEvent(dp_accounting.DpEvent):
+    """``rounds`` releases of the distributed discrete Gaussian's sum, each on a Poisson sample of
+    rate ``sampling_rate`` of the users, for :func:`fedpriv.accounting.compute_epsilon` (dp_accounting's
+    own accountants refuse it). In units of the clip norm: ``noise_multiplier`` = √n·σ/c, the summed
+    shares' standard deviation per unit of clip (each share σ = noise_multiplier·c/√n);
+    ``relative_granularity`` = γ/c. Accounted by RDP only (Proposition 14 with Zhu–Wang's
+    amplification) and stated under zero-out neighbouring: both worlds sample the same users and
+    every sampled user sends its share, so the number of shares — and a round withheld when fewer
+    than ``shares`` survive — does not depend on the data (module docstring)."""
+
+    noise_multiplier: float = attr.ib()
+    shares: int = attr.ib()
+    dim: int = attr.ib()
+    relative_granularity: float = attr.ib()
+    sampling_rate: float = attr.ib()
+    rounds: int = attr.ib()
+    beta: float = attr.ib(default=math.exp(-0.5))
+
+    def __repr__(self) -> str:
+        return (f"DistributedDiscreteGaussian(noise_multiplier={self.noise_multiplier:g}, shares={self.shares}, "
+                f"dim={self.dim}, granularity/clip={self.relative_granularity:g}, q={self.sampling_rate:g}, "
+                f"rounds={self.rounds})")
+
+    def mechanism(self) -> DistributedDiscreteGaussian:
+        """The round's mechanism at clip 1."""
+        share_std = self.noise_multiplier / math.sqrt(self.shares)
+        return DistributedDiscreteGaussian(1.0, self.relative_granularity, share_std, self.shares, self.dim, self.beta)
+
+    def epsilon(self, delta: float) -> float:
+        """ε at ``delta`` (∞ without noise)."""
+        if self.noise_multiplier == 0:
+            return math.inf
+        return self.mechanism().epsilon(delta, self.rounds, self.sampling_rate)
