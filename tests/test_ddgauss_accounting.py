@@ -164,5 +164,13 @@ def test_compute_epsilon_accounts_the_ddgauss_event_by_rdp_under_zero_out_only()
                                        (RDP, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, "zero-out")):
         with pytest.raises(ConfigError, match=says):
             compute_epsilon(event(summed), 1e-5, accountant, relation)
+    half = DistributedDiscreteGaussianDpEvent(summed, 100, plan.dim, plan.granularity, 0.01, 50)
+    assert compute_epsilon(dp_accounting.SelfComposedDpEvent(half, 2), 1e-5, RDP, ZERO_OUT) == pytest.approx(
+        compute_epsilon(event(summed), 1e-5, RDP, ZERO_OUT))  # composed as the ledger composes rounds
+    from fedpriv.accounting.accountant import SelfComposition
+
+    one = DistributedDiscreteGaussianDpEvent(summed, 100, plan.dim, plan.granularity, 0.01, 1)
+    assert SelfComposition(one, 1e-5, RDP, ZERO_OUT).epsilon(100) == pytest.approx(
+        compute_epsilon(event(summed), 1e-5, RDP, ZERO_OUT))  # the ledger's per-round path
     z = calibrate_noise_multiplier(event, 2.0, 1e-5, RDP, ZERO_OUT, rtol=1e-3)
     assert compute_epsilon(event(z), 1e-5, RDP, ZERO_OUT) <= 2.0 and z == pytest.approx(summed, rel=3e-3)

@@ -221,6 +221,9 @@ def compute_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str 
         return math.inf
     if isinstance(event, dp_accounting.NoOpDpEvent):
         return 0.0
+    if isinstance(event, dp_accounting.SelfComposedDpEvent) and isinstance(event.event,
+                                                                           DistributedDiscreteGaussianDpEvent):
+        event = event.event.repeated(event.count)  # its rounds compose in RDP: one event of count × rounds
     if isinstance(event, DistributedDiscreteGaussianDpEvent):
         return _ddgauss_epsilon(event, delta, accountant, relation)
     if _monte_carlo_event(event, accountant, relation):

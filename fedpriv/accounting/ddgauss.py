@@ -250,6 +250,10 @@ class DistributedDiscreteGaussianDpEvent(dp_accounting.DpEvent):
         share_std = self.noise_multiplier / math.sqrt(self.shares)
         return DistributedDiscreteGaussian(1.0, self.relative_granularity, share_std, self.shares, self.dim, self.beta)
 
+    def repeated(self, count: int) -> "DistributedDiscreteGaussianDpEvent":
+        """This event ``count`` times over: the same rounds, ``count`` × as many."""
+        return attr.evolve(self, rounds=self.rounds * int(count))
+
     def epsilon(self, delta: float) -> float:
         """ε at ``delta`` (∞ without noise)."""
         if self.noise_multiplier == 0:
