@@ -104,12 +104,11 @@ class CohortClipper:
     def clipped_sum(self, params: torch.Tensor, users: np.ndarray, rows_of) -> CohortSum:
         device = self._params[0].device
         with compute_precision(self.precision, device):
-            return self._clipped_sum(params, users, rows_of)
+            return self._clipped_sum(params, users, rows_of, device)
 
-    def _clipped_sum(self, params: torch.Tensor, users: np.ndarray, rows_of) -> CohortSum:
+    def _clipped_sum(self, params: torch.Tensor, users: np.ndarray, rows_of, device: torch.device) -> CohortSum:
         set_flat_params(self.model, params)
         self.model.train()
-        device = self._params[0].device
         total = torch.zeros(params.numel(), dtype=params.dtype, device=device)
         all_norms = torch.zeros(len(users), device=device)
         losses: list[torch.Tensor] = []

@@ -36,17 +36,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedpriv.accounting.ddgauss import DistributedDiscreteGaussian
+from fedpriv.accounting.ddgauss import DistributedDiscreteGaussian, padded_dim
 from fedpriv.randomness import uniforms
 
 MAX_ROUNDING_TRIES = 100  # conditional rounding fails with probability ≤ β per try (β < 1)
-
-
-def padded_dim(dim: int) -> int:
-    """The rotation's size: the smallest power of two ≥ ``dim``."""
-    if dim < 1:
-        raise ValueError(f"dim must be at least 1, got {dim}")
-    return 1 << (dim - 1).bit_length()
 
 
 def hadamard(x: Tensor) -> Tensor:

@@ -46,6 +46,15 @@ from scipy import special
 
 #: the integer RDP orders the amplification bound is evaluated at (Theorem 5 needs integers ≥ 2)
 ORDERS: tuple[int, ...] = tuple(range(2, 129)) + (192, 256)
+#: conditional rounding's default failure bound per try (β = e^{−1/2}, as the paper's experiments)
+BETA = math.exp(-0.5)
+
+
+def padded_dim(dim: int) -> int:
+    """The rotation's size: the smallest power of two ≥ ``dim``."""
+    if dim < 1:
+        raise ValueError(f"dim must be at least 1, got {dim}")
+    return 1 << (dim - 1).bit_length()
 
 
 def rounded_l2_bound(scaled_clip: float, dim: int, beta: float) -> float:
@@ -124,7 +133,7 @@ class DistributedDiscreteGaussian:
     local_std: float
     shares: int
     dim: int
-    beta: float = math.exp(-0.5)
+    beta: float = BETA
 
     def __post_init__(self) -> None:
         for name in ("clip", "granularity", "local_std"):
@@ -183,7 +192,7 @@ def granularity_for_bits(clip: float, local_std: float, shares: int, dim: int, b
 
 
 def calibrate_local_std(epsilon: float, delta: float, clip: float, granularity: float, shares: int, dim: int,
-                        rounds: int, q: float = 1.0, beta: float = math.exp(-0.5)) -> float:
+                        rounds: int, q: float = 1.0, beta: float = BETA) -> float:
     """The smallest share standard deviation σ_real (bisection, to 0.1%) at which ``rounds`` rounds
     of :class:`DistributedDiscreteGaussian` with these settings cost at most ``epsilon`` at ``delta``."""
     def cost(std: float) -> float:
@@ -201,7 +210,7 @@ def calibrate_local_std(epsilon: float, delta: float, clip: float, granularity: 
 
 
 def plan_ddgauss(epsilon: float, delta: float, clip: float, shares: int, length: int, rounds: int, q: float,
-                 bits: int, k: float = 4.0, beta: float = math.exp(-0.5), iterations: int = 8
+                 bits: int, k: float = 4.0, beta: float = BETA, iterations: int = 8
                  ) -> DistributedDiscreteGaussian:
     """Grid step and share noise for an ε budget and a bit width: alternately the σ that meets ε
     at the current γ (:func:`calibrate_local_std`) and the γ at which k standard deviations of the
@@ -209,7 +218,7 @@ def plan_ddgauss(epsilon: float, delta: float, clip: float, shares: int, length:
     moves by less than 0.1%. The result meets ε (each σ is calibrated at its own γ); the bits hold
     k standard deviations of the sum at the returned γ up to that 0.1%. ``length``: the update's
     coordinates (padded to a power of two here)."""
-    dim = 1 << (length - 1).bit_length()
+    dim = padded_dim(length)
     gamma = granularity_for_bits(clip, 0.0, shares, dim, bits, k)
     std = calibrate_local_std(epsilon, delta, clip, gamma, shares, dim, rounds, q, beta)
     for _ in range(iterations):
@@ -238,7 +247,7 @@ class DistributedDiscreteGaussianDpEvent(dp_accounting.DpEvent):
     relative_granularity: float = attr.ib()
     sampling_rate: float = attr.ib()
     rounds: int = attr.ib()
-    beta: float = attr.ib(default=math.exp(-0.5))
+    beta: float = attr.ib(default=BETA)
 
     def __repr__(self) -> str:
         return (f"DistributedDiscreteGaussian(noise_multiplier={self.noise_multiplier:g}, shares={self.shares}, "
