@@ -220,15 +220,19 @@ def test_no_generator_used_for_a_secret_draw_is_seeded_with_manual_seed():
 
 
 def test_secure_smoke_run_with_client_example_dp(run_cli, tmp_path):
-    """Done-when: the secure example-DP smoke run works, and two secure runs differ."""
+    """Done-when: the secure example-DP smoke run works, and two secure runs differ. They are
+    compared by their released parameters: the test loss moves by ~1e-4 between runs at a
+    resolution of ~5e-7 (a float32 mean), so two runs' losses coincide about once in a few hundred
+    pairs (seen once in CI on 2026-12-04)."""
     out = []
     for name in ("a", "b"):
         proc = run_cli("+experiment=smoke", "client.dp=example", "privacy.secure_rng=true", "rounds=1",
                        "progress=false", f"run_dir={tmp_path / name}")
         assert proc.returncode == 0, proc.stderr
         assert "example-level epsilon on clients" in proc.stdout and "secure mode" in proc.stdout
-        out.append(json.loads((tmp_path / name / "summary.json").read_text())["final"]["loss"])
-    assert out[0] != out[1]
+        assert math.isfinite(json.loads((tmp_path / name / "summary.json").read_text())["final"]["loss"])
+        out.append(torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True)["server"]["params"])
+    assert not torch.equal(out[0], out[1])
 
 
 # ------------------------------------------------------------- finding 3: wall-clock time in TensorBoard
