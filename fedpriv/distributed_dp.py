@@ -10,8 +10,10 @@ Secure Aggregation" (ICML 2021). A client with update ``x`` ∈ R^d sends, in Z_
 3. scaled by ``1/γ`` and rounded to the integer grid by *conditional randomized rounding*: each
    coordinate goes to ``⌊v⌋ + Bernoulli(v − ⌊v⌋)`` (unbiased), retried until the rounded vector's
    L2 norm is at most the sensitivity Δ₂ the accountant charges (:mod:`fedpriv.accounting.ddgauss`);
-4. plus its share ``N_Z(0, σ²)`` of discrete Gaussian noise per coordinate (σ = σ_real/γ);
-5. reduced mod m. Secure aggregation reveals only ``Σ_i`` (mod m) of these.
+4. a *party* (a secure-aggregation participant: one device, or a node holding several users)
+   sums its users' rounded vectors and adds one share ``N_Z(0, σ²)`` of discrete Gaussian noise
+   per coordinate (σ = σ_real/γ), whether or not it holds a user this round;
+5. reduced mod m. Secure aggregation reveals only ``Σ_i`` (mod m) of the parties' messages.
 
 The server maps the sum to the centred range ``[−m/2, m/2)``, multiplies by γ and rotates back:
 ``Σ_i clip(x_i) + (rounding error) + γ·Σ_i noise_i``, exactly so while the centred sum does not
@@ -122,14 +124,13 @@ class DDGaussCodec:
     def modulus(self) -> int:
         return 1 << self.bits
 
-    def encode(self, update: Tensor, round_key: bytes, round_idx: int, client_key: bytes, user: int) -> Tensor:
-        """Client ``user``'s side: ``update`` (real, length ≤ dim) → its share in Z_m (int64), steps
-        1–5 of the module docstring. ``client_key`` keys its rounding and noise: it must be secret
-        (secure mode: in research mode whoever holds the run's config regenerates every share) and
-        not the round's public key; (round, user) index its streams, so two clients never share noise
-        even under one key."""
-        if client_key == round_key:
-            raise ValueError("the client's key must not be the round's public rotation key")
+    def rounded(self, update: Tensor, round_key: bytes, round_idx: int, key: bytes, user: int) -> Tensor:
+        """One user's update on the integer grid (int64, ``dim`` coordinates): steps 1–3 of the
+        module docstring — clipped to the mechanism's clip, padded, rotated by the round's signs,
+        scaled by 1/γ and conditionally rounded with uniforms under ``key`` indexed by (round,
+        user). ``key`` must be secret (secure mode) and not the round's public key."""
+        if key == round_key:
+            raise ValueError("the party's key must not be the round's public rotation key")
         mech = self.mechanism
         x = update.detach().double().flatten().cpu()
         if x.numel() > mech.dim:
@@ -141,9 +142,25 @@ class DDGaussCodec:
         padded = torch.zeros(mech.dim, dtype=torch.float64)
         padded[: x.numel()] = x
         rotated = hadamard(padded * rotation_signs(round_key, round_idx, mech.dim))
-        rounded = conditional_round(rotated / mech.granularity, mech.l2_sensitivity, client_key, (round_idx, user))
-        noise = discrete_gaussian(mech.local_std / mech.granularity, mech.dim, client_key, (round_idx, user))
-        return torch.remainder(rounded + noise, self.modulus)
+        return conditional_round(rotated / mech.granularity, mech.l2_sensitivity, key, (round_idx, user))
+
+    def noise_share(self, key: bytes, round_idx: int, party: int) -> Tensor:
+        """Party ``party``'s share ``N_Z(0, (σ/γ)²)`` per coordinate in round ``round_idx`` (int64;
+        step 4), drawn under its secret ``key``."""
+        mech = self.mechanism
+        return discrete_gaussian(mech.local_std / mech.granularity, mech.dim, key, (round_idx, party))
+
+    def message(self, rounded: Tensor, round_idx: int, key: bytes, party: int) -> Tensor:
+        """What party ``party`` hands secure aggregation: the sum of its users' :meth:`rounded`
+        updates (``rounded``, int64; zeros when it holds none) plus its :meth:`noise_share`, mod m."""
+        if rounded.shape != (self.mechanism.dim,) or rounded.dtype != torch.int64:
+            raise ValueError(f"a party's rounded sum is int64 of shape ({self.mechanism.dim},), got "
+                             f"{rounded.dtype} {tuple(rounded.shape)}")
+        return torch.remainder(rounded + self.noise_share(key, round_idx, party), self.modulus)
+
+    def encode(self, update: Tensor, round_key: bytes, round_idx: int, key: bytes, party: int) -> Tensor:
+        """A party holding the one update ``update`` (its user index = ``party``): its message."""
+        return self.message(self.rounded(update, round_key, round_idx, key, party), round_idx, key, party)
 
     def decode(self, summed: Tensor, round_key: bytes, round_idx: int, length: int) -> Tensor:
         """Server side: the sum of the shares mod m → ``Σ clip(x_i)`` + rounding error + the

@@ -143,10 +143,11 @@ def test_the_calculator_plans_ddgauss_and_refuses_too_few_bits(capsys):
     assert len(err) == 1 and err[0].startswith("error: ddgauss: 4 bits cannot hold")
 
 
-def test_compute_epsilon_accounts_the_ddgauss_event_by_rdp_under_zero_out_only():
+def test_compute_epsilon_accounts_the_ddgauss_event_by_rdp_under_add_remove_or_zero_out_only():
     """The DpEvent goes through fedpriv's compute_epsilon (dp_accounting's accountants refuse it):
-    RDP under zero-out gives the mechanism's own ε; PLD, Monte Carlo and add/remove are one
-    ConfigError each; calibration finds the summed noise multiplier the planner finds."""
+    RDP under zero-out or add/remove (fixed parties: the same pair) gives the mechanism's own ε;
+    PLD, Monte Carlo and replace-one are one ConfigError each; calibration finds the summed noise
+    multiplier the planner finds."""
     from fedpriv.accounting.accountant import PLD, RDP, calibrate_noise_multiplier, compute_epsilon
     from fedpriv.accounting.ddgauss import DistributedDiscreteGaussianDpEvent, plan_ddgauss
     from fedpriv.errors import ConfigError
@@ -159,9 +160,11 @@ def test_compute_epsilon_accounts_the_ddgauss_event_by_rdp_under_zero_out_only()
 
     summed = math.sqrt(100) * plan.local_std
     assert compute_epsilon(event(summed), 1e-5, RDP, ZERO_OUT) == pytest.approx(plan.epsilon(1e-5, 100, 0.01))
+    assert compute_epsilon(event(summed), 1e-5, RDP, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE) == \
+        compute_epsilon(event(summed), 1e-5, RDP, ZERO_OUT)
     assert compute_epsilon(event(0.0), 1e-5, RDP, ZERO_OUT) == math.inf
     for accountant, relation, says in ((PLD, ZERO_OUT, "RDP only"), ("mc", ZERO_OUT, "RDP only"),
-                                       (RDP, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, "zero-out")):
+                                       (RDP, dp_accounting.NeighboringRelation.REPLACE_ONE, "add/remove or zero-out")):
         with pytest.raises(ConfigError, match=says):
             compute_epsilon(event(summed), 1e-5, accountant, relation)
     half = DistributedDiscreteGaussianDpEvent(summed, 100, plan.dim, plan.granularity, 0.01, 50)
@@ -174,3 +177,19 @@ def test_compute_epsilon_accounts_the_ddgauss_event_by_rdp_under_zero_out_only()
         compute_epsilon(event(summed), 1e-5, RDP, ZERO_OUT))  # the ledger's per-round path
     z = calibrate_noise_multiplier(event, 2.0, 1e-5, RDP, ZERO_OUT, rtol=1e-3)
     assert compute_epsilon(event(z), 1e-5, RDP, ZERO_OUT) <= 2.0 and z == pytest.approx(summed, rel=3e-3)
+
+
+@pytest.mark.parametrize("granularity,local_std,dim,rounds,q,expected", [
+    (1e-3, 0.1, 2 ** 16, 1, 1.0, 4.79651),      # τ = 0: the rounded Gaussian
+    (1e-3, 0.1, 2 ** 16, 1000, 1.0, 1027.64),
+    (1e-3, 0.1, 2 ** 16, 1000, 0.01, 2.50242),  # Zhu–Wang amplification
+    (0.1, 0.07, 2 ** 10, 1, 1.0, 76.3329),      # σ_int = 0.7: τ = 0.191 matters
+    (0.1, 0.07, 2 ** 10, 1000, 0.01, 57006.0),
+])
+def test_epsilon_matches_the_papers_authors_accounting(granularity, local_std, dim, rounds, q, expected):
+    """ε of 100 shares at clip 1, δ = 1e-5, β = e^{-1/2}, as the paper's authors' published
+    accounting code computes it (Proposition 14, conditional rounding's Δ₂ and Δ₁, Zhu–Wang's
+    Poisson bound; its formula transcribed outside this repository and evaluated with
+    dp_accounting's RDP conversion, 2026-12-05: agreement to 1e-14 relative)."""
+    dist = DistributedDiscreteGaussian(1.0, granularity, local_std, 100, dim)
+    assert dist.epsilon(1e-5, rounds, q) == pytest.approx(expected, rel=1e-5)

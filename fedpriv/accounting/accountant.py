@@ -176,14 +176,14 @@ def pld_bytes(event: dp_accounting.DpEvent, discretization: float = PLD_VALUE_DI
 
 def _ddgauss_epsilon(event: DistributedDiscreteGaussianDpEvent, delta: float, accountant: str,
                      relation: Relation) -> float:
-    """ε of a distributed discrete Gaussian event: RDP only, under zero-out (its docstring says why);
-    ``ConfigError`` for any other pair."""
+    """ε of a distributed discrete Gaussian event: RDP only, under add/remove or zero-out (its
+    docstring says why both); ``ConfigError`` for any other pair."""
     if accountant != RDP:
         raise ConfigError(f"the distributed discrete Gaussian is accounted by RDP only (the paper's Proposition 14 "
                           f"bound), not by {accountant}: use the rdp accountant")
-    if relation != Relation.REPLACE_SPECIAL:
-        raise ConfigError(f"the distributed discrete Gaussian's accounting is stated under zero-out neighbouring "
-                          f"(a user's shares are sent in both worlds), not {relation_name(relation)}")
+    if relation not in (Relation.ADD_OR_REMOVE_ONE, Relation.REPLACE_SPECIAL):
+        raise ConfigError(f"the distributed discrete Gaussian's accounting is stated under add/remove or zero-out "
+                          f"neighbouring (Poisson sampling over fixed parties), not {relation_name(relation)}")
     return event.epsilon(delta)
 
 

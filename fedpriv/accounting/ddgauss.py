@@ -25,12 +25,16 @@ coordinate; secure aggregation reveals only the sum (mod the field). In the scal
   integer α ≥ 2 (:func:`poisson_subsampled_rdp`); rounds compose additively in RDP, and ε at δ is
   dp_accounting's RDP conversion (``rdp_privacy_accountant.compute_epsilon``).
 
-``n`` must be a number of shares the round is *guaranteed* to sum: fewer shares are less noise. The
-neighbouring relation under which exactly n shares are summed in both worlds is *zero-out* (a
-user's data replaced by zeros, its noise share still sent: the paper's setting). Under add/remove
-of a user, "fewer than n survivors: release nothing" itself separates the two worlds, so the
-probability of that event must be added to δ (a Binomial tail under Poisson sampling) — the run
-integration (a later step) has to do so; this module does not.
+``n`` must be a number of shares the round is *guaranteed* to sum: fewer shares are less noise.
+fedpriv's runs (:mod:`fedpriv.mechanisms.ddgauss`) take the shares from a fixed set of *parties*
+(the secure-aggregation participants), each adding one share whether or not it holds a sampled
+user, so the number of shares does not depend on the sampling or on the data, and a round with
+fewer than ``n`` surviving shares is withheld (released as nothing; survival is assumed
+independent of the data). Then the pair of worlds for user u — u sampled with probability q,
+its rounded update (norm ≤ Δ₂) added to the same shares, against u absent — is the pair of
+Poisson subsampling under add/remove of u, and under zero-out as well (u's zeroed update rounds
+to exactly 0): Zhu–Wang's bound covers both. Were the shares instead one per *sampled user*,
+the number of shares would move with u's participation and this pair would not hold.
 """
 
 from __future__ import annotations
@@ -177,18 +181,20 @@ class DistributedDiscreteGaussian:
 
 
 def granularity_for_bits(clip: float, local_std: float, shares: int, dim: int, bits: int, k: float = 4.0,
-                         flatness: float = 1.0) -> float:
+                         flatness: float = 1.0, users: int | None = None) -> float:
     """The grid step γ at which ``k`` standard deviations of every coordinate of the centred sum
     fit in ``bits`` (the paper's modular-clipping heuristic, its Section 4): after the rotation a
-    coordinate of ``Σ_i x_i`` is sub-Gaussian with variance at most ``ρ·(c n)²/d`` (ρ the rotation's
-    flatness, 1 for the randomized Hadamard up to a log factor; ``c n`` the sum's norm bound), the
-    rounding adds at most γ²/4 and the noise σ² per share, so ``2^bits = 2k·√(ρ(cn)²/d + n(γ²/4 + σ²))/γ``:
-    ``γ = √((ρ(cn)²/d + nσ²) / (4^bits/(4k²) − n/4))``. ``ValueError`` when ``4^bits ≤ n k²``."""
-    room = 4.0 ** bits / (4 * k * k) - shares / 4
+    coordinate of the sum of ``users`` (default: ``shares``) clipped updates is sub-Gaussian with
+    variance at most ``ρ·(c u)²/d`` (ρ the rotation's flatness, 1 for the randomized Hadamard up to
+    a log factor; ``c u`` the sum's norm bound), each user's rounding adds at most γ²/4 and each of
+    the ``shares`` noise shares σ², so ``2^bits = 2k·√(ρ(cu)²/d + u γ²/4 + nσ²)/γ``:
+    ``γ = √((ρ(cu)²/d + nσ²) / (4^bits/(4k²) − u/4))``. ``ValueError`` when ``4^bits ≤ u k²``."""
+    users = shares if users is None else users
+    room = 4.0 ** bits / (4 * k * k) - users / 4
     if not room > 0:
-        raise ValueError(f"{bits} bits cannot hold {k} standard deviations of a sum of {shares} shares: "
-                         f"give more bits (4^bits > n·k²)")
-    return math.sqrt((flatness * (clip * shares) ** 2 / dim + shares * local_std ** 2) / room)
+        raise ValueError(f"{bits} bits cannot hold {k} standard deviations of a sum of {users} rounded updates: "
+                         f"give more bits (4^bits > u·k²)")
+    return math.sqrt((flatness * (clip * users) ** 2 / dim + shares * local_std ** 2) / room)
 
 
 def calibrate_local_std(epsilon: float, delta: float, clip: float, granularity: float, shares: int, dim: int,
@@ -237,9 +243,8 @@ class DistributedDiscreteGaussianDpEvent(dp_accounting.DpEvent):
     own accountants refuse it). In units of the clip norm: ``noise_multiplier`` = √n·σ/c, the summed
     shares' standard deviation per unit of clip (each share σ = noise_multiplier·c/√n);
     ``relative_granularity`` = γ/c. Accounted by RDP only (Proposition 14 with Zhu–Wang's
-    amplification) and stated under zero-out neighbouring: both worlds sample the same users and
-    every sampled user sends its share, so the number of shares — and a round withheld when fewer
-    than ``shares`` survive — does not depend on the data (module docstring)."""
+    amplification), under add/remove or zero-out neighbouring: the ``shares`` come from a fixed
+    set of parties, so their number does not depend on who is sampled (module docstring)."""
 
     noise_multiplier: float = attr.ib()
     shares: int = attr.ib()
