@@ -35,6 +35,7 @@ class RoundAggregate:
     norms: list[float] = field(default_factory=list)
     squares: torch.Tensor | None = None  # Σ_u clip(Δ_u)² (elementwise), when tracked
     scale: torch.Tensor | None = None  # multiply each delta by this before clipping (scale-then-privatize)
+    shares: int | None = None  # a secure sum's surviving noise shares (None: clear updates were summed here)
 
     @classmethod
     def zeros(cls, dim: int, clip_norm: float, squares: bool = False,
@@ -105,11 +106,26 @@ class RoundAggregate:
         self.clipped += int((norms > self.clip_norm).sum())
         self.norms.extend(float(n) for n in norms)
 
+    def add_secure_sum(self, total: torch.Tensor, users: int, shares: int) -> None:
+        """Add a sum that secure aggregation revealed whole: ``users`` updates, each clipped to this
+        aggregate's bound by its party, and ``shares`` parties' noise shares (distributed DP). The
+        server sees no single update: no norm, no clipped count (:meth:`stats` reports neither)."""
+        if total.shape != self.total.shape:
+            raise ValueError(f"secure sum has shape {tuple(total.shape)}, expected {tuple(self.total.shape)}")
+        if self.squares is not None or self.scale is not None or self.shares is not None or self.accepted:
+            raise ValueError("a secure sum is the round's whole sum: no squares, no scaling, nothing else added")
+        if not torch.isfinite(total).all():
+            raise FloatingPointError("a decoded secure sum holds non-finite values")
+        self.total.add_(total.to(self.total.dtype))
+        self.accepted, self.shares = int(users), int(shares)
+
     def privatize(self, noise: torch.Tensor, denominator: float) -> torch.Tensor:
         """``(sum + noise) / denominator``."""
         return (self.total + noise) / denominator
 
     def stats(self) -> dict[str, float]:
+        if self.shares is not None:  # a secure sum: its updates' norms are the parties' own
+            return {"accepted": float(self.accepted), "rejected": float(self.rejected), "shares": float(self.shares)}
         return {"accepted": float(self.accepted), "rejected": float(self.rejected),
                 "clipped_fraction": self.clipped / max(self.accepted, 1),
                 "median_update_norm": float(torch.tensor(self.norms).median()) if self.norms else 0.0}

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from fedpriv.aggregation import RoundAggregate
 from fedpriv.config import client_diagnostics_enabled
 from fedpriv.precision import exact_fp32
-from fedpriv.randomness import ClientRandomness
+from fedpriv.randomness import ClientRandomness, uniforms
 from fedpriv.research_key import client_randomness
 from fedpriv.replies import ClientUpdate, RoundFn, RoundInputs, add_updates
 from fedpriv.schema import RunConfig
@@ -92,17 +93,34 @@ class StreamedReplies:
         return seen, losses
 
 
-def in_process_round_fn(task: Task, spec: RunConfig) -> RoundFn:
+def dropped(key: bytes | None, round_idx: int, count: int, rate: float) -> np.ndarray:
+    """Which of ``count`` participants (users, or secure-aggregation parties) fail to reply in round
+    ``round_idx``: each independently with probability ``rate`` (``client.dropout_rate``), from
+    uniforms under ``key`` (the run's, secret in secure mode), never from the data. None of them
+    without a rate."""
+    if not rate:
+        return np.zeros(count, dtype=bool)
+    if key is None:
+        raise ValueError("a dropout rate needs the run's dropout key")
+    return uniforms(key, "dropout", (round_idx,), count) < rate
+
+
+def in_process_round_fn(task: Task, spec: RunConfig, dropout_key: bytes | None = None) -> RoundFn:
     """``backend=local``'s round for the run's resolved typed config ``spec``: the cohort's clients
     run here and stream into the aggregate (:class:`StreamedReplies`); no message, no wire encoding.
     Their randomness and diagnostics are the ClientApp's for ``spec``
     (:func:`~fedpriv.research_key.client_randomness`,
     :func:`fedpriv.config.client_diagnostics_enabled`), so they compute what they compute behind
-    Flower."""
+    Flower. With ``client.dropout_rate``, each sampled user fails to reply with that probability
+    (:func:`dropped`, keyed by ``dropout_key``): it counts as dropped, the denominator stays fixed."""
     rng, diagnostics = client_randomness(spec), client_diagnostics_enabled(spec)
 
+    rate = spec.client.dropout_rate
+
     def round_fn(inputs: RoundInputs) -> StreamedReplies:
-        return StreamedReplies(task, inputs.params, [int(u) for u in inputs.cohort], inputs.round_idx, rng,
-                               diagnostics)
+        users = [int(u) for u in inputs.cohort]
+        lost = dropped(dropout_key, inputs.round_idx, len(users), rate)
+        return StreamedReplies(task, inputs.params, [u for u, gone in zip(users, lost) if not gone],
+                               inputs.round_idx, rng, diagnostics)
 
     return round_fn

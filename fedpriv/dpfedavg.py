@@ -15,6 +15,8 @@ pre-clip-scaled plan, ``s_t``, computed from earlier releases only. An audited r
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
@@ -26,6 +28,8 @@ from fedpriv.optim.server import ServerOptimizer
 from fedpriv.queries import privatize
 from fedpriv.replies import Replies, RoundInputs
 from fedpriv.sampling import Sampler
+
+log = logging.getLogger(__name__)
 
 
 class DPFedAvg:
@@ -105,6 +109,13 @@ class DPFedAvg:
         seen, losses = replies.add_to(agg, expected, round_idx)
         if self.canaries is not None:
             self.canaries.add_to(agg, round_idx)
+        if self.mechanism.client_noise and self.mechanism.withheld(agg.shares):
+            # fewer noise shares survived than the accounting assumes: nothing is released (the
+            # round is still charged); survival does not depend on the data (docs/PRIVACY.md)
+            log.warning("round %d: %d of the mechanism's noise shares survived, fewer than the %d its accounting "
+                        "assumes: the round is withheld (the model does not move)", round_idx + 1, agg.shares,
+                        self.mechanism.min_shares)
+            return {"withheld": 1.0}, ({"withheld": 1.0, **agg.stats()} if diagnostics else {})
         # adaptive clipping: one more coordinate, the count's, in the same draw (one Gaussian query)
         shape = self.params.shape if self.clip is None else (self.params.numel() + 1,)
         noise = self.mechanism.noise(round_idx, shape)

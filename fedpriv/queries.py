@@ -58,6 +58,12 @@ class QueryPlan:
             what = "noise split" if self.squares else "bias correction"
             raise ConfigError(f"optimizer={optimizer} needs independent Gaussian noise (mechanism=gaussian): its "
                               f"{what} is derived for it, not for mechanism={mechanism.name}")
+        if getattr(mechanism, "client_noise", False) and (self.pre_clip_scale or self.noiseless
+                                                          or self.update_noise_factor != 1.0):
+            raise ConfigError(f"optimizer={optimizer} reads or rescales what mechanism={mechanism.name} leaves to the "
+                              "parties (each update scaled before clipping, the noise's scale, or the clear sum): the "
+                              "server sees only their secure sum; use optimizer=sgd, momentum, ftrl, adam or "
+                              "dpadam_post")
         if (self.squares or self.pre_clip_scale) and not per_unit_deltas:
             raise ConfigError(f"optimizer={optimizer} needs each user's delta at the aggregator; the one-pass "
                               "clipped sum has none (use algorithm.one_pass=false)")

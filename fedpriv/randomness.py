@@ -206,3 +206,12 @@ class ClientRandomness:
             return ClientDraws(_order_generator(uint64s(key, "order", (), 1)[0]), key)
         return ClientDraws(_order_generator(uint64s(self.research, "client", (round_idx, user), 1)[0]),
                            keystream(self.research, "client-secret", (round_idx, user), KEY_BYTES))
+
+    def party_key(self, round_idx: int, party: int) -> bytes:
+        """The secret key of secure-aggregation party ``party`` in round ``round_idx`` (its users'
+        rounding and its noise share under distributed DP, :mod:`fedpriv.distributed_dp`): fresh
+        OS entropy in secure mode; derived from the research key and ``(round, party)`` in
+        research mode (a label no client draw uses)."""
+        if self.research is None:
+            return secrets.token_bytes(KEY_BYTES)
+        return keystream(self.research, "party-secret", (round_idx, party), KEY_BYTES)

@@ -127,7 +127,7 @@ def _build(spec: RunConfig, task: Task, run: RunDirectory, plan: RunPlan | None)
     sampler = make_sampler(spec.sampling, plan.population, spec.cohort_size, randomness.subkey("sampling"),
                            groups=spec.mechanism.sampling_groups(), public_population=spec.population)
     mechanism = spec.mechanism.build(plan.noise_multiplier, plan.mechanism_clip, noise=randomness.noise("mechanism"),
-                                     rounds=spec.rounds, sampler=sampler)
+                                     rounds=spec.rounds, sampler=sampler, dimension=plan.ledger.dimension)
     _adopt_strategy(mechanism, checkpoint, run)
     ledger = plan.ledger.bind(mechanism, sampler, randomness.describe())
     optimizer = spec.optimizer.build(spec.rounds)

@@ -20,6 +20,7 @@ from fedpriv.clients import in_process_round_fn
 from fedpriv.errors import ConfigError
 from fedpriv.replies import ClientReplies, RoundFn, RoundInputs
 from fedpriv.runner import RunSession, train
+from fedpriv.secure_sum import distributed_round_fn
 from fedpriv.schema import FlowerBackend
 from server.strategy import CohortStrategy
 
@@ -99,10 +100,15 @@ def run_local(session: RunSession) -> dict:
     message's copies). ``backend=flower`` and deployments carry the same deltas in Flower
     messages (tests: the same model, bit for bit)."""
     task = session.task
+    mechanism = session.server.mechanism
+    dropout_key = session.randomness.subkey("dropout")  # client.dropout_rate's draws (secret in secure mode)
+    if mechanism.client_noise:  # distributed DP: the parties add the noise, a simulated secure sum reveals the total
+        return train(session, distributed_round_fn(task, session.spec, mechanism,
+                                                   session.randomness.subkey("ddgauss rotation"), dropout_key))
     batched = task.algorithm.batched_round(task.client_model, task.local, task.data.vocab.pad_id, task.units)
     if batched is not None:
         return train(session, batched)
-    return train(session, in_process_round_fn(task, session.spec))
+    return train(session, in_process_round_fn(task, session.spec, dropout_key))
 
 
 def _not_run_simulation_deprecation(record: logging.LogRecord) -> bool:

@@ -44,7 +44,7 @@ class ScaledGaussian(schema.MechanismOption):
     def check(self, path: str) -> None:
         schema.positive(self, "factor", path=path)
 
-    def build(self, noise_multiplier, clip_norm, noise=None, rounds=None, sampler=None):
+    def build(self, noise_multiplier, clip_norm, noise=None, rounds=None, sampler=None, dimension=None):
         return ScaledGaussianMechanism(noise_multiplier, clip_norm, self.factor, noise=noise)
 
 

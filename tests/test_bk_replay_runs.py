@@ -41,8 +41,8 @@ def mix_from_round_2() -> None:
     LSTMLanguageModel.forward = _mixing(LSTMLanguageModel.forward)
     round_fn_of = app.in_process_round_fn
 
-    def patched(task, cfg):
-        round_fn = round_fn_of(task, cfg)
+    def patched(task, cfg, *rest):
+        round_fn = round_fn_of(task, cfg, *rest)
 
         def mixing_round(inputs):
             MIX["on"] = inputs.round_idx >= 1

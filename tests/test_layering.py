@@ -80,7 +80,7 @@ def test_the_checker_sees_imports(tmp_path):
 # the round's pieces take explicit inputs (fedpriv.replies.RoundInputs): none of them reaches back
 # into the run loop, and the wire format knows no server state
 ROUND_PIECES = ("algorithms.py", "dpfedavg.py", "task.py", "codec.py", "replies.py", "clients.py", "training.py",
-                "cohort.py", "aggregation.py", "queries.py")
+                "cohort.py", "aggregation.py", "queries.py", "secure_sum.py")
 
 
 @pytest.mark.parametrize("name", ROUND_PIECES)
@@ -204,7 +204,8 @@ FLOORS = [
     ("foundations", FOUNDATIONS),
     ("parts", r"fedpriv\.(models|data|text|mechanisms|accounting|clipping|optim|public|audit)" + _PKG
      + r"|fedpriv\.(sampling|aggregation|queries|replies|codec|adaptive_clipping|lora|metrics|distributed_dp)"),
-    ("the round", r"fedpriv\.(task|algorithms|training|cohort|cohort_parallel|clients|dpfedavg|local_dp|config)"),
+    ("the round", r"fedpriv\.(task|algorithms|training|cohort|cohort_parallel|clients|secure_sum|dpfedavg|local_dp"
+     r"|config)"),
 ]
 _FLOOR_ORDER = ["entry points", "run composition", "the round", "parts", "foundations"]
 

@@ -34,6 +34,7 @@ from tests.conftest import compose_cfg
 from tests.helpers import run_dir_files
 
 ROUNDS = 32
+DIMENSION = 1000  # the trained parameters a mechanism sized by them (ddgauss) is built for
 POPULATION = 64
 COHORT = 4
 
@@ -114,7 +115,7 @@ def test_mechanism_builds_and_states_its_accounting_or_refuses(name):
     option = options("mechanism")[name]
     accountable = []
     for kind, sampler in _samplers(option).items():
-        mech = option.build(1.0, 1.0, rounds=ROUNDS, sampler=sampler)
+        mech = option.build(1.0, 1.0, rounds=ROUNDS, sampler=sampler, dimension=DIMENSION)
         assert isinstance(mech, NoiseMechanism)
         try:
             relation = mech.neighboring_relation(sampler)
@@ -140,7 +141,7 @@ def test_mechanism_fitted_to_a_small_population_is_an_option_of_its_kind_that_bu
     assert type(fitted) is type(option)
     assert fitted.fitted(40, 8, 3, option.default_sampling) == fitted
     sampler = make_sampler(option.default_sampling, 40, 8, None, groups=fitted.sampling_groups())
-    mech = fitted.build(1.0, 1.0, rounds=3, sampler=sampler)
+    mech = fitted.build(1.0, 1.0, rounds=3, sampler=sampler, dimension=DIMENSION)
     assert compute_epsilon(mech.dp_event(sampler, 3), 1e-5, "rdp", mech.neighboring_relation(sampler)) < math.inf
 
 
@@ -150,7 +151,7 @@ def test_mechanism_calibrates_to_its_target(name):
     mechanism then built with the σ found must spend exactly the target (its own event)."""
     option = options("mechanism")[name]
     sampler = _samplers(option)[option.default_sampling]
-    accounting = option.build(1.0, 1.0, rounds=ROUNDS, sampler=sampler)
+    accounting = option.build(1.0, 1.0, rounds=ROUNDS, sampler=sampler, dimension=DIMENSION)
     relation = accounting.neighboring_relation(sampler)
 
     def epsilon(event):
@@ -160,7 +161,7 @@ def test_mechanism_calibrates_to_its_target(name):
         accounting.dp_event(sampler, ROUNDS, noise_multiplier=1.6))
     sigma = calibrate_noise_multiplier(lambda s: accounting.dp_event(sampler, ROUNDS, noise_multiplier=s),
                                        4.0, 1e-5, "rdp", relation)
-    built = option.build(sigma, 1.0, rounds=ROUNDS, sampler=sampler)
+    built = option.build(sigma, 1.0, rounds=ROUNDS, sampler=sampler, dimension=DIMENSION)
     assert epsilon(built.dp_event(sampler, ROUNDS)) == pytest.approx(4.0, rel=2e-3)
     assert epsilon(built.dp_event(sampler, ROUNDS)) == pytest.approx(
         epsilon(accounting.dp_event(sampler, ROUNDS, noise_multiplier=sigma)), rel=1e-9)
@@ -172,7 +173,7 @@ def test_mechanism_checkpoint_continues_the_same_noise(name):
     sampler = _samplers(option)[option.default_sampling]
 
     def build():
-        return option.build(0.7, 2.0, noise=noise_from_seed(3), rounds=ROUNDS, sampler=sampler)
+        return option.build(0.7, 2.0, noise=noise_from_seed(3), rounds=ROUNDS, sampler=sampler, dimension=DIMENSION)
 
     first, reference = build(), build()
     for t in range(3):
@@ -210,7 +211,7 @@ def test_sampler_draws_cohorts_a_mechanism_accounts(kind):
         if own is None:
             continue
         try:
-            option.build(1.0, 1.0, rounds=ROUNDS, sampler=own).neighboring_relation(own)
+            option.build(1.0, 1.0, rounds=ROUNDS, sampler=own, dimension=DIMENSION).neighboring_relation(own)
             accounted.append(name)
         except ConfigError:
             pass

@@ -12,9 +12,11 @@ from __future__ import annotations
 from fedpriv.mechanisms.bandmf import BandMFMechanism
 from fedpriv.mechanisms.base import NoiseMechanism
 from fedpriv.mechanisms.blt import BLTMechanism
+from fedpriv.mechanisms.ddgauss import DistributedDiscreteGaussianMechanism
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.mechanisms.tree import TreeMechanism
 
 Mechanism = NoiseMechanism
 
-__all__ = ["BandMFMechanism", "BLTMechanism", "GaussianMechanism", "Mechanism", "NoiseMechanism", "TreeMechanism"]
+__all__ = ["BandMFMechanism", "BLTMechanism", "DistributedDiscreteGaussianMechanism",
+           "GaussianMechanism", "Mechanism", "NoiseMechanism", "TreeMechanism"]

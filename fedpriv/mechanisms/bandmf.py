@@ -376,7 +376,7 @@ class BandMFNoise(MechanismOption):
         return dataclasses.replace(self, bands=largest)
 
     def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
-              sampler=None):
+              sampler=None, dimension: int | None = None):
         if not rounds:
             raise ConfigError("the BandMF mechanism needs the number of rounds")
         kind = self.strategy

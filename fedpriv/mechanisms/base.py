@@ -69,6 +69,7 @@ class NoiseMechanism(abc.ABC):
     name: ClassVar[str]
     independent_noise: ClassVar[bool] = False  # z_t independent across rounds (extra queries may draw more)
     ordered: ClassVar[bool] = True  # w_t depends on earlier draws: rounds are drawn in order, and counted
+    client_noise: ClassVar[bool] = False  # the parties add the noise in a secure sum; the server adds none
 
     def __init__(self, noise_multiplier: float, clip_norm: float, noise: NoiseStream | None = None) -> None:
         if noise_multiplier < 0:
@@ -98,6 +99,12 @@ class NoiseMechanism(abc.ABC):
             return torch.zeros(shape)
         stream = require_noise(self._noise, self.name)
         return self._residual(lambda: stream.normal(shape) * self.std)
+
+    def withheld(self, shares: int | None) -> bool:
+        """Whether a round whose sum holds ``shares`` parties' noise shares (None: a sum of clear
+        updates) must release nothing. Server-side noise never withholds."""
+        del shares
+        return False
 
     def _check_round(self, round_idx: int) -> None:  # noqa: B027 — a hook: most mechanisms plan no round count
         """A mechanism planned for a number of rounds refuses the ones beyond it."""

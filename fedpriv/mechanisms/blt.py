@@ -366,7 +366,7 @@ class BLTNoise(MechanismOption):
             raise ConfigError(f"{path}.buffers must be auto or an integer in [1, {MAX_BUFFERS}], got {self.buffers!r}")
 
     def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
-              sampler=None):
+              sampler=None, dimension: int | None = None):
         if not rounds:
             raise ConfigError("the BLT mechanism needs the number of rounds")
         return BLTMechanism(noise_multiplier, clip_norm, rounds=int(rounds),

@@ -91,7 +91,7 @@ class GaussianNoise(MechanismOption):
     name: str = "gaussian"
 
     def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
-              sampler=None):
+              sampler=None, dimension: int | None = None):
         return GaussianMechanism(noise_multiplier, clip_norm, noise=noise)
 
 

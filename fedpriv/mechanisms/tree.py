@@ -190,7 +190,7 @@ class TreeNoise(MechanismOption):
         positive(self, "restart_every", path=path)
 
     def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
-              sampler=None):
+              sampler=None, dimension: int | None = None):
         return TreeMechanism(noise_multiplier, clip_norm, noise=noise, estimator=self.estimator,
                              restart_every=self.restart_every, rounds=int(rounds) if rounds else None)
 

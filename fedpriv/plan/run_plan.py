@@ -101,11 +101,12 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
                            groups=spec.mechanism.sampling_groups(), public_population=spec.population)
     # adaptive clipping normalises each round by C_t: the mechanism then runs at unit sensitivity
     mechanism_clip = 1.0 if privacy.clipping == "adaptive" else privacy.clip_norm
-    accounting = spec.mechanism.build(1.0, mechanism_clip, rounds=spec.rounds, sampler=sampler)
+    dimension = task.initial_params.numel()
+    accounting = spec.mechanism.build(1.0, mechanism_clip, rounds=spec.rounds, sampler=sampler, dimension=dimension)
     if adopt is not None:
         adopt(accounting)
     sigma = _noise_multiplier(spec, accounting, sampler)
-    mechanism = spec.mechanism.build(sigma, mechanism_clip, rounds=spec.rounds, sampler=sampler)
+    mechanism = spec.mechanism.build(sigma, mechanism_clip, rounds=spec.rounds, sampler=sampler, dimension=dimension)
     if adopt is not None:
         adopt(mechanism)
     optimizer = spec.optimizer.build(spec.rounds)  # its checks only: the run builds its own (it holds state)
@@ -118,7 +119,7 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     ledger = PrivacyLedger(mechanism, sampler, privacy.delta, privacy.accountant, target_epsilon=target,
                            planned_rounds=spec.rounds, non_private_reason="; ".join(reasons) or None,
                            query=None if clip is None else clip.describe(), audit=audit_label(spec.audit), plan=choice,
-                           dimension=task.initial_params.numel(), monte_carlo_settings=_monte_carlo_settings(spec))
+                           dimension=dimension, monte_carlo_settings=_monte_carlo_settings(spec))
     ledger.check_can_run(spec.rounds)
     check_observability(spec)
     noise = noise_figure(mechanism, sigma, spec.rounds, sampler.expected_cohort, ledger.dimension, privacy.clip_norm,

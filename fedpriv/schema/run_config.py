@@ -86,6 +86,14 @@ class RunConfig(Section):
             raise ConfigError("privacy.research_key=seed shares randomness between runs: research mode only "
                               "(privacy.secure_rng=false, and not backend=deployment)")
         self.model.check_selected(_key(path, "model"))
+        self.mechanism.check_run(self)
+        if self.client.dropout_rate and not isinstance(self.backend, LocalBackend):
+            raise ConfigError(f"client.dropout_rate simulates dropouts in backend=local; under "
+                              f"backend={self.backend.name} nodes drop out for real (backend.round_timeout)")
+        if self.client.dropout_rate and (self.algorithm.central or getattr(self.algorithm, "one_pass", False)):
+            raise ConfigError(f"client.dropout_rate simulates clients that fail to reply; "
+                              f"algorithm={self.algorithm.name} runs one pass over the whole cohort (use "
+                              "algorithm.one_pass=false, or dp_fedavg)")
         if self.model.tokenizer is not None and self.data.tokenizer != self.model.tokenizer:
             raise ConfigError(f"model={self.model.name} reads the token ids of its own tokenizer: add "
                               f"data.tokenizer={self.model.tokenizer} (data.tokenizer_path defaults to model.path)")

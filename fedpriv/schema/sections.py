@@ -124,9 +124,13 @@ class Client(Section):
     # (TensorFloat-32 matmuls/cuDNN on a GPU; fp32 on a CPU) or bf16 (tf32 + bfloat16 autocast); norms,
     # clipping and noise are IEEE float32 in every mode, evaluation is fp32; not in the research key
     precision: Literal["fp32", "tf32", "bf16"] = field(default="fp32", metadata=PRESENTATION)
+    # backend=local simulates dropouts: each round every sampled user (or, under mechanism=ddgauss, every
+    # secure-aggregation party with its users) fails to reply with this probability, independently of the data
+    dropout_rate: float = 0.0
 
     def check(self, path: str) -> None:
         positive(self, "epochs", "batch_size", "lr", "max_steps", "parallel", "bk_replay_every", path=path)
+        in_unit_interval(self, "dropout_rate", path, closed_right=False, open_left=False)
 
 
 @dataclass
@@ -340,9 +344,14 @@ class MechanismOption(Option):
 
     @abc.abstractmethod
     def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
-              sampler=None):
+              sampler=None, dimension: int | None = None):
         """The mechanism with multiplier σ and clip C, drawing from ``noise`` (None: accounting
-        only), sized for ``rounds`` and (where it optimises for one) the ``sampler``'s pattern."""
+        only), sized for ``rounds``, (where it optimises for one) the ``sampler``'s pattern and
+        (where its noise is sized by it) the model's ``dimension``, the trained parameters."""
+
+    def check_run(self, spec) -> None:  # noqa: B027 — most mechanisms serve every run their sampler allows
+        """Refuse (``ConfigError``) a run configuration (``spec``, the whole ``RunConfig``) this
+        mechanism cannot serve, beyond its sampler (checked by its accounting)."""
 
     def sampling_groups(self) -> int | None:
         """The groups of ``sampling=cyclic_poisson`` (BandMF: its bands)."""

@@ -1,0 +1,106 @@
+"""A distributed-DP round in this process: parties encode their users' updates, a secure sum adds
+the messages modulo the field, the server decodes what the sum reveals (``backend=local`` with a
+``client_noise`` mechanism, :mod:`fedpriv.mechanisms.ddgauss`).
+
+Round t's sorted cohort is dealt to the mechanism's ``shares`` parties (user i to party i mod n,
+as :func:`server.strategy.assign_users` deals users to Flower nodes); each party trains its users
+(:func:`fedpriv.clients.iter_client_updates`: what the ClientApp computes), rounds each update on
+the grid under its own secret key (:meth:`fedpriv.distributed_dp.DDGaussCodec.rounded`) and adds
+one noise share, holding a user or not (:meth:`~fedpriv.distributed_dp.DDGaussCodec.message`).
+The secure sum is simulated as what secure aggregation reveals: the messages' sum mod m, nothing
+else; the server receives it decoded (:class:`SecureSum`) and the set of users whose updates it
+holds, never one update. No cryptography runs here: the masks of SecAgg/SecAgg+ cancel in the
+sum, so the server's view is the same; what a deployment needs beyond that is Flower's SecAgg+.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from fedpriv.aggregation import RoundAggregate
+from fedpriv.clients import dropped, iter_client_updates
+from fedpriv.config import client_diagnostics_enabled
+from fedpriv.replies import RoundFn, RoundInputs
+from fedpriv.research_key import client_randomness
+from fedpriv.schema import RunConfig
+from fedpriv.task import Task
+
+
+def assign_parties(users: list[int], parties: int) -> list[list[int]]:
+    """The sorted ``users`` dealt to ``parties`` parties: user i of them to party i mod n (every
+    party is listed, with no user where the cohort is smaller)."""
+    if parties < 1:
+        raise ValueError(f"need at least one party, got {parties}")
+    out: list[list[int]] = [[] for _ in range(parties)]
+    for i, user in enumerate(sorted(users)):
+        out[i % parties].append(int(user))
+    return out
+
+
+@dataclass
+class SecureSum:
+    """What secure aggregation revealed of a round: the decoded sum ``total`` of the parties'
+    messages (clipped updates + rounding + their noise shares, float32), the ``users`` whose
+    updates it holds, the number of noise ``shares`` in it, the users who replied with an update
+    that could not be encoded (``rejected``: non-finite; counted, never summed) and the clients'
+    training losses (diagnostics only)."""
+
+    total: torch.Tensor
+    users: set[int]
+    shares: int
+    rejected: set[int] = field(default_factory=set)
+    losses: list[float] = field(default_factory=list)
+
+    def add_to(self, agg: RoundAggregate, expected: set[int], round_idx: int) -> tuple[set[int], list[float]]:
+        del round_idx
+        if not (self.users | self.rejected) <= expected:
+            raise ValueError("a secure sum holds updates of users outside the round's cohort")
+        agg.add_secure_sum(self.total, len(self.users), self.shares)
+        agg.rejected += len(self.rejected)
+        return self.users | self.rejected, self.losses
+
+
+def distributed_round_fn(task: Task, spec: RunConfig, mechanism, round_key: bytes,
+                         dropout_key: bytes | None = None) -> RoundFn:
+    """``backend=local``'s round for a ``client_noise`` ``mechanism`` (module docstring): the
+    parties' keys and the users' draws are the ClientApp's for ``spec``
+    (:func:`~fedpriv.research_key.client_randomness`); ``round_key`` keys the rotation's signs
+    (public randomness: privacy does not rest on it). With ``client.dropout_rate`` each party fails
+    with that probability (:func:`~fedpriv.clients.dropped`): its users count as dropped and its
+    share is missing from the sum, which then holds fewer shares (withheld below ``min_shares``)."""
+    rng, diagnostics = client_randomness(spec), client_diagnostics_enabled(spec)
+    codec = mechanism.codec()
+    length = task.initial_params.numel()
+
+    def round_fn(inputs: RoundInputs) -> SecureSum:
+        if not math.isclose(inputs.clip_norm, mechanism.clip_norm):
+            raise ValueError(f"the round's clip {inputs.clip_norm} is not the mechanism's {mechanism.clip_norm}")
+        r = inputs.round_idx
+        total = torch.zeros(codec.mechanism.dim, dtype=torch.int64)
+        seen: set[int] = set()
+        rejected: set[int] = set()
+        losses: list[float] = []
+        lost = dropped(dropout_key, r, mechanism.shares, spec.client.dropout_rate)
+        parties = assign_parties([int(u) for u in inputs.cohort], mechanism.shares)
+        for party, members in enumerate(parties):
+            if lost[party]:  # its message never reaches the sum: neither its users nor its share
+                continue
+            key = rng.party_key(r, party)
+            rounded = torch.zeros(codec.mechanism.dim, dtype=torch.int64)
+            for update in (iter_client_updates(task, inputs.params, members, r, rng, diagnostics) if members else ()):
+                if "train_loss" in update.metrics:
+                    losses.append(update.metrics["train_loss"])
+                try:
+                    rounded += codec.rounded(update.delta, round_key, r, key, update.user)
+                except FloatingPointError:  # a non-finite update: left out of the party's sum, counted
+                    rejected.add(update.user)
+                    continue
+                seen.add(update.user)
+            total = torch.remainder(total + codec.message(rounded, r, key, party), codec.modulus)
+        decoded = codec.decode(total, round_key, r, length).to(torch.float32)
+        return SecureSum(decoded, seen, int((~lost).sum()), rejected, losses)
+
+    return round_fn
