@@ -15,8 +15,16 @@ from __future__ import annotations
 import logging
 import re
 
+import numpy as np
+import torch
 from flwr.app import Context, Message
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common import recorddict_compat as compat
+
+from fedpriv.aggregation import RoundAggregate
 
 from fedpriv.clipping import UnsupportedLayerError
 from fedpriv.codec import decode, refusal_content, train_reply_content
@@ -24,7 +32,7 @@ from fedpriv.config import client_diagnostics_enabled, run_config
 from fedpriv.randomness import ClientRandomness
 from fedpriv.research_key import client_randomness
 from fedpriv.schema import RunConfig
-from fedpriv.clients import client_updates
+from fedpriv.clients import client_updates, iter_client_updates
 from fedpriv.task import load_task
 from fedpriv.allocator import retain_freed_memory
 
@@ -41,18 +49,59 @@ def train_reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Message
     return Message(content=train_reply_content(updates), reply_to=msg)
 
 
+def secure_aggregation_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower's ``secaggplus_mod`` for the messages of its protocol (they carry its stage); every
+    other message passes through (:func:`reply` refuses a clear round where the run asked for
+    secure aggregation)."""
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+def reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Message:
+    """The reply to a ``train`` message under ``spec``: a clear round's per-user deltas, or under
+    ``aggregation=secagg`` the node's clipped sum for SecAgg+ (a clear round is then an error: the
+    node never sends its users' updates in the clear)."""
+    if spec.aggregation != "secagg":
+        return train_reply(spec, msg, rng)
+    if RECORD_KEY_CONFIGS not in msg.content.config_records:
+        raise RuntimeError("this run aggregates securely (aggregation=secagg), but the server asked for a clear round")
+    return secure_sum_reply(spec, msg, rng)
+
+
+def secure_sum_reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Message:
+    """``aggregation=secagg``: the reply to SecAgg+'s collect stage (``secaggplus_mod`` masks it):
+    the node's users' updates, each clipped to the ``clip`` the server sent (C′, server/secagg.py),
+    summed in user order, as one float64 vector at the server's weight. No per-user metric: the
+    mod leaves metrics in the clear."""
+    task = load_task(spec)
+    fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
+    conf = fitins.config
+    params = torch.from_numpy(np.asarray(parameters_to_ndarrays(fitins.parameters)[0], dtype=np.float32).copy())
+    users = [int(u) for u in str(conf["users"]).split(",") if u]
+    total = RoundAggregate.zeros(params.numel(), float(conf["clip"]))
+    for update in iter_client_updates(task, params, users, int(conf["round"]), rng):
+        total.add(update.delta)  # a non-finite update is left out (the server sees only the sum)
+    weight = float(conf["max_weight"])
+    fitres = FitRes(status=Status(code=Code.OK, message=""),
+                    parameters=ndarrays_to_parameters([total.total.double().numpy()]),
+                    num_examples=int(weight), metrics={})
+    return Message(content=compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=msg)
+
+
 def make_client_app(cfg: dict) -> ClientApp:
-    """A ClientApp for the experiment ``cfg`` (plain dict of the Hydra config, parsed once here)."""
+    """A ClientApp for the experiment ``cfg`` (plain dict of the Hydra config, parsed once here);
+    under ``aggregation=secagg`` its rounds run behind Flower's ``secaggplus_mod``."""
     spec = run_config(cfg)
     rng = client_randomness(spec)
     retain_freed_memory()  # clients reallocate the same large tensors every step (fedpriv.allocator)
-    app = ClientApp()
+    app = ClientApp(mods=[secure_aggregation_mod])
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         del context  # the users to simulate come with the message, not from the node
         try:
-            return train_reply(spec, msg, rng)
+            return reply(spec, msg, rng)
         except UnsupportedLayerError as err:  # the engine refused the model (e.g. its forward mixes samples)
             log.error("the per-sample clipping engine refused the model: %s", err)  # the node's own log
             return Message(content=refusal_content(type(err).__name__, _layer(str(err))), reply_to=msg)

@@ -10,7 +10,7 @@ import json
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from client.app import train_reply
+from client.app import reply, secure_aggregation_mod
 from fedpriv.compose import deployment_config
 from fedpriv.config import run_config
 from fedpriv.plan import executed_config
@@ -19,7 +19,7 @@ from fedpriv.research_key import client_randomness
 from fedpriv.schema import RunConfig
 from fedpriv.task import load_task
 
-app = ClientApp()
+app = ClientApp(mods=[secure_aggregation_mod])
 
 
 @functools.lru_cache(maxsize=4)
@@ -38,4 +38,4 @@ def _config(run_config_json: str) -> tuple[RunConfig, ClientRandomness]:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     spec, rng = _config(json.dumps(dict(context.run_config), sort_keys=True, default=str))
-    return train_reply(spec, msg, rng)
+    return reply(spec, msg, rng)

@@ -6,7 +6,7 @@ round (:func:`in_process_round_fn`) and the benchmarks call these; the server si
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -93,16 +93,18 @@ class StreamedReplies:
         return seen, losses
 
 
-def dropped(key: bytes | None, round_idx: int, count: int, rate: float) -> np.ndarray:
-    """Which of ``count`` participants (users, or secure-aggregation parties) fail to reply in round
-    ``round_idx``: each independently with probability ``rate`` (``client.dropout_rate``), from
-    uniforms under ``key`` (the run's, secret in secure mode), never from the data. None of them
-    without a rate."""
+def dropped(key: bytes | None, round_idx: int, ids: Iterable[int], rate: float, kind: str = "user") -> np.ndarray:
+    """Which of the participants ``ids`` (users, or secure-aggregation parties: ``kind``) fail to
+    reply in round ``round_idx``: each independently with probability ``rate``
+    (``client.dropout_rate``), from its own uniform under ``key`` (the run's, secret in secure
+    mode) indexed by (round, id) — never from the data, and one participant's draw never depends
+    on who else takes part. None of them without a rate."""
+    ids = [int(i) for i in ids]
     if not rate:
-        return np.zeros(count, dtype=bool)
+        return np.zeros(len(ids), dtype=bool)
     if key is None:
         raise ValueError("a dropout rate needs the run's dropout key")
-    return uniforms(key, "dropout", (round_idx,), count) < rate
+    return np.array([uniforms(key, f"{kind} dropout", (round_idx, i), 1)[0] < rate for i in ids], dtype=bool)
 
 
 def in_process_round_fn(task: Task, spec: RunConfig, dropout_key: bytes | None = None) -> RoundFn:
@@ -119,7 +121,7 @@ def in_process_round_fn(task: Task, spec: RunConfig, dropout_key: bytes | None =
 
     def round_fn(inputs: RoundInputs) -> StreamedReplies:
         users = [int(u) for u in inputs.cohort]
-        lost = dropped(dropout_key, inputs.round_idx, len(users), rate)
+        lost = dropped(dropout_key, inputs.round_idx, users, rate)
         return StreamedReplies(task, inputs.params, [u for u, gone in zip(users, lost) if not gone],
                                inputs.round_idx, rng, diagnostics)
 

@@ -31,6 +31,7 @@ sampler, its probabilities carry float rounding (the paper's exact sampler uses 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedpriv.accounting.ddgauss import DistributedDiscreteGaussian, padded_dim
+from fedpriv.accounting.ddgauss import MAX_BITS, DistributedDiscreteGaussian, padded_dim
 from fedpriv.randomness import uniforms
 
 MAX_ROUNDING_TRIES = 100  # conditional rounding fails with probability ≤ β per try (β < 1)
@@ -46,22 +47,25 @@ MAX_ROUNDING_TRIES = 100  # conditional rounding fails with probability ≤ β p
 
 def hadamard(x: Tensor) -> Tensor:
     """``H x / √D`` along the last axis (D a power of two): the orthonormal fast Walsh–Hadamard
-    transform, O(D log D). It is its own inverse."""
+    transform, O(D log D), as in-place butterflies on a copy. It is its own inverse."""
     size = x.shape[-1]
     if size & (size - 1):
         raise ValueError(f"the Hadamard transform needs a power-of-two length, got {size}")
-    lead = x.shape[:-1]
-    y = x.reshape(-1, size)
+    y = x.reshape(-1, size).clone()
     h = 1
     while h < size:
-        pairs = y.reshape(-1, size // (2 * h), 2, h)
-        y = torch.stack((pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]), dim=2).reshape(-1, size)
+        pairs = y.view(-1, 2, h)
+        first = pairs[:, 0].clone()
+        pairs[:, 0].add_(pairs[:, 1])  # a + b
+        pairs[:, 1].neg_().add_(first)  # a − b
         h *= 2
-    return (y / math.sqrt(size)).reshape(*lead, size)
+    return y.div_(math.sqrt(size)).reshape(x.shape)
 
 
+@functools.lru_cache(maxsize=2)
 def rotation_signs(round_key: bytes, round_idx: int, size: int) -> Tensor:
-    """The round's ±1 signs (float64), the same for every client of the round."""
+    """The round's ±1 signs (float64), the same for every client of the round (cached: every
+    user of a round and the decoding read them; callers must not modify the tensor)."""
     return torch.from_numpy(np.where(uniforms(round_key, "ddgauss rotation", (round_idx,), size) < 0.5, -1.0, 1.0))
 
 
@@ -85,8 +89,9 @@ def conditional_round(v: Tensor, bound: float, key: bytes, index: tuple[int, ...
 def discrete_gaussian(sigma: float, n: int, key: bytes, index: tuple[int, ...]) -> Tensor:
     """``n`` draws of ``N_Z(0, σ²)`` (int64): P(y) ∝ exp(−y²/(2σ²)) on the integers (module
     docstring: Canonne–Kamath–Steinke's Algorithm 3, vectorized)."""
-    if not sigma > 0:
-        raise ValueError(f"sigma must be positive, got {sigma}")
+    if not 0 < sigma < 2.0 ** MAX_BITS:
+        raise ValueError(f"sigma must be in (0, 2^{MAX_BITS}) (float64 draws are exact integers only below 2^53), "
+                         f"got {sigma}")
     t = math.floor(sigma) + 1
     log_p = -1.0 / t  # the geometric's log ratio: P(G ≥ k) = e^{−k/t}
     out: list[np.ndarray] = []
@@ -115,8 +120,8 @@ class DDGaussCodec:
     bits: int
 
     def __post_init__(self) -> None:
-        if not 2 <= self.bits <= 62:
-            raise ValueError(f"bits must be in [2, 62], got {self.bits}")
+        if not 2 <= self.bits <= MAX_BITS:
+            raise ValueError(f"bits must be in [2, {MAX_BITS}], got {self.bits}")
         if padded_dim(self.mechanism.dim) != self.mechanism.dim:
             raise ValueError(f"the mechanism's dim must be a power of two (the padded size), got {self.mechanism.dim}")
 

@@ -2,8 +2,8 @@
 the messages modulo the field, the server decodes what the sum reveals (``backend=local`` with a
 ``client_noise`` mechanism, :mod:`fedpriv.mechanisms.ddgauss`).
 
-Round t's sorted cohort is dealt to the mechanism's ``shares`` parties (user i to party i mod n,
-as :func:`server.strategy.assign_users` deals users to Flower nodes); each party trains its users
+Round t's cohort is dealt to the mechanism's ``shares`` parties by user id (user u to party
+u mod n: :func:`assign_parties`); each party trains its users
 (:func:`fedpriv.clients.iter_client_updates`: what the ClientApp computes), rounds each update on
 the grid under its own secret key (:meth:`fedpriv.distributed_dp.DDGaussCodec.rounded`) and adds
 one noise share, holding a user or not (:meth:`~fedpriv.distributed_dp.DDGaussCodec.message`).
@@ -30,13 +30,15 @@ from fedpriv.task import Task
 
 
 def assign_parties(users: list[int], parties: int) -> list[list[int]]:
-    """The sorted ``users`` dealt to ``parties`` parties: user i of them to party i mod n (every
-    party is listed, with no user where the cohort is smaller)."""
+    """``users`` dealt to ``parties`` parties by their id: user u to party u mod n, each party's
+    users sorted (every party is listed, with none where it holds no user this round). A user's
+    party is a function of the user alone, so adding or removing one user moves no other user to
+    another party (what the add/remove pair needs when a party drops: docs/PRIVACY.md)."""
     if parties < 1:
         raise ValueError(f"need at least one party, got {parties}")
     out: list[list[int]] = [[] for _ in range(parties)]
-    for i, user in enumerate(sorted(users)):
-        out[i % parties].append(int(user))
+    for user in sorted(int(u) for u in users):
+        out[user % parties].append(user)
     return out
 
 
@@ -53,9 +55,11 @@ class SecureSum:
     shares: int
     rejected: set[int] = field(default_factory=set)
     losses: list[float] = field(default_factory=list)
+    round_idx: int | None = None  # the round it sums (checked when it is added)
 
     def add_to(self, agg: RoundAggregate, expected: set[int], round_idx: int) -> tuple[set[int], list[float]]:
-        del round_idx
+        if self.round_idx is not None and self.round_idx != round_idx:
+            raise ValueError(f"the secure sum of round {self.round_idx + 1} added to round {round_idx + 1}")
         if not (self.users | self.rejected) <= expected:
             raise ValueError("a secure sum holds updates of users outside the round's cohort")
         agg.add_secure_sum(self.total, len(self.users), self.shares)
@@ -83,7 +87,7 @@ def distributed_round_fn(task: Task, spec: RunConfig, mechanism, round_key: byte
         seen: set[int] = set()
         rejected: set[int] = set()
         losses: list[float] = []
-        lost = dropped(dropout_key, r, mechanism.shares, spec.client.dropout_rate)
+        lost = dropped(dropout_key, r, range(mechanism.shares), spec.client.dropout_rate, "party")
         parties = assign_parties([int(u) for u in inputs.cohort], mechanism.shares)
         for party, members in enumerate(parties):
             if lost[party]:  # its message never reaches the sum: neither its users nor its share
@@ -101,6 +105,6 @@ def distributed_round_fn(task: Task, spec: RunConfig, mechanism, round_key: byte
                 seen.add(update.user)
             total = torch.remainder(total + codec.message(rounded, r, key, party), codec.modulus)
         decoded = codec.decode(total, round_key, r, length).to(torch.float32)
-        return SecureSum(decoded, seen, int((~lost).sum()), rejected, losses)
+        return SecureSum(decoded, seen, int((~lost).sum()), rejected, losses, round_idx=r)
 
     return round_fn

@@ -22,6 +22,7 @@ from fedpriv.replies import ClientReplies, RoundFn, RoundInputs
 from fedpriv.runner import RunSession, train
 from fedpriv.secure_sum import distributed_round_fn
 from fedpriv.schema import FlowerBackend
+from server.secagg import secagg_round_fn
 from server.strategy import CohortStrategy
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,21 @@ def grid_round_fn(grid: Grid, num_nodes: int, timeout: float | None, node_wait: 
     return round_fn
 
 
+def round_fn_for(session: RunSession, grid: Grid, num_nodes: int, timeout: float | None, node_wait: float = 120.0,
+                 skip_rounds: int = 10) -> RoundFn:
+    """The run's round over a Flower grid: clear per-user replies (:func:`grid_round_fn`), or the
+    nodes' sums through SecAgg+ (``aggregation=secagg``: :func:`server.secagg.secagg_round_fn`, on
+    the nodes connected before round 1)."""
+    if session.spec.aggregation != "secagg":
+        return grid_round_fn(grid, num_nodes, timeout, node_wait=node_wait, skip_rounds=skip_rounds)
+    nodes = wait_for_nodes(grid, num_nodes, node_wait)
+    if len(nodes) < num_nodes:
+        raise RuntimeError(f"secure aggregation needs its {num_nodes} nodes; {len(nodes)} connected within "
+                           f"{node_wait:g} s")
+    settings = session.spec.secagg
+    return secagg_round_fn(grid, nodes, settings, settings.timeout if settings.timeout is not None else timeout)
+
+
 def make_server_app(session: RunSession, num_nodes: int, result: dict) -> ServerApp:
     """A ServerApp running ``session``; the summary lands in ``result['summary']`` (a ``ConfigError``
     that stopped the run, in ``result['error']``)."""
@@ -86,7 +102,7 @@ def make_server_app(session: RunSession, num_nodes: int, result: dict) -> Server
         del context
         timeout = getattr(session.spec.backend, "round_timeout", None)
         try:
-            result["summary"] = train(session, grid_round_fn(grid, num_nodes, timeout))
+            result["summary"] = train(session, round_fn_for(session, grid, num_nodes, timeout))
         except ConfigError as err:  # a client refused the model mid-run: raised again after the engine stops
             result["error"] = err
 

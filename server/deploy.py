@@ -18,7 +18,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedpriv.compose import deployment_config
 from fedpriv.console import format_result
 from fedpriv.runner import prepare, train
-from server.app import grid_round_fn
+from server.app import round_fn_for
 
 log = logging.getLogger(__name__)
 app = ServerApp()
@@ -30,8 +30,8 @@ def main(grid: Grid, context: Context) -> None:
     # logs are streamed line by line: no progress bar, one structured line per round
     session = prepare({**deployment_config(context.run_config), "progress": False, "verbose": True})
     backend = session.spec.backend
-    summary = train(session, grid_round_fn(grid, int(backend.num_supernodes), backend.round_timeout,
-                                           node_wait=float(backend.node_wait_timeout),
-                                           skip_rounds=int(backend.skip_rounds)))
+    summary = train(session, round_fn_for(session, grid, int(backend.num_supernodes), backend.round_timeout,
+                                          node_wait=float(backend.node_wait_timeout),
+                                          skip_rounds=int(backend.skip_rounds)))
     print(format_result(summary), flush=True)
     print(f"outputs in {session.spec.run_dir}", flush=True)

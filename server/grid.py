@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Iterable
 
@@ -45,7 +46,9 @@ class LocalGrid(Grid):
         for msg in messages:
             msg_id = uuid.uuid4().hex
             msg.metadata.__dict__["_message_id"] = msg_id
-            self._replies[msg_id] = self._client_app(msg, self._contexts[msg.metadata.dst_node_id])
+            # each node gets its own copy, as over a wire (a ClientApp's mod may edit the content it gets,
+            # and a workflow may send one content object to several nodes)
+            self._replies[msg_id] = self._client_app(copy.deepcopy(msg), self._contexts[msg.metadata.dst_node_id])
             ids.append(msg_id)
         return ids
 

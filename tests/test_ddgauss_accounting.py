@@ -6,6 +6,8 @@ shares cost more ε."""
 
 import math
 
+import attr
+
 import dp_accounting
 import pytest
 
@@ -143,11 +145,12 @@ def test_the_calculator_plans_ddgauss_and_refuses_too_few_bits(capsys):
     assert len(err) == 1 and err[0].startswith("error: ddgauss: 4 bits cannot hold")
 
 
-def test_compute_epsilon_accounts_the_ddgauss_event_by_rdp_under_add_remove_or_zero_out_only():
+def test_compute_epsilon_accounts_the_ddgauss_event_by_rdp_under_zero_out_or_fixed_parties_only():
     """The DpEvent goes through fedpriv's compute_epsilon (dp_accounting's accountants refuse it):
-    RDP under zero-out or add/remove (fixed parties: the same pair) gives the mechanism's own ε;
-    PLD, Monte Carlo and replace-one are one ConfigError each; calibration finds the summed noise
-    multiplier the planner finds."""
+    RDP under zero-out gives the mechanism's own ε, and so does add/remove when the shares come
+    from fixed parties (the same pair); add/remove of one-share-per-client, PLD, Monte Carlo and
+    replace-one are one ConfigError each; calibration finds the summed noise multiplier the planner
+    finds."""
     from fedpriv.accounting.accountant import PLD, RDP, calibrate_noise_multiplier, compute_epsilon
     from fedpriv.accounting.ddgauss import DistributedDiscreteGaussianDpEvent, plan_ddgauss
     from fedpriv.errors import ConfigError
@@ -160,11 +163,14 @@ def test_compute_epsilon_accounts_the_ddgauss_event_by_rdp_under_add_remove_or_z
 
     summed = math.sqrt(100) * plan.local_std
     assert compute_epsilon(event(summed), 1e-5, RDP, ZERO_OUT) == pytest.approx(plan.epsilon(1e-5, 100, 0.01))
-    assert compute_epsilon(event(summed), 1e-5, RDP, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE) == \
-        compute_epsilon(event(summed), 1e-5, RDP, ZERO_OUT)
+    add_remove = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    parties = attr.evolve(event(summed), fixed_parties=True)
+    assert compute_epsilon(parties, 1e-5, RDP, add_remove) == compute_epsilon(event(summed), 1e-5, RDP, ZERO_OUT)
+    with pytest.raises(ConfigError, match="zero-out"):
+        compute_epsilon(event(summed), 1e-5, RDP, add_remove)
     assert compute_epsilon(event(0.0), 1e-5, RDP, ZERO_OUT) == math.inf
     for accountant, relation, says in ((PLD, ZERO_OUT, "RDP only"), ("mc", ZERO_OUT, "RDP only"),
-                                       (RDP, dp_accounting.NeighboringRelation.REPLACE_ONE, "add/remove or zero-out")):
+                                       (RDP, dp_accounting.NeighboringRelation.REPLACE_ONE, "zero-out")):
         with pytest.raises(ConfigError, match=says):
             compute_epsilon(event(summed), 1e-5, accountant, relation)
     half = DistributedDiscreteGaussianDpEvent(summed, 100, plan.dim, plan.granularity, 0.01, 50)

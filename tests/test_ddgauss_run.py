@@ -116,8 +116,11 @@ def test_clear_updates_never_reach_a_distributed_mechanism(tmp_path):
 
 
 def test_parties_are_dealt_users_in_turn_and_keys_are_secret_in_secure_mode():
-    assert assign_parties([9, 3, 5, 7, 1], 3) == [[1, 7], [3, 9], [5]]
-    assert assign_parties([2], 3) == [[2], [], []]
+    assert assign_parties([9, 3, 5, 7, 1], 3) == [[3, 9], [1, 7], [5]]
+    assert assign_parties([2], 3) == [[], [], [2]]
+    # a user's party is its own: removing user 5 moves nobody else (the add/remove pair under dropouts)
+    with_u, without_u = assign_parties([3, 5, 7, 9, 11], 2), assign_parties([3, 7, 9, 11], 2)
+    assert [sorted(set(p) - {5}) for p in with_u] == without_u
     research = ClientRandomness(b"k" * 32)
     assert research.party_key(0, 1) == research.party_key(0, 1) != research.party_key(0, 2)
     assert research.party_key(0, 1) != research.draws(0, 1).key  # its own label
@@ -154,11 +157,13 @@ def test_dropped_parties_take_their_users_and_their_share_with_them(tmp_path):
     key = b"d" * 32
     secure = distributed_round_fn(session.task, session.spec, mech, b"r" * 32, key)(inputs)
     session.run.unlock()
-    lost = clients.dropped(key, 0, 6, 0.5)
+    lost = clients.dropped(key, 0, range(6), 0.5, "party")
     parties = assign_parties([int(u) for u in cohort], 6)
     assert 0 < lost.sum() < 6 and secure.shares == 6 - int(lost.sum())
     assert secure.users == {u for p, members in enumerate(parties) if not lost[p] for u in members}
-    assert not clients.dropped(None, 0, 6, 0.0).any()
+    assert not clients.dropped(None, 0, range(6), 0.0).any()
+    # one participant's draw does not depend on who else takes part
+    assert clients.dropped(key, 0, [4, 9], 0.5)[1] == clients.dropped(key, 0, [9], 0.5)[0]
 
 
 def test_dropouts_withhold_rounds_and_keep_the_claim(tmp_path):
@@ -195,3 +200,29 @@ def test_simulated_dropouts_are_refused_where_they_mean_nothing(tmp_path, overri
     rate = () if override.startswith("client.dropout_rate") else ("client.dropout_rate=0.2",)
     with pytest.raises(ConfigError, match=says):
         preflight(compose_cfg("+experiment=smoke", *rate, override, run_dir=tmp_path / "x"))
+
+
+def test_the_parties_encode_with_the_accounted_mechanism(tmp_path):
+    """shares=4, min_shares=3: the codec's mechanism (what the parties add) is the event's (what
+    the ledger charges) at clip C — share std σC/√3, the same grid step, padded dimension and β —
+    and its relation is add/remove only because its parties are fixed."""
+    cfg, session = _session(tmp_path, "e", "mechanism.shares=4", "mechanism.min_shares=3", "population=40")
+    mech, sampler = session.server.mechanism, session.server.sampler
+    session.run.unlock()
+    codec = mech.codec().mechanism
+    event = mech.dp_event(sampler, 3)
+    charged = event.mechanism()  # at clip 1
+    clip = session.spec.privacy.clip_norm
+    assert event.fixed_parties and event.shares == 3 and event.sampling_rate == sampler.rate
+    assert codec.local_std == pytest.approx(charged.local_std * clip, rel=1e-12)
+    assert codec.local_std == pytest.approx(mech.noise_multiplier * clip / math.sqrt(3), rel=1e-12)
+    assert codec.granularity == pytest.approx(charged.granularity * clip, rel=1e-12)
+    assert (codec.dim, codec.beta, codec.shares) == (charged.dim, charged.beta, charged.shares)
+    assert mech.neighboring_relation(sampler) == ADD_REMOVE  # a public population
+
+
+@pytest.mark.parametrize("override,says", [("mechanism.bits=45", "bits"), ("plan=auto", "plan=fixed")])
+def test_a_field_wider_than_float64_sampling_and_planning_are_refused(tmp_path, override, says):
+    extra = ("population=40",) if override == "plan=auto" else ()
+    with pytest.raises(ConfigError, match=says):
+        preflight(compose_cfg(*SMOKE, *extra, override, run_dir=tmp_path / "x"))

@@ -124,3 +124,17 @@ def test_the_sampler_matches_the_discrete_gaussian_mass_function():
     gen = np.random.default_rng(0)
     proposals = gen.geometric(1 - math.exp(-1 / 4), n) - gen.geometric(1 - math.exp(-1 / 4), n)
     assert float(((cells(proposals) - expected) ** 2 / expected).sum()) > 1000
+
+
+def test_the_sampler_refuses_a_scale_float64_cannot_draw_exactly():
+    """Above 2^44 the float64 draws stop being exact integers (at 2^57 nearly all would be even,
+    leaking the parity of the sum's low bits): refused, as are fields over 2^44."""
+    from fedpriv.accounting.ddgauss import MAX_BITS, granularity_for_bits
+
+    with pytest.raises(ValueError, match="sigma"):
+        discrete_gaussian(2.0 ** MAX_BITS, 4, KEY, (0,))
+    with pytest.raises(ValueError, match="bits"):
+        granularity_for_bits(1.0, 0.1, 4, 16, MAX_BITS + 1)
+    mech = DistributedDiscreteGaussian(clip=1.0, granularity=1e-2, local_std=1e-2, shares=4, dim=16)
+    with pytest.raises(ValueError, match="bits"):
+        DDGaussCodec(mech, bits=MAX_BITS + 1)

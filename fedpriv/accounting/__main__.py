@@ -174,15 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _ddgauss(args: argparse.Namespace) -> dict[str, Any]:
     """The plan of :func:`fedpriv.accounting.ddgauss.plan_ddgauss`, beside the central Gaussian's
     noise multiplier at the same epsilon (RDP, Poisson sampling) for comparison."""
-    from fedpriv.accounting.ddgauss import plan_ddgauss, tau  # lazy: only this subcommand reads it
+    from fedpriv.accounting.ddgauss import MAX_BITS, plan_ddgauss, tau  # lazy: only this subcommand reads it
 
     check_delta(args.delta)
     check_epsilon(args.target_epsilon)
     for name, value in (("rounds", args.rounds), ("shares", args.shares), ("dim", args.dim)):
         if value < 1:
             raise ConfigError(f"--{name} must be at least 1, got {value}")
-    if not 2 <= args.bits <= 62:
-        raise ConfigError(f"--bits must be in [2, 62] (the secure sum's field is 2^bits), got {args.bits}")
+    if not 2 <= args.bits <= MAX_BITS:
+        raise ConfigError(f"--bits must be in [2, {MAX_BITS}] (the secure sum's field is 2^bits), got {args.bits}")
     if not 0 < args.sampling_rate <= 1 or not args.clip > 0 or not args.k > 0:
         raise ConfigError(f"need 0 < --sampling-rate <= 1, --clip > 0 and --k > 0 (got {args.sampling_rate}, "
                           f"{args.clip}, {args.k})")

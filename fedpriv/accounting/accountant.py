@@ -181,9 +181,12 @@ def _ddgauss_epsilon(event: DistributedDiscreteGaussianDpEvent, delta: float, ac
     if accountant != RDP:
         raise ConfigError(f"the distributed discrete Gaussian is accounted by RDP only (the paper's Proposition 14 "
                           f"bound), not by {accountant}: use the rdp accountant")
-    if relation not in (Relation.ADD_OR_REMOVE_ONE, Relation.REPLACE_SPECIAL):
-        raise ConfigError(f"the distributed discrete Gaussian's accounting is stated under add/remove or zero-out "
-                          f"neighbouring (Poisson sampling over fixed parties), not {relation_name(relation)}")
+    allowed = (Relation.ADD_OR_REMOVE_ONE, Relation.REPLACE_SPECIAL) if event.fixed_parties else (
+        Relation.REPLACE_SPECIAL,)
+    if relation not in allowed:
+        raise ConfigError(f"the distributed discrete Gaussian's accounting is stated under zero-out neighbouring"
+                          f"{', or add/remove with shares from fixed parties' if event.fixed_parties else ''}, not "
+                          f"{relation_name(relation)}")
     return event.epsilon(delta)
 
 

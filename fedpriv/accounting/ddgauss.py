@@ -52,6 +52,9 @@ from scipy import special
 ORDERS: tuple[int, ...] = tuple(range(2, 129)) + (192, 256)
 #: conditional rounding's default failure bound per try (β = e^{−1/2}, as the paper's experiments)
 BETA = math.exp(-0.5)
+#: the widest field: the share sampler and the rotation compute in float64, whose integers are
+#: exact to 2^53; at 2^44 levels the integer-domain σ and Δ₂ stay below 2^44 (9 bits of margin)
+MAX_BITS = 44
 
 
 def padded_dim(dim: int) -> int:
@@ -189,6 +192,8 @@ def granularity_for_bits(clip: float, local_std: float, shares: int, dim: int, b
     a log factor; ``c u`` the sum's norm bound), each user's rounding adds at most γ²/4 and each of
     the ``shares`` noise shares σ², so ``2^bits = 2k·√(ρ(cu)²/d + u γ²/4 + nσ²)/γ``:
     ``γ = √((ρ(cu)²/d + nσ²) / (4^bits/(4k²) − u/4))``. ``ValueError`` when ``4^bits ≤ u k²``."""
+    if not 2 <= bits <= MAX_BITS:
+        raise ValueError(f"bits must be in [2, {MAX_BITS}] (float64 sampling and rotation), got {bits}")
     users = shares if users is None else users
     room = 4.0 ** bits / (4 * k * k) - users / 4
     if not room > 0:
@@ -243,8 +248,10 @@ class DistributedDiscreteGaussianDpEvent(dp_accounting.DpEvent):
     own accountants refuse it). In units of the clip norm: ``noise_multiplier`` = √n·σ/c, the summed
     shares' standard deviation per unit of clip (each share σ = noise_multiplier·c/√n);
     ``relative_granularity`` = γ/c. Accounted by RDP only (Proposition 14 with Zhu–Wang's
-    amplification), under add/remove or zero-out neighbouring: the ``shares`` come from a fixed
-    set of parties, so their number does not depend on who is sampled (module docstring)."""
+    amplification), under zero-out neighbouring, and under add/remove too when ``fixed_parties``:
+    the ``shares`` come from a set of parties fixed in advance, each user's party a function of
+    the user alone, so neither their number nor anyone else's party depends on who is sampled
+    (module docstring). One share per *sampled client* (the calculator's model) is zero-out only."""
 
     noise_multiplier: float = attr.ib()
     shares: int = attr.ib()
@@ -253,11 +260,12 @@ class DistributedDiscreteGaussianDpEvent(dp_accounting.DpEvent):
     sampling_rate: float = attr.ib()
     rounds: int = attr.ib()
     beta: float = attr.ib(default=BETA)
+    fixed_parties: bool = attr.ib(default=False)  # shares from parties fixed in advance (add/remove holds)
 
     def __repr__(self) -> str:
         return (f"DistributedDiscreteGaussian(noise_multiplier={self.noise_multiplier:g}, shares={self.shares}, "
                 f"dim={self.dim}, granularity/clip={self.relative_granularity:g}, q={self.sampling_rate:g}, "
-                f"rounds={self.rounds})")
+                f"rounds={self.rounds}{', fixed parties' if self.fixed_parties else ''})")
 
     def mechanism(self) -> DistributedDiscreteGaussian:
         """The round's mechanism at clip 1."""

@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 import dp_accounting
 import torch
 
-from fedpriv.accounting.ddgauss import (BETA, DistributedDiscreteGaussian, DistributedDiscreteGaussianDpEvent,
-                                        granularity_for_bits, padded_dim)
+from fedpriv.accounting.ddgauss import (BETA, MAX_BITS, DistributedDiscreteGaussian,
+                                        DistributedDiscreteGaussianDpEvent, granularity_for_bits, padded_dim)
 from fedpriv.distributed_dp import DDGaussCodec
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import NoiseMechanism, amplified_relation, trivial_event
@@ -114,7 +114,7 @@ class DistributedDiscreteGaussianMechanism(NoiseMechanism):
             return trivial
         dist = self.distribution(z)
         return DistributedDiscreteGaussianDpEvent(z, self.min_shares, self.dim, dist.granularity / self.clip_norm,
-                                                  sampler.rate, rounds, BETA)
+                                                  sampler.rate, rounds, BETA, fixed_parties=True)
 
     def accounting_details(self, sampler: Sampler, rounds: int) -> dict[str, Any]:
         """What privacy.json records: the field, the grid, the shares and who adds the noise."""
@@ -151,16 +151,17 @@ class DDGaussNoise(MechanismOption):
 
     default_sampling: ClassVar[str] = POISSON
     accounting_fields: ClassVar[tuple[str, ...]] = ("bits", "shares", "min_shares", "headroom")
+    client_noise: ClassVar[bool] = True
     name: str = "ddgauss"
-    bits: int = 20  # the field Z_m, m = 2^bits, of secure aggregation
+    bits: int = 20  # the field Z_m, m = 2^bits, of secure aggregation (at most 44)
     shares: int = 8  # parties (secure-aggregation participants), each adding one noise share every round
     min_shares: int | None = None  # shares every released round is guaranteed (fewer: withheld); null: all of them
     headroom: float = 4.0  # standard deviations of a coordinate of the sum the field holds (sets the grid step)
 
     def check(self, path: str) -> None:
         positive(self, "shares", "headroom", path=path)
-        if not 2 <= self.bits <= 62:
-            _fail(f"{path}.bits", "in [2, 62]", self.bits)
+        if not 2 <= self.bits <= MAX_BITS:
+            _fail(f"{path}.bits", f"in [2, {MAX_BITS}]", self.bits)
         if self.min_shares is not None and not 1 <= self.min_shares <= self.shares:
             _fail(f"{path}.min_shares", f"in [1, shares={self.shares}] or null", self.min_shares)
 

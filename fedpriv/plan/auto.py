@@ -117,6 +117,9 @@ def _check_plannable(spec, population: Optional[int]) -> None:
         raise ConfigError(f"plan=auto plans user-level federated rounds, not algorithm={spec.algorithm.name}")
     if spec.privacy.clipping != "fixed":
         raise ConfigError("plan=auto sets a fixed clip bound: use privacy.clipping=fixed with it")
+    if spec.mechanism.client_noise:  # the planner picks a server-noise mechanism: never swap the trust model
+        raise ConfigError(f"plan=auto chooses among server-noise mechanisms; mechanism={spec.mechanism.name} (noise "
+                          "added by the parties) is not planned: use plan=fixed with it")
 
 
 def cohort_grid(population: int, budget: int) -> list[int]:

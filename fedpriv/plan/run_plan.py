@@ -111,6 +111,9 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
         adopt(mechanism)
     optimizer = spec.optimizer.build(spec.rounds)  # its checks only: the run builds its own (it holds state)
     optimizer.query_plan.check(spec.optimizer.name, mechanism, task.algorithm.per_unit_deltas)
+    if spec.aggregation == "secagg" and (optimizer.query_plan.squares or optimizer.query_plan.pre_clip_scale):
+        raise ConfigError(f"optimizer={spec.optimizer.name} needs each user's update at the server (its squares, or "
+                          "its scale before clipping); aggregation=secagg reveals only the nodes' sum")
     clip = build_adaptive_clip(privacy, sigma, sampler.expected_cohort,
                                squares=optimizer.query_plan.squares, optimizer=spec.optimizer.name)
     reasons = [r for r in (getattr(optimizer, "non_private_reason", None), task.data.info.get("non_private_reason"))

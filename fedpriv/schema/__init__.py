@@ -38,4 +38,4 @@ from fedpriv.schema.run_config import RunConfig, resolve_secure, secure_mode  # 
 from fedpriv.schema.sections import (AdaptiveClipping, AlgorithmOption, Audit, BackendOption, Client,  # noqa: F401
                                      DeploymentBackend, ExampleDP, FixedPlan, FlowerBackend, LocalBackend,
                                      MechanismOption, ModelOption, Option, OptimizerOption, PlanOption, Privacy,
-                                     Public, Section, TeacherModel, TextPipeline, meanings)
+                                     Public, SecAgg, Section, TeacherModel, TextPipeline, meanings)

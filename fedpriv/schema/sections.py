@@ -261,6 +261,33 @@ class Privacy(Section):
 
 
 @dataclass
+class SecAgg(Section):
+    """``secagg``: Flower's SecAgg+ for ``aggregation=secagg`` (server/secagg.py; docs/PRIVACY.md).
+
+    Each node's clipped sum is clipped per coordinate to ``±clipping_range``, quantized to
+    ``2^bits − 1`` levels and summed modulo ``2^modulus_bits`` under pairwise masks; the server
+    learns only the sum of the surviving nodes' vectors."""
+
+    shares: Optional[int] = None  # neighbours each node secret-shares its keys with (odd, > 2); null: all nodes
+    threshold: Optional[int] = None  # shares needed to unmask a node (> shares / 2); null: 2/3 of the shares + 1
+    bits: int = 20  # quantization levels 2^bits - 1 per coordinate of a node's sum
+    modulus_bits: int = 32  # the field of the masked sum, 2^modulus_bits (Flower's masks are drawn in it)
+    clipping_range: Optional[float] = None  # per-coordinate clip of a node's sum; null: privacy.clip_norm
+    timeout: Optional[float] = None  # seconds each of the protocol's four stages waits (null: no limit)
+
+    def check(self, path: str) -> None:
+        positive(self, "bits", "modulus_bits", "clipping_range", "timeout", path=path)
+        if self.bits >= 31:
+            _fail(_key(path, "bits"), "< 31 (Flower quantizes into int32)", self.bits)
+        if self.modulus_bits > 62:
+            _fail(_key(path, "modulus_bits"), "<= 62", self.modulus_bits)
+        if self.shares is not None and self.shares <= 2:
+            _fail(_key(path, "shares"), "> 2 or null (all nodes)", self.shares)
+        if self.threshold is not None and self.threshold < 2:
+            _fail(_key(path, "threshold"), ">= 2 or null", self.threshold)
+
+
+@dataclass
 class Audit(Section):
     """``audit``: the empirical privacy audit of a run (fedpriv/audit/; docs/PRIVACY.md)."""
 
@@ -341,6 +368,7 @@ class MechanismOption(Option):
 
     default_sampling: ClassVar[str]
     accounting_fields: ClassVar[tuple[str, ...]] = ()  # fields its DpEvent depends on: a calculator must be told
+    client_noise: ClassVar[bool] = False  # the parties add the noise inside a secure sum (the server adds none)
 
     @abc.abstractmethod
     def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,

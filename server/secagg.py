@@ -1,0 +1,172 @@
+"""``aggregation=secagg``: each round's node sums reach the server only as their sum, through
+Flower's own SecAgg+ (``flwr.server.workflow.SecAggPlusWorkflow`` here, ``secaggplus_mod`` on the
+nodes: client/app.py). No cryptography is written here, and no DP: the server adds the mechanism's
+noise to the unmasked sum as for a plain round (fedpriv.dpfedavg).
+
+Flower's SecAgg+ speaks the legacy Strategy API, so each round runs the workflow once with a fresh
+``LegacyContext`` and a one-round strategy (:class:`_OneRound`) whose ``configure_fit`` sends every
+connected node its users (:func:`server.strategy.assign_users`) and whose ``aggregate_fit`` keeps
+what the workflow unmasked. What SecAgg+ computes, and how fedpriv reads it:
+
+* a node sends its users' updates each clipped to ``C′`` and summed (client/app.py), with weight
+  ``num_examples = max_weight`` so Flower's weighting is 1; Flower clips each coordinate to
+  ``±c`` (default: C times the most users a node holds this round, so nothing is clipped), maps
+  ``[−c, c]`` to ``[0, Q]`` (``Q = 2^bits − 1``) with stochastic rounding, masks, and the server
+  unmasks ``Σ`` modulo ``M = 2^modulus_bits`` and returns the *mean* over the surviving nodes:
+  fedpriv multiplies it back by their number;
+* sensitivity: clipping a coordinate is 1-Lipschitz, and stochastic rounding, coupled over its
+  uniforms, moves each coordinate of the difference by less than one step ``2c/Q``, so one
+  user's effect on the released sum is at most ``C′ + √d·2c/Q = C`` in L2 (``C′`` is chosen so):
+  the ledger's C holds; the rounding's uniforms (numpy's global generator, in Flower) need not be
+  secret, the noise is the server's;
+* overflow: ``nodes·Q < M`` is required (refused otherwise), so the sum never wraps.
+
+A round in which the protocol halts (fewer than two nodes, or fewer than the threshold) releases
+the noise alone: all its users count as dropped. What the server and a node learn: docs/PRIVACY.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server import ServerConfig
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.compat import LegacyContext
+from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.server.strategy import Strategy
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+from flwr.serverapp import Grid
+
+from fedpriv.replies import RoundFn, RoundInputs
+from fedpriv.schema import SecAgg
+from fedpriv.secure_sum import SecureSum
+from server.strategy import assign_users
+
+log = logging.getLogger(__name__)
+MAX_WEIGHT = 1  # every node's weight: Flower's weighted mean is then the plain mean
+
+
+def clipping_range(settings: SecAgg, clip_norm: float, most_users: int) -> float:
+    """``c``: the per-coordinate clip of a node's sum — ``secagg.clipping_range``, or the user-level
+    clip norm times the most users a node holds this round (no coordinate of a sum of k updates
+    clipped to C exceeds k·C, so nothing is clipped)."""
+    if settings.clipping_range is not None:
+        return float(settings.clipping_range)
+    return float(clip_norm) * max(1, int(most_users))
+
+
+def levels(settings: SecAgg) -> int:
+    """``Q = 2^bits − 1``."""
+    return (1 << settings.bits) - 1
+
+
+def node_clip(settings: SecAgg, clip_norm: float, dim: int, coordinate_range: float) -> float:
+    """``C′ = C − √d·2c/Q``: the bound each user's update is clipped to on its node, so that after
+    Flower's stochastic rounding (steps of ``2c/Q``) one user still moves the released sum by at most C."""
+    reduced = clip_norm - math.sqrt(dim) * 2.0 * coordinate_range / levels(settings)
+    if not reduced > 0.5 * clip_norm:
+        raise ValueError(f"secagg.bits={settings.bits} is too coarse for {dim} coordinates in a range of "
+                         f"±{coordinate_range:.3g}: the rounding alone would take {clip_norm - reduced:.3g} of the "
+                         f"clip norm {clip_norm:g}; give more bits")
+    return reduced
+
+
+def check_capacity(settings: SecAgg, nodes: int) -> None:
+    """``nodes·Q < M``: the unmasked sum (and the weights' sum) never wraps around the field."""
+    if nodes * levels(settings) >= (1 << settings.modulus_bits):
+        raise ValueError(f"{nodes} nodes x 2^{settings.bits} levels overflow the field 2^{settings.modulus_bits}: "
+                         "lower secagg.bits or raise secagg.modulus_bits")
+
+
+def protocol_sizes(settings: SecAgg, nodes: int) -> tuple[int, int]:
+    """``(shares, threshold)`` for ``nodes`` nodes: ``shares`` defaults to all of them, made odd
+    where fewer; the threshold to ⌊2·shares/3⌋ + 1 (a majority: more than half must collude)."""
+    shares = nodes if settings.shares is None else min(int(settings.shares), nodes)
+    if shares < nodes and shares % 2 == 0:
+        shares += 1
+    threshold = shares * 2 // 3 + 1 if settings.threshold is None else int(settings.threshold)
+    if not shares / 2 < threshold <= shares:
+        raise ValueError(f"secagg.threshold={threshold} must exceed half of the {shares} shares and not exceed them")
+    return shares, threshold
+
+
+class _OneRound(Strategy):
+    """The legacy strategy SecAgg+ drives for one round: it sends each node its instructions and
+    keeps the unmasked mean and the nodes that took part."""
+
+    def __init__(self, grid: Grid, fitins: dict[int, FitIns]) -> None:
+        self.grid, self.fitins = grid, fitins
+        self.mean: np.ndarray | None = None
+        self.nodes: list[int] = []
+
+    def initialize_parameters(self, client_manager):
+        return None
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        del server_round, parameters, client_manager
+        run_id = self.grid.run.run_id
+        return [(GridClientProxy(node, self.grid, run_id), ins) for node, ins in self.fitins.items()]
+
+    def aggregate_fit(self, server_round, results, failures):
+        del server_round, failures
+        if results:
+            self.mean = parameters_to_ndarrays(results[0][1].parameters)[0]
+            self.nodes = [int(proxy.node_id) for proxy, _ in results]
+        return None, {}
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        return []
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        return None, {}
+
+    def evaluate(self, server_round, parameters):
+        return None
+
+
+def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout: float | None = None) -> RoundFn:
+    """A round over ``grid``'s ``nodes`` through SecAgg+ with ``settings`` (module docstring): the
+    cohort dealt to the nodes, their clipped sums unmasked as one sum (a :class:`SecureSum`);
+    ``timeout`` bounds each of the protocol's stages (a node later than it drops out)."""
+    nodes = sorted(int(n) for n in nodes)
+    check_capacity(settings, len(nodes))
+    shares, threshold = protocol_sizes(settings, len(nodes))
+    if len(nodes) < 2:
+        raise ValueError("secure aggregation needs at least two nodes")
+
+    def round_fn(inputs: RoundInputs) -> SecureSum:
+        params = inputs.params
+        sent = assign_users(inputs.cohort, nodes)
+        coordinate_range = clipping_range(settings, inputs.clip_norm, max(len(u) for u in sent.values()))
+        clip = node_clip(settings, inputs.clip_norm, params.numel(), coordinate_range)
+        weights = ndarrays_to_parameters([params.detach().cpu().numpy()])
+        fitins = {node: FitIns(weights, {"round": inputs.round_idx, "users": ",".join(map(str, users)),
+                                         "clip": clip, "max_weight": MAX_WEIGHT})
+                  for node, users in sent.items()}
+        strategy = _OneRound(grid, fitins)
+        context = LegacyContext(Context(run_id=grid.run.run_id, node_id=0, node_config={}, state=RecordDict(),
+                                        run_config={}),
+                                config=ServerConfig(num_rounds=1), strategy=strategy,
+                                client_manager=SimpleClientManager())
+        context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: inputs.round_idx + 1})
+        context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord([np.zeros(1, dtype=np.float32)])
+        SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=threshold, max_weight=MAX_WEIGHT,
+                           clipping_range=coordinate_range,
+                           quantization_range=levels(settings), modulus_range=1 << settings.modulus_bits,
+                           timeout=timeout)(grid, context)
+        if strategy.mean is None:  # the protocol halted: nothing unmasked, every user of the round dropped
+            log.warning("round %d: secure aggregation halted (too few nodes answered); the round releases the noise "
+                        "alone", inputs.round_idx + 1)
+            return SecureSum(torch.zeros(params.numel()), set(), 0, round_idx=inputs.round_idx)
+        total = torch.from_numpy(np.asarray(strategy.mean, dtype=np.float64) * len(strategy.nodes))
+        users = {u for node in strategy.nodes for u in sent.get(node, [])}
+        return SecureSum(total.to(torch.float32).reshape(-1), users, len(strategy.nodes), round_idx=inputs.round_idx)
+
+    return round_fn

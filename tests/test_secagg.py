@@ -1,0 +1,179 @@
+"""``aggregation=secagg`` (server/secagg.py, client/app.py): the nodes' clipped sums go through
+Flower's own SecAgg+ (in process, over :class:`server.grid.LocalGrid`); the server unmasks only
+their sum, equal to the clear sum up to the stated quantization; masked replies carry no user's
+update; dropped nodes take their users with them; too many dropouts halt the round (noise only);
+what cannot be served is refused in one line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+
+import fedpriv.clients as clients
+from client.app import make_client_app
+from conftest import compose_cfg
+from fedpriv.aggregation import RoundAggregate
+from fedpriv.errors import ConfigError
+from fedpriv.plan import preflight
+from fedpriv.runner import prepare, train
+from server.app import round_fn_for
+from server.grid import LocalGrid
+from server.secagg import clipping_range, levels, node_clip
+
+SECAGG = ("+experiment=smoke", "progress=false", "backend=flower", "aggregation=secagg")
+NODES = 4
+
+
+class RecordingGrid(LocalGrid):
+    """A LocalGrid that keeps every reply, and loses the collect-stage replies of ``lose``."""
+
+    def __init__(self, app, num_nodes: int, lose: tuple[int, ...] = ()) -> None:
+        super().__init__(app, num_nodes)
+        self.lose, self.replies = set(lose), []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for msg, msg_id in zip(messages, ids):
+            stage = msg.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE)
+            if stage == Stage.COLLECT_MASKED_VECTORS and msg.metadata.dst_node_id in self.lose:
+                self._replies.pop(msg_id)  # the node's masked vector never arrives
+            elif msg_id in self._replies:
+                self.replies.append((stage, self._replies[msg_id]))
+        return ids
+
+
+def _dealt(cohort) -> dict[int, list[int]]:
+    sent: dict[int, list[int]] = {node: [] for node in range(1, NODES + 1)}
+    for i, user in enumerate(int(u) for u in cohort):
+        sent[1 + i % NODES].append(user)
+    return sent
+
+
+def _quantization(session, inputs, cohort) -> tuple[float, float]:
+    """(C′, one quantization step) of the round: the range is C times the most users of a node."""
+    c = clipping_range(session.spec.secagg, inputs.clip_norm, max(len(u) for u in _dealt(cohort).values()))
+    return node_clip(session.spec.secagg, inputs.clip_norm, inputs.params.numel(), c), 2 * c / levels(
+        session.spec.secagg)
+
+
+def _round(tmp_path, name: str, lose: tuple[int, ...] = (), *extra: str):
+    cfg = compose_cfg(*SECAGG, "rounds=1", "cohort_size=12", f"backend.num_supernodes={NODES}", *extra,
+                      run_dir=tmp_path / name)
+    session = prepare(cfg)
+    cohort = session.server.cohort(0)
+    inputs = session.server.round_inputs(0, cohort)
+    grid = RecordingGrid(make_client_app(cfg), NODES, lose)
+    secure = round_fn_for(session, grid, NODES, None)(inputs)
+    return session, cohort, inputs, grid, secure
+
+
+def _clear_sum(session, inputs, users, clip) -> torch.Tensor:
+    agg = RoundAggregate.zeros(inputs.params.numel(), clip)
+    replies = clients.StreamedReplies(session.task, inputs.params, sorted(users), 0,
+                                      clients.client_randomness(session.spec), False)
+    replies.add_to(agg, set(users), 0)
+    return agg.total
+
+
+def test_the_unmasked_sum_is_the_clear_sum_up_to_the_quantization(tmp_path):
+    """4 nodes: the sum SecAgg+ unmasks equals the clear sum of the users' updates clipped to C′
+    within one quantization step per node and coordinate; every user of the cohort is in it; C′
+    leaves room for the rounding (C′ + √d·step = C)."""
+    session, cohort, inputs, grid, secure = _round(tmp_path, "s")
+    users = {int(u) for u in cohort}
+    clip, step = _quantization(session, inputs, cohort)
+    clear = _clear_sum(session, inputs, users, clip)
+    session.run.unlock()
+    assert secure.users == users and secure.shares == NODES and len(users) >= 2 * NODES
+    assert clip + math.sqrt(inputs.params.numel()) * step == pytest.approx(inputs.clip_norm)
+    error = (secure.total - clear).double()
+    assert float(error.abs().max()) <= NODES * step + 1e-6
+    assert abs(float(error.mean())) < 4 * step * math.sqrt(NODES / error.numel())  # unbiased rounding
+
+
+def test_masked_replies_carry_no_users_update(tmp_path):
+    """What each node sends in the collect stage: no array, no per-user record, and a masked vector
+    that looks uniform over the field and is uncorrelated with the node's clear sum (a clear
+    quantized sum sits near the middle of [0, Q] with a tiny spread)."""
+    from flwr.common import bytes_to_ndarray
+
+    session, cohort, inputs, grid, secure = _round(tmp_path, "m")
+    sent = _dealt(cohort)
+    clip, _ = _quantization(session, inputs, cohort)
+    collected = [reply for stage, reply in grid.replies if stage == Stage.COLLECT_MASKED_VECTORS]
+    assert len(collected) == NODES
+    field = 2 ** session.spec.secagg.modulus_bits
+    for reply in collected:
+        content = reply.content
+        assert all(len(record) == 0 for record in content.array_records.values())
+        assert not any(name.startswith("metrics.") for name in content.metric_records)
+        arrays = [bytes_to_ndarray(b) for b in content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]]
+        masked = arrays[-1].astype(np.float64).reshape(-1)
+        assert masked.size == inputs.params.numel()
+        assert masked.std() == pytest.approx(field / math.sqrt(12), rel=0.05)  # uniform over the field
+        clear = _clear_sum(session, inputs, sent[int(reply.metadata.src_node_id)], clip).double().numpy()
+        assert abs(np.corrcoef(masked, clear)[0, 1]) < 0.05
+    session.run.unlock()
+
+
+def test_a_lost_node_takes_its_users_and_the_rest_is_summed(tmp_path):
+    """One of 4 nodes loses its masked vector: SecAgg+ still unmasks the other three (threshold 3);
+    the lost node's users count as dropped and the sum is the others' clear sum."""
+    session, cohort, inputs, grid, secure = _round(tmp_path, "l", (2,))
+    kept = {u for node, users in _dealt(cohort).items() if node != 2 for u in users}
+    clip, step = _quantization(session, inputs, cohort)
+    clear = _clear_sum(session, inputs, kept, clip)
+    session.run.unlock()
+    assert secure.users == kept and secure.shares == NODES - 1
+    assert float((secure.total - clear).abs().max()) <= NODES * step + 1e-6
+
+
+def test_dropouts_beyond_the_threshold_halt_the_round_and_release_noise_only(tmp_path):
+    """Two of 4 nodes lost (threshold 3): the protocol halts; the round's release is the noise
+    alone divided by the fixed denominator, and every user counts as dropped."""
+    session, cohort, inputs, grid, secure = _round(tmp_path, "h", (1, 2))
+    assert secure.users == set() and secure.shares == 0 and torch.count_nonzero(secure.total) == 0
+    agg = RoundAggregate.zeros(inputs.params.numel(), inputs.clip_norm)
+    seen, _ = secure.add_to(agg, {int(u) for u in cohort}, 0)
+    session.run.unlock()
+    assert seen == set() and agg.accepted == 0
+
+
+def test_a_secure_run_ends_where_the_clear_run_ends(tmp_path):
+    """The same cohorts and noise (privacy.research_key=seed): 3 rounds through SecAgg+ over
+    LocalGrid release a model within the quantization of the clear run's; privacy.json is the
+    same claim."""
+    import json
+
+    common = ("rounds=3", f"backend.num_supernodes={NODES}", "privacy.research_key=seed", "privacy.secure_rng=false")
+    finals = {}
+    for name, aggregation in (("clear", "plain"), ("secure", "secagg")):
+        cfg = compose_cfg("+experiment=smoke", "progress=false", "backend=flower", f"aggregation={aggregation}",
+                          *common, run_dir=tmp_path / name)
+        session = prepare(cfg)
+        train(session, round_fn_for(session, LocalGrid(make_client_app(cfg), NODES), NODES, None))
+        finals[name] = session.server.model_params.clone()
+    privacy = {n: json.loads((tmp_path / n / "privacy.json").read_text()) for n in finals}
+    assert privacy["clear"]["epsilon"] == privacy["secure"]["epsilon"]
+    gap = float((finals["clear"] - finals["secure"]).abs().max())
+    assert 0 < gap < 1e-3, gap
+
+
+@pytest.mark.parametrize("override,says", [
+    ("backend=local", "backend=flower or a deployment"),
+    ("backend.num_supernodes=1", "at least 2 nodes"),
+    ("secagg.modulus_bits=21", "overflow the field"),
+    ("secagg.threshold=2", "must exceed half"),
+    ("privacy.clipping=adaptive", "clipping=fixed"),
+    ("optimizer=dpadam_stp", "only the nodes' sum"),
+    ("mechanism=ddgauss", "ddgauss"),
+])
+def test_what_secure_aggregation_cannot_serve_is_refused(tmp_path, override, says):
+    nodes = () if override.startswith("backend") else (f"backend.num_supernodes={NODES}",)
+    with pytest.raises(ConfigError, match=says):
+        preflight(compose_cfg(*SECAGG, *nodes, override, run_dir=tmp_path / "x"))
