@@ -5,7 +5,7 @@
 # installation. Every process started here is stopped on exit (its process group, by PID),
 # on success, failure or interrupt.
 #
-#   scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--experiment NAME]
+#   scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--secagg] [--experiment NAME]
 #                           [--round-timeout S] [--timeout S] [-- HYDRA_OVERRIDES...]
 #
 # DIR gets summary.json, metrics.jsonl, privacy.json, config.yaml, checkpoints/ (written by the
@@ -26,10 +26,10 @@ BIN=${FEDPRIV_VENV_BIN:-$ROOT/.venv/bin}
 export PATH="$BIN:$PATH" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \
     FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
 
-usage() { echo "error: $1 (usage: scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--experiment NAME] [--round-timeout S] [--timeout S] [-- OVERRIDES...])" >&2; exit 2; }
+usage() { echo "error: $1 (usage: scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--secagg] [--experiment NAME] [--round-timeout S] [--timeout S] [-- OVERRIDES...])" >&2; exit 2; }
 help() {
     cat <<'USAGE'
-usage: scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--experiment NAME]
+usage: scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--secagg] [--experiment NAME]
                                [--round-timeout S] [--timeout S] [-- OVERRIDES...]
 A real Flower deployment on loopback (one SuperLink, N SuperNodes, `flwr run`), offline.
   --clients N          SuperNodes to start, one partition of the users each
@@ -37,6 +37,7 @@ A real Flower deployment on loopback (one SuperLink, N SuperNodes, `flwr run`), 
   --out DIR            run directory: summary.json, metrics.jsonl, privacy.json, config.yaml,
                        checkpoints/, logs/ (must not hold a finished run)
   --tls                a throwaway CA and TLS between all processes (default: insecure)
+  --secagg             the nodes' sums through Flower's SecAgg+ (aggregation=secagg; needs --clients >= 2)
   --experiment NAME    a configs/experiment name (default: smoke; empty: none)
   --round-timeout S    seconds the server waits for a round's replies (default: 60)
   --timeout S          seconds the whole `flwr run` may take (default: 900)
@@ -47,7 +48,7 @@ USAGE
 }
 is_int() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
 
-CLIENTS="" ROUNDS="" OUT="" TLS=0 EXPERIMENT="smoke" ROUND_TIMEOUT=60 TIMEOUT=900 OVERRIDES=()
+CLIENTS="" ROUNDS="" OUT="" TLS=0 SECAGG=0 EXPERIMENT="smoke" ROUND_TIMEOUT=60 TIMEOUT=900 OVERRIDES=()
 while (($#)); do
     case "$1" in
         --clients) CLIENTS=${2-}; shift 2 || usage "--clients needs a value" ;;
@@ -57,8 +58,9 @@ while (($#)); do
         --round-timeout) ROUND_TIMEOUT=${2-}; shift 2 || usage "--round-timeout needs a value" ;;
         --timeout) TIMEOUT=${2-}; shift 2 || usage "--timeout needs a value" ;;
         --tls) TLS=1; shift ;;
+        --secagg) SECAGG=1; shift ;;
         -h|--help) help ;;
-        --) shift; OVERRIDES=("$@"); break ;;
+        --) shift; OVERRIDES+=("$@"); break ;;
         *) usage "unknown argument '$1'" ;;
     esac
 done
@@ -66,6 +68,10 @@ is_int "$CLIENTS" || usage "--clients must be a positive integer, got '${CLIENTS
 is_int "$ROUNDS" || usage "--rounds must be a positive integer, got '${ROUNDS}'"
 is_int "$ROUND_TIMEOUT" || usage "--round-timeout must be a positive integer (seconds), got '${ROUND_TIMEOUT}'"
 is_int "$TIMEOUT" || usage "--timeout must be a positive integer (seconds), got '${TIMEOUT}'"
+if ((SECAGG)); then
+    ((CLIENTS >= 2)) || usage "--secagg needs at least 2 clients (SecAgg+ sums between nodes), got --clients $CLIENTS"
+    OVERRIDES=("aggregation=secagg" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
+fi
 [[ -n "$OUT" ]] || usage "--out is required"
 [[ -z "$EXPERIMENT" || -f "$ROOT/configs/experiment/$EXPERIMENT.yaml" ]] || usage "unknown experiment '$EXPERIMENT'"
 [[ -x "$BIN/flower-superlink" ]] || usage "$BIN/flower-superlink not found: run 'make venv' first"

@@ -92,8 +92,9 @@ def protocol_sizes(settings: SecAgg, nodes: int) -> tuple[int, int]:
     if shares < nodes and shares % 2 == 0:
         shares += 1
     threshold = shares * 2 // 3 + 1 if settings.threshold is None else int(settings.threshold)
-    if not shares / 2 < threshold <= shares:
-        raise ValueError(f"secagg.threshold={threshold} must exceed half of the {shares} shares and not exceed them")
+    if not shares / 2 < threshold <= shares or (shares < nodes and threshold == shares):
+        raise ValueError(f"secagg.threshold={threshold} must exceed half of the {shares} shares and not exceed them "
+                         "(be fewer, when the shares are fewer than the nodes)")
     return shares, threshold
 
 
@@ -157,7 +158,9 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout:
                                 client_manager=SimpleClientManager())
         context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: inputs.round_idx + 1})
         context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord([np.zeros(1, dtype=np.float32)])
-        SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=threshold, max_weight=MAX_WEIGHT,
+        # Flower reads an int num_shares as neighbours (> 2, and more than the threshold) and 1.0 as all nodes
+        SecAggPlusWorkflow(num_shares=1.0 if shares == len(nodes) else shares, reconstruction_threshold=threshold,
+                           max_weight=MAX_WEIGHT,
                            clipping_range=coordinate_range,
                            quantization_range=levels(settings), modulus_range=1 << settings.modulus_bits,
                            timeout=timeout)(grid, context)

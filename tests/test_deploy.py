@@ -92,6 +92,20 @@ def test_an_insecure_deployment_runs_in_secure_mode_by_default(tmp_path):
     assert (out / "checkpoints" / "last.pt").stat().st_mode & 0o077 == 0  # it holds the run key: owner-only
 
 
+@pytest.mark.slow
+def test_a_deployment_aggregates_through_secagg_plus(tmp_path):
+    """--secagg: 3 SuperNodes, 2 rounds, each round's node sums through Flower's SecAgg+ (the
+    server's log says the protocol completed twice; the run keeps its claim)."""
+    out = tmp_path / "secagg"
+    proc = deploy("--clients", "3", "--rounds", "2", "--out", str(out), "--secagg")
+    log = (out / "logs" / "flwr-run.log").read_text()
+    assert proc.returncode == 0, proc.stderr + log[-3000:]
+    assert_all_stopped(out)
+    assert log.count("INFO:flwr:Secure aggregation completed.") == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["privacy"]["epsilon"] <= 50.0
+
+
 def test_deployments_default_to_secure_mode(tmp_path):
     from fedpriv.compose import deployment_config
     from fedpriv.config import run_config
@@ -147,6 +161,8 @@ def test_killed_supernode_round_finishes_within_the_timeout(tmp_path):
                                           (("--clients", "2", "--rounds", "two", "--out", "x"), "--rounds"),
                                           (("--clients", "2", "--rounds", "2"), "--out"),
                                           (("--clients", "2", "--rounds", "2", "--out", "x", "--bogus"), "--bogus"),
+                                          (("--clients", "1", "--rounds", "2", "--out", "x", "--secagg"),
+                                           "--secagg needs at least 2 clients"),
                                           (("--clients", "2", "--rounds", "2", "--out", "x", "--experiment", "nope"),
                                            "experiment")])
 def test_bad_arguments_exit_2(tmp_path, args, message):
