@@ -12,6 +12,7 @@ reply carries statistics of the user's data beside the delta only when diagnosti
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -25,6 +26,10 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat as compat
 
 from fedpriv.aggregation import RoundAggregate
+from fedpriv.distributed_dp import DDGaussCodec
+from fedpriv.plan import build_plan
+from fedpriv.schema import as_dict
+from fedpriv.secure_sum import party_message
 
 from fedpriv.clipping import UnsupportedLayerError
 from fedpriv.codec import decode, refusal_content, train_reply_content
@@ -78,15 +83,37 @@ def secure_sum_reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Me
     fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
     conf = fitins.config
     params = torch.from_numpy(np.asarray(parameters_to_ndarrays(fitins.parameters)[0], dtype=np.float32).copy())
-    users = [int(u) for u in str(conf["users"]).split(",") if u]
-    total = RoundAggregate.zeros(params.numel(), float(conf["clip"]))
-    for update in iter_client_updates(task, params, users, int(conf["round"]), rng):
-        total.add(update.delta)  # a non-finite update is left out (the server sees only the sum)
-    weight = float(conf["max_weight"])
-    fitres = FitRes(status=Status(code=Code.OK, message=""),
-                    parameters=ndarrays_to_parameters([total.total.double().numpy()]),
-                    num_examples=int(weight), metrics={})
+    users, round_idx = [int(u) for u in str(conf["users"]).split(",") if u], int(conf["round"])
+    if "ddgauss_round_key" in conf:  # this node is a party of the distributed discrete Gaussian
+        codec = party_codec(spec)
+        sent = party_message(codec, task, params, users, round_idx, bytes(conf["ddgauss_round_key"]), rng,
+                             int(conf["party"]))
+        vector = sent.message.double() - (codec.modulus - 1) / 2.0  # Flower's quantizer maps it back to Z_m
+    else:
+        total = RoundAggregate.zeros(params.numel(), float(conf["clip"]))
+        for update in iter_client_updates(task, params, users, round_idx, rng):
+            total.add(update.delta)  # a non-finite update is left out (the server sees only the sum)
+        vector = total.total.double()
+    fitres = FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters([vector.numpy()]),
+                    num_examples=int(float(conf["max_weight"])), metrics={})
     return Message(content=compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=msg)
+
+
+_CODECS: dict[str, DDGaussCodec] = {}
+
+
+def party_codec(spec: RunConfig) -> DDGaussCodec:
+    """The distributed discrete Gaussian a party encodes with, derived by the node from the run's
+    public config (its own plan: σ calibrated to the target ε), never read from the server's
+    message — a server cannot lower the noise the parties add. Planned once per config."""
+    text = json.dumps(as_dict(spec), sort_keys=True, default=str)
+    if text not in _CODECS:
+        plan = build_plan(spec, load_task(spec))
+        sampler = plan.ledger.sampler
+        mechanism = plan.spec.mechanism.build(plan.noise_multiplier, plan.mechanism_clip, rounds=plan.spec.rounds,
+                                              sampler=sampler, dimension=plan.ledger.dimension)
+        _CODECS[text] = mechanism.codec()
+    return _CODECS[text]
 
 
 def make_client_app(cfg: dict) -> ClientApp:

@@ -23,6 +23,8 @@ import torch
 from fedpriv.aggregation import RoundAggregate
 from fedpriv.clients import dropped, iter_client_updates
 from fedpriv.config import client_diagnostics_enabled
+from fedpriv.distributed_dp import DDGaussCodec
+from fedpriv.randomness import ClientRandomness
 from fedpriv.replies import RoundFn, RoundInputs
 from fedpriv.research_key import client_randomness
 from fedpriv.schema import RunConfig
@@ -67,6 +69,40 @@ class SecureSum:
         return self.users | self.rejected, self.losses
 
 
+@dataclass
+class PartyMessage:
+    """One party's round: its ``message`` in Z_m (int64), the users whose updates it holds, those
+    whose update could not be encoded, and their training losses (diagnostics only)."""
+
+    message: torch.Tensor
+    users: set[int]
+    rejected: set[int]
+    losses: list[float]
+
+
+def party_message(codec: DDGaussCodec, task: Task, params: torch.Tensor, members: list[int], round_idx: int,
+                  round_key: bytes, rng: ClientRandomness, party: int, diagnostics: bool = False) -> PartyMessage:
+    """What party ``party`` sends in round ``round_idx``: its ``members``' updates (trained from
+    ``params`` with their draws from ``rng``), each rounded on the grid under the party's secret
+    key (:meth:`~fedpriv.randomness.ClientRandomness.party_key`), summed, plus its one noise share,
+    mod m. The in-process round and a Flower node under ``aggregation=secagg`` both call it."""
+    key = rng.party_key(round_idx, party)
+    rounded = torch.zeros(codec.mechanism.dim, dtype=torch.int64)
+    users: set[int] = set()
+    rejected: set[int] = set()
+    losses: list[float] = []
+    for update in (iter_client_updates(task, params, members, round_idx, rng, diagnostics) if members else ()):
+        if "train_loss" in update.metrics:
+            losses.append(update.metrics["train_loss"])
+        try:
+            rounded += codec.rounded(update.delta, round_key, round_idx, key, update.user)
+        except FloatingPointError:  # a non-finite update: left out of the party's sum, counted
+            rejected.add(update.user)
+            continue
+        users.add(update.user)
+    return PartyMessage(codec.message(rounded, round_idx, key, party), users, rejected, losses)
+
+
 def distributed_round_fn(task: Task, spec: RunConfig, mechanism, round_key: bytes,
                          dropout_key: bytes | None = None) -> RoundFn:
     """``backend=local``'s round for a ``client_noise`` ``mechanism`` (module docstring): the
@@ -92,18 +128,11 @@ def distributed_round_fn(task: Task, spec: RunConfig, mechanism, round_key: byte
         for party, members in enumerate(parties):
             if lost[party]:  # its message never reaches the sum: neither its users nor its share
                 continue
-            key = rng.party_key(r, party)
-            rounded = torch.zeros(codec.mechanism.dim, dtype=torch.int64)
-            for update in (iter_client_updates(task, inputs.params, members, r, rng, diagnostics) if members else ()):
-                if "train_loss" in update.metrics:
-                    losses.append(update.metrics["train_loss"])
-                try:
-                    rounded += codec.rounded(update.delta, round_key, r, key, update.user)
-                except FloatingPointError:  # a non-finite update: left out of the party's sum, counted
-                    rejected.add(update.user)
-                    continue
-                seen.add(update.user)
-            total = torch.remainder(total + codec.message(rounded, r, key, party), codec.modulus)
+            sent = party_message(codec, task, inputs.params, members, r, round_key, rng, party, diagnostics)
+            seen |= sent.users
+            rejected |= sent.rejected
+            losses += sent.losses
+            total = torch.remainder(total + sent.message, codec.modulus)
         decoded = codec.decode(total, round_key, r, length).to(torch.float32)
         return SecureSum(decoded, seen, int((~lost).sum()), rejected, losses, round_idx=r)
 

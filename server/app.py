@@ -88,8 +88,10 @@ def round_fn_for(session: RunSession, grid: Grid, num_nodes: int, timeout: float
     if len(nodes) < num_nodes:
         raise RuntimeError(f"secure aggregation needs its {num_nodes} nodes; {len(nodes)} connected within "
                            f"{node_wait:g} s")
-    settings = session.spec.secagg
-    return secagg_round_fn(grid, nodes, settings, settings.timeout if settings.timeout is not None else timeout)
+    settings, mechanism = session.spec.secagg, session.server.mechanism
+    distributed = mechanism if mechanism.client_noise else None  # each node a party of the distributed noise
+    return secagg_round_fn(grid, nodes, settings, settings.timeout if settings.timeout is not None else timeout,
+                           distributed, session.randomness.subkey("ddgauss rotation") if distributed else None)
 
 
 def make_server_app(session: RunSession, num_nodes: int, result: dict) -> ServerApp:

@@ -132,12 +132,37 @@ class _OneRound(Strategy):
         return None
 
 
-def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout: float | None = None) -> RoundFn:
+def field_of(codec) -> tuple[int, float, int]:
+    """Distributed DP through SecAgg+: ``(Q, c, M)`` under which Flower's quantizer is the identity
+    on a party's message ``r`` ∈ Z_m sent as ``r − c`` (``Q = m − 1``, ``c = Q/2``: ``(x + c)·Q/2c
+    = r`` exactly, an integer that stochastic rounding keeps), summed mod ``M = m``."""
+    m = codec.modulus
+    return m - 1, (m - 1) / 2.0, m
+
+
+def unmasked_field_sum(mean: np.ndarray, survivors: int, codec) -> torch.Tensor:
+    """``Σ r_i mod m`` from what SecAgg+ returns for field messages (:func:`field_of`): Flower's
+    weights sum to ``n·Q ≡ m − n`` (mod m), so its output is ``y = (S − n·c)·Q/(m − n)``; inverted
+    in float64 (exact to far below ½ for m ≤ 2^31) and rounded."""
+    q, c, m = field_of(codec)
+    summed = np.rint(np.asarray(mean, dtype=np.float64) * (m - survivors) / q + survivors * c)
+    return torch.from_numpy(np.mod(summed.astype(np.int64), m)).reshape(-1)
+
+
+def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout: float | None = None,
+                    distributed=None, round_key: bytes | None = None) -> RoundFn:
     """A round over ``grid``'s ``nodes`` through SecAgg+ with ``settings`` (module docstring): the
     cohort dealt to the nodes, their clipped sums unmasked as one sum (a :class:`SecureSum`);
-    ``timeout`` bounds each of the protocol's stages (a node later than it drops out)."""
+    ``timeout`` bounds each of the protocol's stages (a node later than it drops out). With a
+    ``distributed`` mechanism (``client_noise``: ``mechanism=ddgauss``) each node is a party: it
+    sends its message in Z_m (its users rounded on the grid rotated by ``round_key``'s signs, plus
+    its noise share), SecAgg+ sums the messages mod m, and the server decodes the sum."""
     nodes = sorted(int(n) for n in nodes)
-    check_capacity(settings, len(nodes))
+    codec = distributed.codec() if distributed is not None else None
+    if codec is None:
+        check_capacity(settings, len(nodes))
+    elif round_key is None:
+        raise ValueError("distributed DP through SecAgg+ needs the round's rotation key")
     shares, threshold = protocol_sizes(settings, len(nodes))
     if len(nodes) < 2:
         raise ValueError("secure aggregation needs at least two nodes")
@@ -145,12 +170,17 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout:
     def round_fn(inputs: RoundInputs) -> SecureSum:
         params = inputs.params
         sent = assign_users(inputs.cohort, nodes)
-        coordinate_range = clipping_range(settings, inputs.clip_norm, max(len(u) for u in sent.values()))
-        clip = node_clip(settings, inputs.clip_norm, params.numel(), coordinate_range)
+        if codec is None:
+            coordinate_range = clipping_range(settings, inputs.clip_norm, max(len(u) for u in sent.values()))
+            clip = node_clip(settings, inputs.clip_norm, params.numel(), coordinate_range)
+            quantization, modulus, extra = levels(settings), 1 << settings.modulus_bits, {}
+        else:  # the node's message is already on the field: Flower's quantizer must leave it as it is
+            quantization, coordinate_range, modulus = field_of(codec)
+            clip, extra = inputs.clip_norm, {"ddgauss_round_key": round_key}
         weights = ndarrays_to_parameters([params.detach().cpu().numpy()])
         fitins = {node: FitIns(weights, {"round": inputs.round_idx, "users": ",".join(map(str, users)),
-                                         "clip": clip, "max_weight": MAX_WEIGHT})
-                  for node, users in sent.items()}
+                                         "clip": clip, "max_weight": MAX_WEIGHT, "party": party, **extra})
+                  for party, (node, users) in enumerate(sent.items())}
         strategy = _OneRound(grid, fitins)
         context = LegacyContext(Context(run_id=grid.run.run_id, node_id=0, node_config={}, state=RecordDict(),
                                         run_config={}),
@@ -161,15 +191,18 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout:
         # Flower reads an int num_shares as neighbours (> 2, and more than the threshold) and 1.0 as all nodes
         SecAggPlusWorkflow(num_shares=1.0 if shares == len(nodes) else shares, reconstruction_threshold=threshold,
                            max_weight=MAX_WEIGHT,
-                           clipping_range=coordinate_range,
-                           quantization_range=levels(settings), modulus_range=1 << settings.modulus_bits,
+                           clipping_range=coordinate_range, quantization_range=quantization, modulus_range=modulus,
                            timeout=timeout)(grid, context)
         if strategy.mean is None:  # the protocol halted: nothing unmasked, every user of the round dropped
             log.warning("round %d: secure aggregation halted (too few nodes answered); the round releases the noise "
                         "alone", inputs.round_idx + 1)
             return SecureSum(torch.zeros(params.numel()), set(), 0, round_idx=inputs.round_idx)
-        total = torch.from_numpy(np.asarray(strategy.mean, dtype=np.float64) * len(strategy.nodes))
         users = {u for node in strategy.nodes for u in sent.get(node, [])}
+        if codec is not None:
+            field_sum = unmasked_field_sum(strategy.mean, len(strategy.nodes), codec)
+            total = codec.decode(field_sum, round_key, inputs.round_idx, params.numel())
+        else:
+            total = torch.from_numpy(np.asarray(strategy.mean, dtype=np.float64) * len(strategy.nodes))
         return SecureSum(total.to(torch.float32).reshape(-1), users, len(strategy.nodes), round_idx=inputs.round_idx)
 
     return round_fn

@@ -34,15 +34,17 @@ TRAIN = "train"
 
 
 def assign_users(cohort: np.ndarray, node_ids: Sequence[int]) -> dict[int, list[int]]:
-    """User i of the cohort goes to node i mod |nodes| (nodes sorted). Every node gets a message,
-    with no user if the cohort is smaller than the nodes: which nodes are asked (and so which may
-    miss a deadline and be named in a warning) never depends on the cohort's size."""
+    """User u goes to node u mod |nodes| of the sorted nodes: a function of the user alone, so one
+    user joining or leaving the cohort moves nobody else (when a node is lost, the users lost with
+    it do not depend on who else was sampled: the add/remove pair the accounting assumes). Every
+    node gets a message, with no user where it holds none this round: which nodes are asked (and
+    so which may miss a deadline and be named in a warning) never depends on the cohort."""
     if not node_ids:
         raise RuntimeError("no nodes are connected")
     nodes = sorted(int(n) for n in node_ids)
     out: dict[int, list[int]] = {node: [] for node in nodes}
-    for i, user in enumerate(cohort):
-        out[nodes[i % len(nodes)]].append(int(user))
+    for user in sorted(int(u) for u in cohort):
+        out[nodes[user % len(nodes)]].append(user)
     return out
 
 

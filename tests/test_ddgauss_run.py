@@ -129,7 +129,7 @@ def test_parties_are_dealt_users_in_turn_and_keys_are_secret_in_secure_mode():
 
 
 @pytest.mark.parametrize("override,says", [
-    ("backend=flower", "backend=local"),
+    ("backend=flower", "needs aggregation=secagg"),
     ("algorithm=dp_fedsgd", "algorithm=dp_fedavg"),
     ("privacy.clipping=adaptive", "clipping=fixed"),
     ("audit.canaries=4", "audit.canaries=0"),

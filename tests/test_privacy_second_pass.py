@@ -349,6 +349,8 @@ def test_every_node_is_asked_every_round_whatever_the_cohort_size():
         shares = assign_users(np.arange(100, 100 + size), nodes)
         assert sorted(shares) == sorted(nodes)
         assert sorted(u for users in shares.values() for u in users) == list(range(100, 100 + size))
+    # by id: a user's node does not depend on who else is in the cohort
+    assert assign_users(np.array([4, 9, 13]), nodes)[5] == assign_users(np.array([9, 13]), nodes)[5] == [9, 13]
 
 
 def test_a_node_with_no_user_gets_a_message_and_replies(tmp_path):

@@ -48,10 +48,9 @@ class RecordingGrid(LocalGrid):
 
 
 def _dealt(cohort) -> dict[int, list[int]]:
-    sent: dict[int, list[int]] = {node: [] for node in range(1, NODES + 1)}
-    for i, user in enumerate(int(u) for u in cohort):
-        sent[1 + i % NODES].append(user)
-    return sent
+    from server.strategy import assign_users
+
+    return assign_users(cohort, list(range(1, NODES + 1)))
 
 
 def _quantization(session, inputs, cohort) -> tuple[float, float]:
@@ -171,7 +170,7 @@ def test_a_secure_run_ends_where_the_clear_run_ends(tmp_path):
     ("secagg.threshold=2", "must exceed half"),
     ("privacy.clipping=adaptive", "clipping=fixed"),
     ("optimizer=dpadam_stp", "only the nodes' sum"),
-    ("mechanism=ddgauss", "ddgauss"),
+    ("mechanism=ddgauss", "mechanism.shares must be backend.num_supernodes=4"),
 ])
 def test_what_secure_aggregation_cannot_serve_is_refused(tmp_path, override, says):
     nodes = () if override.startswith("backend") else (f"backend.num_supernodes={NODES}",)
@@ -188,3 +187,31 @@ def test_flowers_simulation_engine_runs_the_secure_smoke_run(run_cli, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["rounds"] == 3 and summary["privacy"]["epsilon"] <= 50.0
+
+
+def test_distributed_noise_through_secagg_plus_decodes_to_the_clear_sum_plus_the_shares(tmp_path):
+    """mechanism=ddgauss over SecAgg+ (4 nodes = 4 parties): each node's message in Z_m passes
+    Flower's quantizer unchanged and the server decodes Σ of them mod m — the clear sum of the
+    users' clipped updates plus the 4 shares (std √4·σ) and the rounding; the node planned its
+    own σ from the config (the same as the server's)."""
+    session, cohort, inputs, grid, secure = _round(tmp_path, "d", (), "mechanism=ddgauss", "mechanism.shares=4",
+                                                   "privacy.noise_multiplier=0.5")
+    mech = session.server.mechanism
+    users = {int(u) for u in cohort}
+    clear = _clear_sum(session, inputs, users, inputs.clip_norm)
+    session.run.unlock()
+    dist = mech.distribution()
+    assert secure.users == users and secure.shares == NODES
+    error = (secure.total - clear).double()
+    std = math.sqrt(NODES * dist.local_std ** 2 + len(users) * dist.granularity ** 2 / 6)
+    assert float(error.std()) == pytest.approx(std, rel=0.05)
+    assert abs(float(error.mean())) < 4 * std / math.sqrt(error.numel())
+
+
+@pytest.mark.parametrize("override,says", [("mechanism.shares=3", "num_supernodes=4"),
+                                           ("mechanism.bits=31", "int32"),
+                                           ("aggregation=plain", "needs aggregation=secagg")])
+def test_distributed_noise_over_flower_is_refused_where_it_cannot_hold(tmp_path, override, says):
+    with pytest.raises(ConfigError, match=says):
+        preflight(compose_cfg(*SECAGG, f"backend.num_supernodes={NODES}", "mechanism=ddgauss", "mechanism.shares=4",
+                              override, run_dir=tmp_path / "x"))

@@ -39,6 +39,9 @@ from fedpriv.schema import MechanismOption, register_option
 from fedpriv.schema.checks import _fail, positive
 
 
+FLOWER_FIELD_BITS = 30  # Flower's quantizer casts to int32: a message in Z_m, m = 2^bits, must stay below 2^31
+
+
 def users_bound(expected_cohort: float) -> int:
     """The users a round's sum is sized for: the expected cohort plus four of its Poisson standard
     deviations (a larger cohort risks a coordinate wrapping around the field: accuracy, not privacy)."""
@@ -168,9 +171,20 @@ class DDGaussNoise(MechanismOption):
     def check_run(self, spec) -> None:
         """What else of the run it needs: clients' own updates in process, nothing that reads the
         clear sum or a single user's update at the server."""
-        if spec.backend.name != "local":
-            raise ConfigError(f"mechanism=ddgauss runs its parties and their secure sum in process (backend=local) "
-                              f"so far, not backend={spec.backend.name}")
+        local = spec.backend.name == "local"
+        if local and spec.aggregation != "plain":
+            raise ConfigError("mechanism=ddgauss with backend=local simulates its parties' secure sum in process: "
+                              "leave aggregation=plain (aggregation=secagg runs Flower's SecAgg+ between nodes)")
+        if not local and spec.aggregation != "secagg":
+            raise ConfigError(f"mechanism=ddgauss over backend={spec.backend.name} needs aggregation=secagg: its "
+                              "parties' messages must reach the server only as their sum")
+        nodes = getattr(spec.backend, "num_supernodes", None)
+        if not local and self.shares != nodes:
+            raise ConfigError(f"mechanism=ddgauss over SecAgg+: every node is a party, so mechanism.shares must be "
+                              f"backend.num_supernodes={nodes}, got {self.shares}")
+        if not local and self.bits > FLOWER_FIELD_BITS:
+            raise ConfigError(f"mechanism.bits={self.bits}: Flower's SecAgg+ quantizes into int32, so its field holds "
+                              f"at most {FLOWER_FIELD_BITS} bits")
         if not spec.algorithm.local_training:
             raise ConfigError(f"mechanism=ddgauss needs clients that send their own updates (algorithm=dp_fedavg), "
                               f"not algorithm={spec.algorithm.name}")

@@ -83,16 +83,14 @@ class RunConfig(Section):
         if nodes < 2:
             raise ConfigError(f"aggregation=secagg needs at least 2 nodes, got backend.num_supernodes={nodes}")
         settings = self.secagg
-        if nodes * ((1 << settings.bits) - 1) >= 1 << settings.modulus_bits:
+        # a client-noise mechanism sums its own field (mechanism.bits): it wraps by design, never overflows
+        if not self.mechanism.client_noise and nodes * ((1 << settings.bits) - 1) >= 1 << settings.modulus_bits:
             raise ConfigError(f"aggregation=secagg: {nodes} nodes x 2^{settings.bits} levels overflow the field "
                               f"2^{settings.modulus_bits}: lower secagg.bits or raise secagg.modulus_bits")
         shares = nodes if settings.shares is None else min(settings.shares, nodes)
         if settings.threshold is not None and not shares / 2 < settings.threshold <= shares:
             raise ConfigError(f"{_key(path, 'secagg.threshold')}={settings.threshold} must exceed half of the "
                               f"{shares} shares and not exceed them")
-        if self.mechanism.client_noise:
-            raise ConfigError(f"mechanism={self.mechanism.name} runs its own simulated secure sum (backend=local); "
-                              "over Flower's SecAgg+ it is not wired yet")
         if self.privacy.clipping == "adaptive":
             raise ConfigError("aggregation=secagg: adaptive clipping needs each user's clipped flag at the server; "
                               "use privacy.clipping=fixed")
