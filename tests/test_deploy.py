@@ -93,17 +93,20 @@ def test_an_insecure_deployment_runs_in_secure_mode_by_default(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_deployment_aggregates_through_secagg_plus(tmp_path):
-    """--secagg: 3 SuperNodes, 2 rounds, each round's node sums through Flower's SecAgg+ (the
-    server's log says the protocol completed twice; the run keeps its claim)."""
+@pytest.mark.parametrize("mechanism", [(), ("--", "mechanism=ddgauss", "mechanism.shares=3")])
+def test_a_deployment_aggregates_through_secagg_plus(tmp_path, mechanism):
+    """--secagg: 3 SuperNodes, 2 rounds, each round's node sums (or, under mechanism=ddgauss, each
+    party's message with its noise share) through Flower's SecAgg+ (the server's log says the
+    protocol completed twice; the run keeps its claim)."""
     out = tmp_path / "secagg"
-    proc = deploy("--clients", "3", "--rounds", "2", "--out", str(out), "--secagg")
+    proc = deploy("--clients", "3", "--rounds", "2", "--out", str(out), "--secagg", *mechanism)
     log = (out / "logs" / "flwr-run.log").read_text()
     assert proc.returncode == 0, proc.stderr + log[-3000:]
     assert_all_stopped(out)
     assert log.count("INFO:flwr:Secure aggregation completed.") == 2
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["privacy"]["epsilon"] <= 50.0
+    assert summary["privacy"]["mechanism"] == ("ddgauss" if mechanism else "gaussian")
 
 
 def test_deployments_default_to_secure_mode(tmp_path):
