@@ -86,6 +86,9 @@ def secure_sum_reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Me
     users, round_idx = [int(u) for u in str(conf["users"]).split(",") if u], int(conf["round"])
     if "ddgauss_round_key" in conf:  # this node is a party of the distributed discrete Gaussian
         codec = party_codec(spec)
+        if str(conf["ddgauss_codec"]) != codec.digest():  # never adopt the server's: refuse a mismatch
+            raise RuntimeError("the server's distributed discrete Gaussian differs from the one this node plans from "
+                               f"the run's config ({conf['ddgauss_codec']} against {codec.digest()})")
         sent = party_message(codec, task, params, users, round_idx, bytes(conf["ddgauss_round_key"]), rng,
                              int(conf["party"]))
         vector = sent.message.double() - (codec.modulus - 1) / 2.0  # Flower's quantizer maps it back to Z_m
@@ -105,9 +108,12 @@ _CODECS: dict[str, DDGaussCodec] = {}
 def party_codec(spec: RunConfig) -> DDGaussCodec:
     """The distributed discrete Gaussian a party encodes with, derived by the node from the run's
     public config (its own plan: σ calibrated to the target ε), never read from the server's
-    message — a server cannot lower the noise the parties add. Planned once per config."""
+    round messages (a mismatch is refused: the digest check in :func:`secure_sum_reply`). Planned
+    once per config."""
     text = json.dumps(as_dict(spec), sort_keys=True, default=str)
     if text not in _CODECS:
+        if len(_CODECS) >= 4:  # a long-lived node: keep the last few runs' codecs
+            _CODECS.pop(next(iter(_CODECS)))
         plan = build_plan(spec, load_task(spec))
         sampler = plan.ledger.sampler
         mechanism = plan.spec.mechanism.build(plan.noise_multiplier, plan.mechanism_clip, rounds=plan.spec.rounds,
@@ -131,6 +137,8 @@ def make_client_app(cfg: dict) -> ClientApp:
             return reply(spec, msg, rng)
         except UnsupportedLayerError as err:  # the engine refused the model (e.g. its forward mixes samples)
             log.error("the per-sample clipping engine refused the model: %s", err)  # the node's own log
+            if spec.aggregation == "secagg":  # SecAgg+ carries no refusal: the node fails (its round halts)
+                raise
             return Message(content=refusal_content(type(err).__name__, _layer(str(err))), reply_to=msg)
 
     return app

@@ -129,6 +129,13 @@ class DDGaussCodec:
     def modulus(self) -> int:
         return 1 << self.bits
 
+    def digest(self) -> str:
+        """What a party checks its own codec against (it never adopts another's): the field, the
+        grid step, the share std, the padded dimension, the shares, β and the clip, as text."""
+        dist = self.mechanism
+        return (f"m={self.modulus} gamma={dist.granularity!r} sigma={dist.local_std!r} dim={dist.dim} "
+                f"shares={dist.shares} beta={dist.beta!r} clip={dist.clip!r}")
+
     def rounded(self, update: Tensor, round_key: bytes, round_idx: int, key: bytes, user: int) -> Tensor:
         """One user's update on the integer grid (int64, ``dim`` coordinates): steps 1–3 of the
         module docstring — clipped to the mechanism's clip, padded, rotated by the round's signs,

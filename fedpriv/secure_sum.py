@@ -24,6 +24,7 @@ from fedpriv.aggregation import RoundAggregate
 from fedpriv.clients import dropped, iter_client_updates
 from fedpriv.config import client_diagnostics_enabled
 from fedpriv.distributed_dp import DDGaussCodec
+from fedpriv.mechanisms.ddgauss import users_bound
 from fedpriv.randomness import ClientRandomness
 from fedpriv.replies import RoundFn, RoundInputs
 from fedpriv.research_key import client_randomness
@@ -137,3 +138,49 @@ def distributed_round_fn(task: Task, spec: RunConfig, mechanism, round_key: byte
         return SecureSum(decoded, seen, int((~lost).sum()), rejected, losses, round_idx=r)
 
     return round_fn
+
+
+@dataclass(frozen=True)
+class SecAggQuantization:
+    """How ``aggregation=secagg`` (central noise) quantizes a node's sum in Flower's SecAgg+,
+    fixed for the whole run from public quantities only — never from a round's cohort, so one
+    user joining changes neither the grid nor the clip of anybody else.
+
+    ``coordinate_range`` c: Flower clips each coordinate of a node's sum to ±c (1-Lipschitz: a
+    busier node than planned loses accuracy, not privacy); ``levels`` Q = 2^bits − 1 steps of 2c/Q
+    with stochastic rounding; ``modulus`` M; ``node_clip`` C′ = C − √d·2c/Q, each user's bound on
+    its node, so that one user moves the rounded sum by at most C (coupled rounding moves each
+    coordinate by less than one step)."""
+
+    coordinate_range: float
+    levels: int
+    modulus: int
+    node_clip: float
+
+    @property
+    def step(self) -> float:
+        return 2.0 * self.coordinate_range / self.levels
+
+
+def secagg_quantization(settings, clip_norm: float, dim: int, expected_cohort: float,
+                        nodes: int) -> SecAggQuantization:
+    """The run's :class:`SecAggQuantization` for ``settings`` (the ``secagg`` section): c =
+    ``secagg.clipping_range``, or C times the users a node holds at most in all but rare rounds
+    (:func:`~fedpriv.mechanisms.ddgauss.users_bound` of the expected cohort over the nodes).
+    ``ValueError`` when the nodes' sum would overflow the field or the rounding would take more
+    than half of C."""
+    levels = (1 << int(settings.bits)) - 1
+    modulus = 1 << int(settings.modulus_bits)
+    if nodes * levels >= modulus:
+        raise ValueError(f"{nodes} nodes x 2^{settings.bits} levels overflow the field 2^{settings.modulus_bits}: "
+                         "lower secagg.bits or raise secagg.modulus_bits")
+    if settings.clipping_range is not None:
+        coordinate_range = float(settings.clipping_range)
+    else:
+        coordinate_range = float(clip_norm) * users_bound(expected_cohort / max(1, nodes))
+    reduced = clip_norm - math.sqrt(dim) * 2.0 * coordinate_range / levels
+    if not reduced > 0.5 * clip_norm:
+        raise ValueError(f"secagg.bits={settings.bits} is too coarse for {dim} coordinates in a range of "
+                         f"±{coordinate_range:.3g}: the rounding alone would take {clip_norm - reduced:.3g} of the "
+                         f"clip norm {clip_norm:g}; give more bits")
+    return SecAggQuantization(coordinate_range, levels, modulus, reduced)

@@ -10,7 +10,7 @@ what the workflow unmasked. What SecAgg+ computes, and how fedpriv reads it:
 
 * a node sends its users' updates each clipped to ``C′`` and summed (client/app.py), with weight
   ``num_examples = max_weight`` so Flower's weighting is 1; Flower clips each coordinate to
-  ``±c`` (default: C times the most users a node holds this round, so nothing is clipped), maps
+  ``±c`` (fixed for the run from public quantities: :func:`fedpriv.secure_sum.secagg_quantization`), maps
   ``[−c, c]`` to ``[0, Q]`` (``Q = 2^bits − 1``) with stochastic rounding, masks, and the server
   unmasks ``Σ`` modulo ``M = 2^modulus_bits`` and returns the *mean* over the surviving nodes:
   fedpriv multiplies it back by their number;
@@ -28,7 +28,6 @@ the noise alone: all its users count as dropped. What the server and a node lear
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,43 +45,11 @@ from flwr.serverapp import Grid
 
 from fedpriv.replies import RoundFn, RoundInputs
 from fedpriv.schema import SecAgg
-from fedpriv.secure_sum import SecureSum
+from fedpriv.secure_sum import SecAggQuantization, SecureSum
 from server.strategy import assign_users
 
 log = logging.getLogger(__name__)
 MAX_WEIGHT = 1  # every node's weight: Flower's weighted mean is then the plain mean
-
-
-def clipping_range(settings: SecAgg, clip_norm: float, most_users: int) -> float:
-    """``c``: the per-coordinate clip of a node's sum — ``secagg.clipping_range``, or the user-level
-    clip norm times the most users a node holds this round (no coordinate of a sum of k updates
-    clipped to C exceeds k·C, so nothing is clipped)."""
-    if settings.clipping_range is not None:
-        return float(settings.clipping_range)
-    return float(clip_norm) * max(1, int(most_users))
-
-
-def levels(settings: SecAgg) -> int:
-    """``Q = 2^bits − 1``."""
-    return (1 << settings.bits) - 1
-
-
-def node_clip(settings: SecAgg, clip_norm: float, dim: int, coordinate_range: float) -> float:
-    """``C′ = C − √d·2c/Q``: the bound each user's update is clipped to on its node, so that after
-    Flower's stochastic rounding (steps of ``2c/Q``) one user still moves the released sum by at most C."""
-    reduced = clip_norm - math.sqrt(dim) * 2.0 * coordinate_range / levels(settings)
-    if not reduced > 0.5 * clip_norm:
-        raise ValueError(f"secagg.bits={settings.bits} is too coarse for {dim} coordinates in a range of "
-                         f"±{coordinate_range:.3g}: the rounding alone would take {clip_norm - reduced:.3g} of the "
-                         f"clip norm {clip_norm:g}; give more bits")
-    return reduced
-
-
-def check_capacity(settings: SecAgg, nodes: int) -> None:
-    """``nodes·Q < M``: the unmasked sum (and the weights' sum) never wraps around the field."""
-    if nodes * levels(settings) >= (1 << settings.modulus_bits):
-        raise ValueError(f"{nodes} nodes x 2^{settings.bits} levels overflow the field 2^{settings.modulus_bits}: "
-                         "lower secagg.bits or raise secagg.modulus_bits")
 
 
 def protocol_sizes(settings: SecAgg, nodes: int) -> tuple[int, int]:
@@ -150,37 +117,44 @@ def unmasked_field_sum(mean: np.ndarray, survivors: int, codec) -> torch.Tensor:
 
 
 def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout: float | None = None,
-                    distributed=None, round_key: bytes | None = None) -> RoundFn:
+                    distributed=None, round_key: bytes | None = None,
+                    quantization: SecAggQuantization | None = None, halt_limit: int = 3) -> RoundFn:
     """A round over ``grid``'s ``nodes`` through SecAgg+ with ``settings`` (module docstring): the
     cohort dealt to the nodes, their clipped sums unmasked as one sum (a :class:`SecureSum`);
     ``timeout`` bounds each of the protocol's stages (a node later than it drops out). With a
     ``distributed`` mechanism (``client_noise``: ``mechanism=ddgauss``) each node is a party: it
     sends its message in Z_m (its users rounded on the grid rotated by ``round_key``'s signs, plus
-    its noise share), SecAgg+ sums the messages mod m, and the server decodes the sum."""
+    its noise share), SecAgg+ sums the messages mod m, and the server decodes the sum. Without one,
+    ``quantization`` (:func:`fedpriv.secure_sum.secagg_quantization`, fixed for the run) sets the
+    grid. Each round asks the nodes of ``nodes`` still connected (users are dealt over all of
+    them by id: a missing node's users count as dropped); ``halt_limit`` rounds in a row that halt
+    (every such round releases its noise alone) stop the run with an error."""
     nodes = sorted(int(n) for n in nodes)
     codec = distributed.codec() if distributed is not None else None
-    if codec is None:
-        check_capacity(settings, len(nodes))
-    elif round_key is None:
+    if codec is None and quantization is None:
+        raise ValueError("secure aggregation with central noise needs the run's quantization")
+    if codec is not None and round_key is None:
         raise ValueError("distributed DP through SecAgg+ needs the round's rotation key")
+    digest = codec.digest() if codec is not None else ""
+    halted = [0]
     shares, threshold = protocol_sizes(settings, len(nodes))
     if len(nodes) < 2:
         raise ValueError("secure aggregation needs at least two nodes")
 
     def round_fn(inputs: RoundInputs) -> SecureSum:
         params = inputs.params
-        sent = assign_users(inputs.cohort, nodes)
+        sent = assign_users(inputs.cohort, nodes)  # over every node of the run: a user's node is its own
+        connected = set(int(n) for n in grid.get_node_ids())
         if codec is None:
-            coordinate_range = clipping_range(settings, inputs.clip_norm, max(len(u) for u in sent.values()))
-            clip = node_clip(settings, inputs.clip_norm, params.numel(), coordinate_range)
-            quantization, modulus, extra = levels(settings), 1 << settings.modulus_bits, {}
+            levels, coordinate_range, modulus = quantization.levels, quantization.coordinate_range, quantization.modulus
+            clip, extra = quantization.node_clip, {}
         else:  # the node's message is already on the field: Flower's quantizer must leave it as it is
-            quantization, coordinate_range, modulus = field_of(codec)
-            clip, extra = inputs.clip_norm, {"ddgauss_round_key": round_key}
+            levels, coordinate_range, modulus = field_of(codec)
+            clip, extra = inputs.clip_norm, {"ddgauss_round_key": round_key, "ddgauss_codec": digest}
         weights = ndarrays_to_parameters([params.detach().cpu().numpy()])
         fitins = {node: FitIns(weights, {"round": inputs.round_idx, "users": ",".join(map(str, users)),
                                          "clip": clip, "max_weight": MAX_WEIGHT, "party": party, **extra})
-                  for party, (node, users) in enumerate(sent.items())}
+                  for party, (node, users) in enumerate(sent.items()) if node in connected}
         strategy = _OneRound(grid, fitins)
         context = LegacyContext(Context(run_id=grid.run.run_id, node_id=0, node_config={}, state=RecordDict(),
                                         run_config={}),
@@ -191,12 +165,18 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout:
         # Flower reads an int num_shares as neighbours (> 2, and more than the threshold) and 1.0 as all nodes
         SecAggPlusWorkflow(num_shares=1.0 if shares == len(nodes) else shares, reconstruction_threshold=threshold,
                            max_weight=MAX_WEIGHT,
-                           clipping_range=coordinate_range, quantization_range=quantization, modulus_range=modulus,
+                           clipping_range=coordinate_range, quantization_range=levels, modulus_range=modulus,
                            timeout=timeout)(grid, context)
         if strategy.mean is None:  # the protocol halted: nothing unmasked, every user of the round dropped
-            log.warning("round %d: secure aggregation halted (too few nodes answered); the round releases the noise "
-                        "alone", inputs.round_idx + 1)
+            halted[0] += 1
+            log.warning("round %d: secure aggregation halted (%d of %d nodes asked; too few answered in a stage); "
+                        "the round releases the noise alone", inputs.round_idx + 1, len(fitins), len(nodes))
+            if halted[0] >= halt_limit:
+                raise RuntimeError(f"secure aggregation halted {halted[0]} rounds in a row: too few of the "
+                                   f"{len(nodes)} nodes complete the protocol (a lost node, or a node's error: see "
+                                   "its log)")
             return SecureSum(torch.zeros(params.numel()), set(), 0, round_idx=inputs.round_idx)
+        halted[0] = 0
         users = {u for node in strategy.nodes for u in sent.get(node, [])}
         if codec is not None:
             field_sum = unmasked_field_sum(strategy.mean, len(strategy.nodes), codec)

@@ -22,7 +22,7 @@ from fedpriv.plan import preflight
 from fedpriv.runner import prepare, train
 from server.app import round_fn_for
 from server.grid import LocalGrid
-from server.secagg import clipping_range, levels, node_clip
+from fedpriv.secure_sum import party_message, secagg_quantization
 
 SECAGG = ("+experiment=smoke", "progress=false", "backend=flower", "aggregation=secagg")
 NODES = 4
@@ -54,10 +54,11 @@ def _dealt(cohort) -> dict[int, list[int]]:
 
 
 def _quantization(session, inputs, cohort) -> tuple[float, float]:
-    """(C′, one quantization step) of the round: the range is C times the most users of a node."""
-    c = clipping_range(session.spec.secagg, inputs.clip_norm, max(len(u) for u in _dealt(cohort).values()))
-    return node_clip(session.spec.secagg, inputs.clip_norm, inputs.params.numel(), c), 2 * c / levels(
-        session.spec.secagg)
+    """(C′, one quantization step) of the run: fixed from public quantities, never from the cohort."""
+    del cohort
+    q = secagg_quantization(session.spec.secagg, inputs.clip_norm, inputs.params.numel(),
+                            session.server.sampler.expected_cohort, NODES)
+    return q.node_clip, q.step
 
 
 def _round(tmp_path, name: str, lose: tuple[int, ...] = (), *extra: str):
@@ -110,7 +111,9 @@ def test_masked_replies_carry_no_users_update(tmp_path):
     for reply in collected:
         content = reply.content
         assert all(len(record) == 0 for record in content.array_records.values())
-        assert not any(name.startswith("metrics.") for name in content.metric_records)
+        assert set(content.metric_records) == {"fitres.num_examples"}
+        fitres = content.config_records["fitres.metrics"]  # what the mod leaves in the clear
+        assert len(fitres) == 0 and content.metric_records["fitres.num_examples"]["num_examples"] == 1
         arrays = [bytes_to_ndarray(b) for b in content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]]
         masked = arrays[-1].astype(np.float64).reshape(-1)
         assert masked.size == inputs.params.numel()
@@ -215,3 +218,54 @@ def test_distributed_noise_over_flower_is_refused_where_it_cannot_hold(tmp_path,
     with pytest.raises(ConfigError, match=says):
         preflight(compose_cfg(*SECAGG, f"backend.num_supernodes={NODES}", "mechanism=ddgauss", "mechanism.shares=4",
                               override, run_dir=tmp_path / "x"))
+
+
+def test_the_grid_is_fixed_for_the_run_whatever_the_cohort():
+    """c and C′ come from public quantities (clip, dimension, expected cohort, nodes): one user more
+    or less in a round changes neither (their values are sent to every node)."""
+    from fedpriv.schema import SecAgg
+
+    q = secagg_quantization(SecAgg(), 0.5, 16832, 8.0, 4)
+    assert q == secagg_quantization(SecAgg(), 0.5, 16832, 8.0, 4)
+    assert q.node_clip + math.sqrt(16832) * q.step == pytest.approx(0.5)
+    assert q.coordinate_range == pytest.approx(0.5 * math.ceil(2 + 4 * math.sqrt(2)))  # C·(m̄/n + 4√(m̄/n))
+    with pytest.raises(ValueError, match="overflow"):
+        secagg_quantization(SecAgg(bits=20, modulus_bits=21), 0.5, 100, 8.0, 4)
+    with pytest.raises(ValueError, match="too coarse"):
+        secagg_quantization(SecAgg(bits=8), 0.5, 10 ** 6, 8.0, 4)
+
+
+def test_distributed_noise_survives_a_lost_party_exactly(tmp_path):
+    """ddgauss over SecAgg+ with one of 4 nodes lost: the field sum the server recovers from
+    Flower's output is exactly Σ of the 3 surviving parties' messages mod m (unmasked_field_sum
+    inverts Flower's weighting for 3 survivors), and the sum holds 3 shares."""
+    session, cohort, inputs, grid, secure = _round(tmp_path, "x", (3,), "mechanism=ddgauss", "mechanism.shares=4",
+                                                   "privacy.noise_multiplier=0.5")
+    codec = session.server.mechanism.codec()
+    rng = clients.client_randomness(session.spec)
+    round_key = session.randomness.subkey("ddgauss rotation")
+    dealt = _dealt(cohort)
+    expected = torch.zeros(codec.mechanism.dim, dtype=torch.int64)
+    for party, (node, users) in enumerate(dealt.items()):
+        if node != 3:
+            expected += party_message(codec, session.task, inputs.params, users, 0, round_key, rng, party).message
+    expected = torch.remainder(expected, codec.modulus)
+    decoded = codec.decode(expected, round_key, 0, inputs.params.numel()).to(torch.float32)
+    session.run.unlock()
+    assert secure.shares == NODES - 1 and secure.users == {u for n, us in dealt.items() if n != 3 for u in us}
+    assert torch.equal(secure.total, decoded)
+
+
+def test_rounds_that_halt_in_a_row_stop_the_run(tmp_path):
+    """Three halted rounds in a row (two of four nodes lost each round): an error, not a run that
+    spends its whole budget on noise."""
+    cfg = compose_cfg(*SECAGG, "rounds=1", "cohort_size=12", f"backend.num_supernodes={NODES}", run_dir=tmp_path / "h")
+    session = prepare(cfg)
+    round_fn = round_fn_for(session, RecordingGrid(make_client_app(cfg), NODES, (1, 2)), NODES, None)
+    try:
+        for r in range(2):
+            assert round_fn(session.server.round_inputs(r, session.server.cohort(0))).shares == 0
+        with pytest.raises(RuntimeError, match="halted 3 rounds in a row"):
+            round_fn(session.server.round_inputs(2, session.server.cohort(0)))
+    finally:
+        session.run.unlock()

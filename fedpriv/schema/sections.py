@@ -272,7 +272,9 @@ class SecAgg(Section):
     threshold: Optional[int] = None  # shares needed to unmask a node (> shares / 2); null: 2/3 of the shares + 1
     bits: int = 20  # quantization levels 2^bits - 1 per coordinate of a node's sum
     modulus_bits: int = 32  # the field of the masked sum, 2^modulus_bits (Flower's masks are drawn in it)
-    clipping_range: Optional[float] = None  # per-coordinate clip of a node's sum; null: privacy.clip_norm
+    # per-coordinate clip of a node's sum, fixed for the run; null: privacy.clip_norm x (m/n + 4 sqrt(m/n)) for
+    # an expected cohort m over n nodes (a busier node is clipped per coordinate: accuracy, never privacy)
+    clipping_range: Optional[float] = None
     timeout: Optional[float] = None  # seconds each of the protocol's four stages waits (null: no limit)
 
     def check(self, path: str) -> None:
