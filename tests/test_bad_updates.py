@@ -16,6 +16,7 @@ from fedpriv.clients import client_update
 from fedpriv.runner import prepare
 from server.app import grid_round_fn
 from server.grid import LocalGrid
+from server.strategy import assign_users
 from tests.conftest import compose_cfg
 
 
@@ -56,7 +57,7 @@ def test_bad_updates_are_rejected_or_dropped_and_counted(tmp_path):
     cohort = server.cohort(0)
     _, stats = server.apply_round(0, cohort, round_fn(server.round_inputs(0, cohort)), diagnostics=True)
     nodes = sorted(grid.get_node_ids())
-    by_node = {n: [int(u) for i, u in enumerate(cohort) if nodes[i % 3] == n] for n in nodes}
+    by_node = assign_users(cohort, nodes)  # user u to node u mod 3 (by id)
     assert len(by_node[1]) >= 2 and by_node[2]
     assert stats["rejected"] == 2  # NaN and truncated: they replied, so rejected (not dropped)
     assert stats["dropped"] == len(by_node[2])  # the error reply's users
