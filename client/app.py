@@ -34,7 +34,7 @@ from fedpriv.secure_sum import party_message
 from fedpriv.clipping import UnsupportedLayerError
 from fedpriv.codec import decode, refusal_content, train_reply_content
 from fedpriv.config import client_diagnostics_enabled, run_config
-from fedpriv.randomness import ClientRandomness
+from fedpriv.randomness import ClientRandomness, uint64s
 from fedpriv.research_key import client_randomness
 from fedpriv.schema import RunConfig
 from fedpriv.clients import client_updates, iter_client_updates
@@ -84,6 +84,11 @@ def secure_sum_reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Me
     conf = fitins.config
     params = torch.from_numpy(np.asarray(parameters_to_ndarrays(fitins.parameters)[0], dtype=np.float32).copy())
     users, round_idx = [int(u) for u in str(conf["users"]).split(",") if u], int(conf["round"])
+    if rng.research is not None:
+        # research mode: Flower's stochastic rounding draws from numpy's global generator; seeded from the
+        # research key, (round, party), the run stays reproducible. No guarantee rests on these draws (the
+        # noise is the server's, or the parties' keyed shares), so a 32-bit legacy seed is acceptable here
+        np.random.seed(int(uint64s(rng.research, "secagg rounding", (round_idx, int(conf["party"])), 1)[0] % 2 ** 32))
     if "ddgauss_round_key" in conf:  # this node is a party of the distributed discrete Gaussian
         codec = party_codec(spec)
         if str(conf["ddgauss_codec"]) != codec.digest():  # never adopt the server's: refuse a mismatch
