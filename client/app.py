@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,14 +24,14 @@ from flwr.app import Context, Message
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE
 from flwr.compat.common import recorddict_compat as compat
 
 from fedpriv.aggregation import RoundAggregate
 from fedpriv.distributed_dp import DDGaussCodec
 from fedpriv.plan import build_plan
 from fedpriv.schema import as_dict
-from fedpriv.secure_sum import party_message
+from fedpriv.secure_sum import party_message, secagg_quantization
 
 from fedpriv.clipping import UnsupportedLayerError
 from fedpriv.codec import decode, refusal_content, train_reply_content
@@ -63,23 +65,73 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next) -> Message
     return call_next(msg, context)
 
 
-def reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Message:
+def reply(spec: RunConfig, msg: Message, rng: ClientRandomness, context: Context | None = None) -> Message:
     """The reply to a ``train`` message under ``spec``: a clear round's per-user deltas, or under
-    ``aggregation=secagg`` the node's clipped sum for SecAgg+ (a clear round is then an error: the
-    node never sends its users' updates in the clear)."""
+    ``aggregation=secagg`` the node's clipped sum (or party message) for SecAgg+ (a clear round is
+    then an error: the node never sends its users' updates in the clear)."""
     if spec.aggregation != "secagg":
         return train_reply(spec, msg, rng)
-    if RECORD_KEY_CONFIGS not in msg.content.config_records:
+    if RECORD_KEY_CONFIGS not in msg.content.config_records or context is None:
         raise RuntimeError("this run aggregates securely (aggregation=secagg), but the server asked for a clear round")
-    return secure_sum_reply(spec, msg, rng)
+    return secure_sum_reply(spec, msg, rng, context)
 
 
-def secure_sum_reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Message:
-    """``aggregation=secagg``: the reply to SecAgg+'s collect stage (``secaggplus_mod`` masks it):
-    the node's users' updates, each clipped to the ``clip`` the server sent (C′, server/secagg.py),
-    summed in user order, as one float64 vector at the server's weight. No per-user metric: the
-    mod leaves metrics in the clear."""
+@dataclass(frozen=True)
+class NodePlan:
+    """What a node of a secure run derives from the run's public config itself (its own plan),
+    never from the server's messages: the distributed mechanism's codec (``mechanism=ddgauss``) or
+    the bound C′ its users are clipped to (central noise), and SecAgg+'s field ``(Q, c, M)``."""
+
+    codec: DDGaussCodec | None
+    clip: float | None
+    field: tuple[int, float, int]
+
+
+_PLANS: dict[str, NodePlan] = {}
+
+
+def node_plan(spec: RunConfig) -> NodePlan:
+    """:class:`NodePlan` of ``spec``, planned once per config (σ calibrated to the target ε, the
+    run's fixed grid: :func:`fedpriv.secure_sum.secagg_quantization`)."""
+    text = json.dumps(as_dict(spec), sort_keys=True, default=str)
+    if text not in _PLANS:
+        if len(_PLANS) >= 4:  # a long-lived node: keep the last few runs' plans
+            _PLANS.pop(next(iter(_PLANS)))
+        plan = build_plan(spec, load_task(spec))
+        sampler, dimension = plan.ledger.sampler, plan.ledger.dimension
+        if spec.mechanism.client_noise:
+            codec = plan.spec.mechanism.build(plan.noise_multiplier, plan.mechanism_clip, rounds=plan.spec.rounds,
+                                              sampler=sampler, dimension=dimension).codec()
+            m = codec.modulus
+            _PLANS[text] = NodePlan(codec, None, (m - 1, (m - 1) / 2.0, m))
+        else:
+            q = secagg_quantization(spec.secagg, spec.privacy.clip_norm, dimension, sampler.expected_cohort,
+                                    int(spec.backend.num_supernodes))
+            _PLANS[text] = NodePlan(None, q.node_clip, (q.levels, q.coordinate_range, q.modulus))
+    return _PLANS[text]
+
+
+def _check_protocol(own: NodePlan, context: Context) -> None:
+    """The SecAgg+ settings the server sent at setup (kept in the mod's state) must be the node's
+    own: another quantization or field would change what the sum means (or its sensitivity)."""
+    state = context.state.config_records.get(RECORD_KEY_STATE)
+    levels, coordinate_range, modulus = own.field
+    if (state is None or int(state["target_range"]) != levels or int(state["mod_range"]) != modulus
+            or not math.isclose(float(state["clipping_range"]), coordinate_range, rel_tol=1e-12)):
+        raise RuntimeError(f"the server's SecAgg+ settings differ from this node's plan (levels {levels}, range "
+                           f"{coordinate_range:g}, field {modulus})")
+
+
+def secure_sum_reply(spec: RunConfig, msg: Message, rng: ClientRandomness, context: Context) -> Message:
+    """``aggregation=secagg``: the reply to SecAgg+'s collect stage (``secaggplus_mod`` masks it).
+    Central noise: the node's users' updates, each clipped to the node's own C′, summed in user
+    order, one float64 vector. ``mechanism=ddgauss``: the party's message in Z_m
+    (:func:`fedpriv.secure_sum.party_message`) as ``r − c``. What the node does follows its own
+    plan (:func:`node_plan`); a server whose instructions differ is refused. No per-user metric:
+    the mod leaves metrics in the clear."""
     task = load_task(spec)
+    own = node_plan(spec)
+    _check_protocol(own, context)
     fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
     conf = fitins.config
     params = torch.from_numpy(np.asarray(parameters_to_ndarrays(fitins.parameters)[0], dtype=np.float32).copy())
@@ -89,42 +141,23 @@ def secure_sum_reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Me
         # research key, (round, party), the run stays reproducible. No guarantee rests on these draws (the
         # noise is the server's, or the parties' keyed shares), so a 32-bit legacy seed is acceptable here
         np.random.seed(int(uint64s(rng.research, "secagg rounding", (round_idx, int(conf["party"])), 1)[0] % 2 ** 32))
-    if "ddgauss_round_key" in conf:  # this node is a party of the distributed discrete Gaussian
-        codec = party_codec(spec)
-        if str(conf["ddgauss_codec"]) != codec.digest():  # never adopt the server's: refuse a mismatch
-            raise RuntimeError("the server's distributed discrete Gaussian differs from the one this node plans from "
-                               f"the run's config ({conf['ddgauss_codec']} against {codec.digest()})")
-        sent = party_message(codec, task, params, users, round_idx, bytes(conf["ddgauss_round_key"]), rng,
+    if own.codec is not None:  # this node is a party of the distributed discrete Gaussian
+        if "ddgauss_round_key" not in conf or not own.codec.matches(str(conf.get("ddgauss_codec", ""))):
+            raise RuntimeError("the server's distributed discrete Gaussian is missing or differs from the one this "
+                               "node plans from the run's config")
+        sent = party_message(own.codec, task, params, users, round_idx, bytes(conf["ddgauss_round_key"]), rng,
                              int(conf["party"]))
-        vector = sent.message.double() - (codec.modulus - 1) / 2.0  # Flower's quantizer maps it back to Z_m
+        vector = sent.message.double() - own.field[1]  # Flower's quantizer maps it back to Z_m
     else:
-        total = RoundAggregate.zeros(params.numel(), float(conf["clip"]))
+        if "ddgauss_round_key" in conf:
+            raise RuntimeError("the server asked for distributed noise; this run's mechanism adds it at the server")
+        total = RoundAggregate.zeros(params.numel(), own.clip)
         for update in iter_client_updates(task, params, users, round_idx, rng):
             total.add(update.delta)  # a non-finite update is left out (the server sees only the sum)
         vector = total.total.double()
     fitres = FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters([vector.numpy()]),
                     num_examples=int(float(conf["max_weight"])), metrics={})
     return Message(content=compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=msg)
-
-
-_CODECS: dict[str, DDGaussCodec] = {}
-
-
-def party_codec(spec: RunConfig) -> DDGaussCodec:
-    """The distributed discrete Gaussian a party encodes with, derived by the node from the run's
-    public config (its own plan: σ calibrated to the target ε), never read from the server's
-    round messages (a mismatch is refused: the digest check in :func:`secure_sum_reply`). Planned
-    once per config."""
-    text = json.dumps(as_dict(spec), sort_keys=True, default=str)
-    if text not in _CODECS:
-        if len(_CODECS) >= 4:  # a long-lived node: keep the last few runs' codecs
-            _CODECS.pop(next(iter(_CODECS)))
-        plan = build_plan(spec, load_task(spec))
-        sampler = plan.ledger.sampler
-        mechanism = plan.spec.mechanism.build(plan.noise_multiplier, plan.mechanism_clip, rounds=plan.spec.rounds,
-                                              sampler=sampler, dimension=plan.ledger.dimension)
-        _CODECS[text] = mechanism.codec()
-    return _CODECS[text]
 
 
 def make_client_app(cfg: dict) -> ClientApp:
@@ -137,9 +170,8 @@ def make_client_app(cfg: dict) -> ClientApp:
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        del context  # the users to simulate come with the message, not from the node
-        try:
-            return reply(spec, msg, rng)
+        try:  # the users to simulate come with the message; the context holds SecAgg+'s state
+            return reply(spec, msg, rng, context)
         except UnsupportedLayerError as err:  # the engine refused the model (e.g. its forward mixes samples)
             log.error("the per-sample clipping engine refused the model: %s", err)  # the node's own log
             if spec.aggregation == "secagg":  # SecAgg+ carries no refusal: the node fails (its round halts)

@@ -38,4 +38,4 @@ def _config(run_config_json: str) -> tuple[RunConfig, ClientRandomness]:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     spec, rng = _config(json.dumps(dict(context.run_config), sort_keys=True, default=str))
-    return reply(spec, msg, rng)
+    return reply(spec, msg, rng, context)

@@ -32,6 +32,7 @@ sampler, its probabilities carry float rounding (the paper's exact sampler uses 
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import dataclass
 
@@ -131,10 +132,24 @@ class DDGaussCodec:
 
     def digest(self) -> str:
         """What a party checks its own codec against (it never adopts another's): the field, the
-        grid step, the share std, the padded dimension, the shares, β and the clip, as text."""
+        padded dimension, the shares, and the grid step, share std, β and clip, as JSON."""
         dist = self.mechanism
-        return (f"m={self.modulus} gamma={dist.granularity!r} sigma={dist.local_std!r} dim={dist.dim} "
-                f"shares={dist.shares} beta={dist.beta!r} clip={dist.clip!r}")
+        return json.dumps({"m": self.modulus, "dim": dist.dim, "shares": dist.shares, "gamma": dist.granularity,
+                           "sigma": dist.local_std, "beta": dist.beta, "clip": dist.clip}, sort_keys=True)
+
+    def matches(self, digest: str) -> bool:
+        """Whether ``digest`` (another's :meth:`digest`) describes this codec: the integers equal,
+        the floats equal to 1e-12 relative (two machines may round the calibration's last bit apart)."""
+        try:
+            other = json.loads(digest)
+        except ValueError:
+            return False
+        mine = json.loads(self.digest())
+        if not isinstance(other, dict) or set(other) != set(mine):
+            return False
+        return all(other[k] == mine[k] if isinstance(mine[k], int) else
+                   isinstance(other[k], (int, float)) and math.isclose(other[k], mine[k], rel_tol=1e-12)
+                   for k in mine)
 
     def rounded(self, update: Tensor, round_key: bytes, round_idx: int, key: bytes, user: int) -> Tensor:
         """One user's update on the integer grid (int64, ``dim`` coordinates): steps 1–3 of the

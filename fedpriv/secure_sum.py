@@ -184,3 +184,30 @@ def secagg_quantization(settings, clip_norm: float, dim: int, expected_cohort: f
                          f"±{coordinate_range:.3g}: the rounding alone would take {clip_norm - reduced:.3g} of the "
                          f"clip norm {clip_norm:g}; give more bits")
     return SecAggQuantization(coordinate_range, levels, modulus, reduced)
+
+
+def protocol_sizes(settings, nodes: int, min_shares: int | None = None) -> tuple[int, int]:
+    """SecAgg+'s ``(shares, threshold)`` for ``nodes`` nodes and the ``secagg`` section
+    ``settings``: ``shares`` (the neighbours a node secret-shares with) defaults to all nodes, made
+    odd where fewer; the threshold to ⌊2·shares/3⌋ + 1 (more than half must collude), and — for a
+    distributed-noise mechanism — at least its ``min_shares``, so that Flower unmasks no sum that
+    holds fewer noise shares than the accounting assumes (the server never sees an under-noised
+    sum). ``ValueError`` for a threshold not above half the shares, above them, or equal to them
+    when the shares are fewer than the nodes (Flower's own rule), and for distributed noise with
+    fewer shares than nodes (every node must hold every other's key shares)."""
+    shares = nodes if settings.shares is None else min(int(settings.shares), nodes)
+    if shares < nodes and shares % 2 == 0:
+        shares += 1
+    threshold = shares * 2 // 3 + 1 if settings.threshold is None else int(settings.threshold)
+    if min_shares is not None:
+        if shares < nodes:
+            raise ValueError(f"distributed noise over SecAgg+ shares keys with every node: leave secagg.shares unset "
+                             f"(got {settings.shares} of {nodes} nodes)")
+        if settings.threshold is not None and threshold < min_shares:
+            raise ValueError(f"secagg.threshold={threshold} is below mechanism.min_shares={min_shares}: the server "
+                             "would unmask sums with fewer noise shares than the accounting assumes")
+        threshold = max(threshold, min_shares)
+    if not shares / 2 < threshold <= shares or (shares < nodes and threshold == shares):
+        raise ValueError(f"secagg.threshold={threshold} must exceed half of the {shares} shares and not exceed them "
+                         "(be fewer, when the shares are fewer than the nodes)")
+    return shares, threshold

@@ -45,24 +45,11 @@ from flwr.serverapp import Grid
 
 from fedpriv.replies import RoundFn, RoundInputs
 from fedpriv.schema import SecAgg
-from fedpriv.secure_sum import SecAggQuantization, SecureSum
+from fedpriv.secure_sum import SecAggQuantization, SecureSum, protocol_sizes
 from server.strategy import assign_users
 
 log = logging.getLogger(__name__)
 MAX_WEIGHT = 1  # every node's weight: Flower's weighted mean is then the plain mean
-
-
-def protocol_sizes(settings: SecAgg, nodes: int) -> tuple[int, int]:
-    """``(shares, threshold)`` for ``nodes`` nodes: ``shares`` defaults to all of them, made odd
-    where fewer; the threshold to ⌊2·shares/3⌋ + 1 (a majority: more than half must collude)."""
-    shares = nodes if settings.shares is None else min(int(settings.shares), nodes)
-    if shares < nodes and shares % 2 == 0:
-        shares += 1
-    threshold = shares * 2 // 3 + 1 if settings.threshold is None else int(settings.threshold)
-    if not shares / 2 < threshold <= shares or (shares < nodes and threshold == shares):
-        raise ValueError(f"secagg.threshold={threshold} must exceed half of the {shares} shares and not exceed them "
-                         "(be fewer, when the shares are fewer than the nodes)")
-    return shares, threshold
 
 
 class _OneRound(Strategy):
@@ -137,7 +124,9 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout:
         raise ValueError("distributed DP through SecAgg+ needs the round's rotation key")
     digest = codec.digest() if codec is not None else ""
     halted = [0]
-    shares, threshold = protocol_sizes(settings, len(nodes))
+    # distributed noise: unmask only sums that hold the min_shares the accounting assumes (Flower checks
+    # the threshold after collecting the masked vectors, before unmasking)
+    shares, threshold = protocol_sizes(settings, len(nodes), distributed.min_shares if distributed else None)
     if len(nodes) < 2:
         raise ValueError("secure aggregation needs at least two nodes")
 

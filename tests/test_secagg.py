@@ -171,6 +171,7 @@ def test_a_secure_run_ends_where_the_clear_run_ends(tmp_path):
     ("backend.num_supernodes=1", "at least 2 nodes"),
     ("secagg.modulus_bits=21", "overflow the field"),
     ("secagg.threshold=2", "must exceed half"),
+    ("secagg.shares=3", "must exceed half"),
     ("privacy.clipping=adaptive", "clipping=fixed"),
     ("optimizer=dpadam_stp", "only the nodes' sum"),
     ("mechanism=ddgauss", "mechanism.shares must be backend.num_supernodes=4"),
@@ -236,11 +237,11 @@ def test_the_grid_is_fixed_for_the_run_whatever_the_cohort():
 
 
 def test_distributed_noise_survives_a_lost_party_exactly(tmp_path):
-    """ddgauss over SecAgg+ with one of 4 nodes lost: the field sum the server recovers from
+    """ddgauss over SecAgg+ with one of 4 nodes lost (min_shares 3): the field sum the server recovers from
     Flower's output is exactly Σ of the 3 surviving parties' messages mod m (unmasked_field_sum
     inverts Flower's weighting for 3 survivors), and the sum holds 3 shares."""
     session, cohort, inputs, grid, secure = _round(tmp_path, "x", (3,), "mechanism=ddgauss", "mechanism.shares=4",
-                                                   "privacy.noise_multiplier=0.5")
+                                                   "mechanism.min_shares=3", "privacy.noise_multiplier=0.5")
     codec = session.server.mechanism.codec()
     rng = clients.client_randomness(session.spec)
     round_key = session.randomness.subkey("ddgauss rotation")
@@ -280,3 +281,37 @@ def test_a_research_secure_round_is_reproducible(tmp_path):
         session.run.unlock()
         totals.append(secure.total)
     assert torch.equal(totals[0], totals[1])
+
+
+def test_a_sum_with_fewer_shares_than_assumed_is_never_unmasked(tmp_path):
+    """ddgauss with every share guaranteed (min_shares = 4 = the nodes) and one node lost: SecAgg+'s
+    threshold is raised to min_shares, so the protocol halts before unmasking — the server never
+    sees a sum with less noise than the accounting assumes."""
+    session, cohort, inputs, grid, secure = _round(tmp_path, "t", (3,), "mechanism=ddgauss", "mechanism.shares=4",
+                                                   "privacy.noise_multiplier=0.5")
+    session.run.unlock()
+    assert secure.shares == 0 and secure.users == set()
+    assert not any(stage == Stage.UNMASK for stage, _ in grid.replies)
+
+
+@pytest.mark.parametrize("server,node,says", [
+    (("mechanism=ddgauss", "mechanism.shares=4", "privacy.noise_multiplier=0.5"),
+     ("mechanism=ddgauss", "mechanism.shares=4", "privacy.noise_multiplier=0.6"), "differs"),
+    ((), ("mechanism=ddgauss", "mechanism.shares=4", "privacy.noise_multiplier=0.5"), "SecAgg\\+ settings differ"),
+    ((), ("secagg.bits=22",), "SecAgg\\+ settings differ"),
+])
+def test_a_node_refuses_a_server_whose_round_differs_from_its_own_plan(tmp_path, server, node, says):
+    """A node follows its own plan of the run's config: a server that asks for less noise, for
+    another field or quantization, or for a clear sum where the node's mechanism adds noise, is
+    refused (the node fails; over a real grid its users count as dropped)."""
+    cfg = compose_cfg(*SECAGG, "rounds=1", "cohort_size=12", f"backend.num_supernodes={NODES}", *server,
+                      run_dir=tmp_path / "s")
+    node_cfg = compose_cfg(*SECAGG, "rounds=1", "cohort_size=12", f"backend.num_supernodes={NODES}", *node,
+                           run_dir=tmp_path / "n")
+    session = prepare(cfg)
+    grid = LocalGrid(make_client_app(node_cfg), NODES)
+    try:
+        with pytest.raises(RuntimeError, match=says):
+            round_fn_for(session, grid, NODES, None)(session.server.round_inputs(0, session.server.cohort(0)))
+    finally:
+        session.run.unlock()

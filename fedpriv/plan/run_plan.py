@@ -37,7 +37,7 @@ from fedpriv.optim.server import SGDOptimizer
 from fedpriv.plan.noise_figure import NoiseFigure, noise_figure
 from fedpriv.run_outputs import planned_outputs
 from fedpriv.sampling import make_sampler
-from fedpriv.secure_sum import secagg_quantization
+from fedpriv.secure_sum import protocol_sizes, secagg_quantization
 from fedpriv.schema import RunConfig
 from fedpriv.task import Task, load_task
 
@@ -115,10 +115,12 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     if spec.aggregation == "secagg" and (optimizer.query_plan.squares or optimizer.query_plan.pre_clip_scale):
         raise ConfigError(f"optimizer={spec.optimizer.name} needs each user's update at the server (its squares, or "
                           "its scale before clipping); aggregation=secagg reveals only the nodes' sum")
-    if spec.aggregation == "secagg" and not mechanism.client_noise:  # the run's fixed grid: refused before any write
+    if spec.aggregation == "secagg":  # the protocol's sizes and the run's fixed grid: refused before any write
+        nodes = int(spec.backend.num_supernodes)
         try:
-            secagg_quantization(spec.secagg, privacy.clip_norm, dimension, sampler.expected_cohort,
-                                int(spec.backend.num_supernodes))
+            protocol_sizes(spec.secagg, nodes, mechanism.min_shares if mechanism.client_noise else None)
+            if not mechanism.client_noise:
+                secagg_quantization(spec.secagg, privacy.clip_norm, dimension, sampler.expected_cohort, nodes)
         except ValueError as err:
             raise ConfigError(f"aggregation=secagg: {err}") from None
     clip = build_adaptive_clip(privacy, sigma, sampler.expected_cohort,

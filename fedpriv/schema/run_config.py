@@ -87,10 +87,6 @@ class RunConfig(Section):
         if not self.mechanism.client_noise and nodes * ((1 << settings.bits) - 1) >= 1 << settings.modulus_bits:
             raise ConfigError(f"aggregation=secagg: {nodes} nodes x 2^{settings.bits} levels overflow the field "
                               f"2^{settings.modulus_bits}: lower secagg.bits or raise secagg.modulus_bits")
-        shares = nodes if settings.shares is None else min(settings.shares, nodes)
-        if settings.threshold is not None and not shares / 2 < settings.threshold <= shares:
-            raise ConfigError(f"{_key(path, 'secagg.threshold')}={settings.threshold} must exceed half of the "
-                              f"{shares} shares and not exceed them")
         if self.privacy.clipping == "adaptive":
             raise ConfigError("aggregation=secagg: adaptive clipping needs each user's clipped flag at the server; "
                               "use privacy.clipping=fixed")
