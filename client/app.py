@@ -31,7 +31,7 @@ from fedpriv.aggregation import RoundAggregate
 from fedpriv.distributed_dp import DDGaussCodec
 from fedpriv.plan import build_plan
 from fedpriv.schema import as_dict
-from fedpriv.secure_sum import party_message, secagg_quantization
+from fedpriv.secure_sum import field_of, party_message
 
 from fedpriv.clipping import UnsupportedLayerError
 from fedpriv.codec import decode, refusal_content, train_reply_content
@@ -98,15 +98,11 @@ def node_plan(spec: RunConfig) -> NodePlan:
         if len(_PLANS) >= 4:  # a long-lived node: keep the last few runs' plans
             _PLANS.pop(next(iter(_PLANS)))
         plan = build_plan(spec, load_task(spec))
-        sampler, dimension = plan.ledger.sampler, plan.ledger.dimension
-        if spec.mechanism.client_noise:
-            codec = plan.spec.mechanism.build(plan.noise_multiplier, plan.mechanism_clip, rounds=plan.spec.rounds,
-                                              sampler=sampler, dimension=dimension).codec()
-            m = codec.modulus
-            _PLANS[text] = NodePlan(codec, None, (m - 1, (m - 1) / 2.0, m))
+        if spec.mechanism.client_noise:  # the plan's (key-less) mechanism at the calibrated σ
+            codec = plan.ledger.mechanism.codec()
+            _PLANS[text] = NodePlan(codec, None, field_of(codec))
         else:
-            q = secagg_quantization(spec.secagg, spec.privacy.clip_norm, dimension, sampler.expected_cohort,
-                                    int(spec.backend.num_supernodes))
+            q = plan.quantization
             _PLANS[text] = NodePlan(None, q.node_clip, (q.levels, q.coordinate_range, q.modulus))
     return _PLANS[text]
 

@@ -140,6 +140,15 @@ def distributed_round_fn(task: Task, spec: RunConfig, mechanism, round_key: byte
     return round_fn
 
 
+def field_of(codec: DDGaussCodec) -> tuple[int, float, int]:
+    """Distributed DP through Flower's SecAgg+: ``(Q, c, M)`` under which Flower's quantizer is the
+    identity on a party's message ``r`` ∈ Z_m sent as ``r − c`` (``Q = m − 1``, ``c = Q/2``:
+    ``(x + c)·Q/2c = r`` exactly, an integer that stochastic rounding keeps), summed mod ``M = m``.
+    The server (server/secagg.py) and every node (client/app.py) read it from here."""
+    m = codec.modulus
+    return m - 1, (m - 1) / 2.0, m
+
+
 @dataclass(frozen=True)
 class SecAggQuantization:
     """How ``aggregation=secagg`` (central noise) quantizes a node's sum in Flower's SecAgg+,

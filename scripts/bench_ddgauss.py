@@ -50,9 +50,7 @@ def main() -> None:
     cfg = compose_config(["mechanism=ddgauss", "progress=false"], "/tmp/fedpriv-bench-ddgauss")
     spec: RunConfig = run_config(cfg)
     task = load_task(spec)
-    plan = build_plan(spec, task)
-    mech = spec.mechanism.build(plan.noise_multiplier, plan.mechanism_clip, rounds=spec.rounds,
-                                sampler=plan.ledger.sampler, dimension=plan.ledger.dimension)
+    mech = build_plan(spec, task).ledger.mechanism  # key-less, at the calibrated σ: all the codec needs
     codec = mech.codec()
     rng = client_randomness(spec)
     params = task.initial_params

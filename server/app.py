@@ -20,7 +20,7 @@ from fedpriv.clients import in_process_round_fn
 from fedpriv.errors import ConfigError
 from fedpriv.replies import ClientReplies, RoundFn, RoundInputs
 from fedpriv.runner import RunSession, train
-from fedpriv.secure_sum import distributed_round_fn, secagg_quantization
+from fedpriv.secure_sum import distributed_round_fn
 from fedpriv.schema import FlowerBackend
 from server.secagg import secagg_round_fn
 from server.strategy import CohortStrategy
@@ -91,12 +91,9 @@ def round_fn_for(session: RunSession, grid: Grid, num_nodes: int, timeout: float
     nodes = nodes[:num_nodes]  # exactly the planned parties (the capacity and the shares are sized for them)
     settings, mechanism = session.spec.secagg, session.server.mechanism
     distributed = mechanism if mechanism.client_noise else None  # each node a party of the distributed noise
-    quantization = None if distributed else secagg_quantization(
-        settings, session.spec.privacy.clip_norm, session.ledger.dimension, session.server.sampler.expected_cohort,
-        num_nodes)
     return secagg_round_fn(grid, nodes, settings, settings.timeout if settings.timeout is not None else timeout,
                            distributed, session.randomness.subkey("ddgauss rotation") if distributed else None,
-                           quantization)
+                           session.plan.quantization)
 
 
 def make_server_app(session: RunSession, num_nodes: int, result: dict) -> ServerApp:

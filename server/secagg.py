@@ -45,7 +45,7 @@ from flwr.serverapp import Grid
 
 from fedpriv.replies import RoundFn, RoundInputs
 from fedpriv.schema import SecAgg
-from fedpriv.secure_sum import SecAggQuantization, SecureSum, protocol_sizes
+from fedpriv.secure_sum import SecAggQuantization, SecureSum, field_of, protocol_sizes
 from server.strategy import assign_users
 
 log = logging.getLogger(__name__)
@@ -86,14 +86,6 @@ class _OneRound(Strategy):
         return None
 
 
-def field_of(codec) -> tuple[int, float, int]:
-    """Distributed DP through SecAgg+: ``(Q, c, M)`` under which Flower's quantizer is the identity
-    on a party's message ``r`` ∈ Z_m sent as ``r − c`` (``Q = m − 1``, ``c = Q/2``: ``(x + c)·Q/2c
-    = r`` exactly, an integer that stochastic rounding keeps), summed mod ``M = m``."""
-    m = codec.modulus
-    return m - 1, (m - 1) / 2.0, m
-
-
 def unmasked_field_sum(mean: np.ndarray, survivors: int, codec) -> torch.Tensor:
     """``Σ r_i mod m`` from what SecAgg+ returns for field messages (:func:`field_of`): Flower's
     weights sum to ``n·Q ≡ m − n`` (mod m), so its output is ``y = (S − n·c)·Q/(m − n)``; inverted
@@ -123,7 +115,7 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout:
     if codec is not None and round_key is None:
         raise ValueError("distributed DP through SecAgg+ needs the round's rotation key")
     digest = codec.digest() if codec is not None else ""
-    halted = [0]
+    halted = 0  # rounds in a row that halted
     # distributed noise: unmask only sums that hold the min_shares the accounting assumes (Flower checks
     # the threshold after collecting the masked vectors, before unmasking)
     shares, threshold = protocol_sizes(settings, len(nodes), distributed.min_shares if distributed else None)
@@ -131,6 +123,7 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout:
         raise ValueError("secure aggregation needs at least two nodes")
 
     def round_fn(inputs: RoundInputs) -> SecureSum:
+        nonlocal halted
         params = inputs.params
         sent = assign_users(inputs.cohort, nodes)  # over every node of the run: a user's node is its own
         connected = set(int(n) for n in grid.get_node_ids())
@@ -157,15 +150,15 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout:
                            clipping_range=coordinate_range, quantization_range=levels, modulus_range=modulus,
                            timeout=timeout)(grid, context)
         if strategy.mean is None:  # the protocol halted: nothing unmasked, every user of the round dropped
-            halted[0] += 1
+            halted += 1
             log.warning("round %d: secure aggregation halted (%d of %d nodes asked; too few answered in a stage); "
                         "the round releases the noise alone", inputs.round_idx + 1, len(fitins), len(nodes))
-            if halted[0] >= halt_limit:
-                raise RuntimeError(f"secure aggregation halted {halted[0]} rounds in a row: too few of the "
+            if halted >= halt_limit:
+                raise RuntimeError(f"secure aggregation halted {halted} rounds in a row: too few of the "
                                    f"{len(nodes)} nodes complete the protocol (a lost node, or a node's error: see "
                                    "its log)")
             return SecureSum(torch.zeros(params.numel()), set(), 0, round_idx=inputs.round_idx)
-        halted[0] = 0
+        halted = 0
         users = {u for node in strategy.nodes for u in sent.get(node, [])}
         if codec is not None:
             field_sum = unmasked_field_sum(strategy.mean, len(strategy.nodes), codec)

@@ -25,6 +25,20 @@ def _state() -> list[object]:
     return [getattr(owner, name) for owner, name in _switches()]
 
 
+def _spy_precision(monkeypatch, owner, name: str) -> list[tuple[bool, list[object]]]:
+    """Wrap ``owner.name`` (a function or a method) so that every call first records whether CPU
+    autocast is on and the float32 switches' state; returns the list the records go to."""
+    seen: list[tuple[bool, list[object]]] = []
+    original = getattr(owner, name)
+
+    def noting(*args, **kwargs):
+        seen.append((torch.is_autocast_enabled("cpu"), _state()))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, noting)
+    return seen
+
+
 @pytest.mark.parametrize("mode,expected", [("fp32", "ieee"), ("tf32", "tf32"), ("bf16", "tf32")])
 def test_modes_set_the_float32_switches_and_restore_them(mode, expected):
     before = _state()
@@ -105,14 +119,7 @@ def test_cohort_parallel_example_dp_clips_in_float32_under_bf16(monkeypatch):
     users = [u[:1] for u in _users()]
     model = _model()
     trainer = CohortTrainer(model, local, pad_id=0, parallel=4)
-    seen = []
-    einsum = torch.einsum
-
-    def noting(*args, **kwargs):
-        seen.append((torch.is_autocast_enabled("cpu"), _state()))
-        return einsum(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "einsum", noting)
+    seen = _spy_precision(monkeypatch, torch, "einsum")
     out = trainer.updates(get_flat_params(model), users, [client_draws(10 + k) for k in range(len(users))])
     assert seen and all(not autocast and all(v in ("ieee", False) for v in state) for autocast, state in seen)
     for delta, _ in out:
@@ -179,14 +186,7 @@ def test_the_device_clip_and_sum_and_evaluation_run_in_ieee_float32(tmp_path, mo
     from fedpriv.aggregation import RoundAggregate
     from fedpriv.runner import prepare
 
-    seen = []
-    add = RoundAggregate.add
-
-    def noting(self, delta, tally=True):
-        seen.append((torch.is_autocast_enabled("cpu"), _state()))
-        return add(self, delta, tally)
-
-    monkeypatch.setattr(RoundAggregate, "add", noting)
+    seen = _spy_precision(monkeypatch, RoundAggregate, "add")
     session = prepare(compose_cfg("+experiment=smoke", "progress=false", "rounds=1", "cohort_size=6",
                                   "client.parallel=3", "client.parallel_on_cpu=true", "client.precision=bf16",
                                   run_dir=tmp_path / "r"))
@@ -199,14 +199,7 @@ def test_the_device_clip_and_sum_and_evaluation_run_in_ieee_float32(tmp_path, mo
     assert host.accepted == len(cohort) == len(seen)
     assert all(not autocast and all(v in ("ieee", False) for v in state) for autocast, state in seen)
 
-    evaluated = []
-    evaluate = runner.evaluate
-
-    def noting_eval(*args, **kwargs):
-        evaluated.append((torch.is_autocast_enabled("cpu"), _state()))
-        return evaluate(*args, **kwargs)
-
-    monkeypatch.setattr(runner, "evaluate", noting_eval)
+    evaluated = _spy_precision(monkeypatch, runner, "evaluate")
     with compute_precision("bf16", CPU):
         metrics = runner.evaluate_params(session.task, inputs.params)
     assert evaluated == [(False, [v for v in _state_in("fp32")])] and metrics["loss"] > 0

@@ -54,10 +54,9 @@ def _dealt(cohort) -> dict[int, list[int]]:
 
 
 def _quantization(session, inputs, cohort) -> tuple[float, float]:
-    """(C′, one quantization step) of the run: fixed from public quantities, never from the cohort."""
-    del cohort
-    q = secagg_quantization(session.spec.secagg, inputs.clip_norm, inputs.params.numel(),
-                            session.server.sampler.expected_cohort, NODES)
+    """(C′, one quantization step) of the run (its plan's): fixed from public quantities, never from the cohort."""
+    del cohort, inputs
+    q = session.plan.quantization
     return q.node_clip, q.step
 
 

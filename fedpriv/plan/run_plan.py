@@ -37,7 +37,7 @@ from fedpriv.optim.server import SGDOptimizer
 from fedpriv.plan.noise_figure import NoiseFigure, noise_figure
 from fedpriv.run_outputs import planned_outputs
 from fedpriv.sampling import make_sampler
-from fedpriv.secure_sum import protocol_sizes, secagg_quantization
+from fedpriv.secure_sum import SecAggQuantization, protocol_sizes, secagg_quantization
 from fedpriv.schema import RunConfig
 from fedpriv.task import Task, load_task
 
@@ -70,6 +70,8 @@ class RunPlan:
     outputs: tuple[str, ...]
     choice: dict | None  # what plan=auto chose, with its prediction (privacy.json and summary.json `plan`)
     noise: NoiseFigure  # the noise the run's step carries into the model (fedpriv.plan.noise_figure)
+    # aggregation=secagg with central noise: how nodes' sums are quantized, fixed for the run (server and nodes read it)
+    quantization: SecAggQuantization | None = None
 
     @property
     def planned_epsilon(self) -> float:
@@ -115,12 +117,14 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     if spec.aggregation == "secagg" and (optimizer.query_plan.squares or optimizer.query_plan.pre_clip_scale):
         raise ConfigError(f"optimizer={spec.optimizer.name} needs each user's update at the server (its squares, or "
                           "its scale before clipping); aggregation=secagg reveals only the nodes' sum")
+    quantization = None
     if spec.aggregation == "secagg":  # the protocol's sizes and the run's fixed grid: refused before any write
         nodes = int(spec.backend.num_supernodes)
         try:
             protocol_sizes(spec.secagg, nodes, mechanism.min_shares if mechanism.client_noise else None)
             if not mechanism.client_noise:
-                secagg_quantization(spec.secagg, privacy.clip_norm, dimension, sampler.expected_cohort, nodes)
+                quantization = secagg_quantization(spec.secagg, privacy.clip_norm, dimension, sampler.expected_cohort,
+                                                   nodes)
         except ValueError as err:
             raise ConfigError(f"aggregation=secagg: {err}") from None
     clip = build_adaptive_clip(privacy, sigma, sampler.expected_cohort,
@@ -139,7 +143,7 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     return RunPlan(spec=spec, task=task, population=population, noise_multiplier=sigma,
                    calibrated=privacy.noise_multiplier is None, mechanism_clip=mechanism_clip, ledger=ledger,
                    outputs=planned_outputs(spec, client_dp=task.local.dp is not None), choice=choice,
-                   noise=noise)
+                   noise=noise, quantization=quantization)
 
 
 def server_step(spec: RunConfig) -> tuple[float, float] | None:

@@ -74,19 +74,15 @@ class RunConfig(Section):
         return secure_mode(self.privacy.secure_rng, self.backend.name)
 
     def _check_secure_aggregation(self, path: str) -> None:
-        """``aggregation=secagg``: Flower's SecAgg+ between at least two nodes, a field that holds
-        their sum, and nothing that needs one user's clipped update at the server."""
+        """``aggregation=secagg``: Flower's SecAgg+ between at least two nodes and nothing that needs
+        one user's clipped update at the server (the field's capacity and the grid are checked with
+        the data's sizes: :func:`fedpriv.secure_sum.secagg_quantization`, at plan time)."""
         if isinstance(self.backend, LocalBackend):
             raise ConfigError("aggregation=secagg runs Flower's SecAgg+ between nodes: use backend=flower or a "
                               "deployment (backend=local simulates a secure sum only for mechanism=ddgauss)")
         nodes = int(getattr(self.backend, "num_supernodes", 0))
         if nodes < 2:
             raise ConfigError(f"aggregation=secagg needs at least 2 nodes, got backend.num_supernodes={nodes}")
-        settings = self.secagg
-        # a client-noise mechanism sums its own field (mechanism.bits): it wraps by design, never overflows
-        if not self.mechanism.client_noise and nodes * ((1 << settings.bits) - 1) >= 1 << settings.modulus_bits:
-            raise ConfigError(f"aggregation=secagg: {nodes} nodes x 2^{settings.bits} levels overflow the field "
-                              f"2^{settings.modulus_bits}: lower secagg.bits or raise secagg.modulus_bits")
         if self.privacy.clipping == "adaptive":
             raise ConfigError("aggregation=secagg: adaptive clipping needs each user's clipped flag at the server; "
                               "use privacy.clipping=fixed")
