@@ -519,19 +519,20 @@ def make_sampler(kind: str, population: int, cohort_size: int, key: bytes | None
     None for a sampler that only states its accounting. ``public_population``: the config's
     ``population``, which fixes the Poisson-type rates (None: the rates come from ``population``,
     and are marked ``rate_from_data``); fixed-size and cyclic sampling draw from the data's units
-    and take none."""
+    and take none. With a public population the cohort is checked against it alone: the data's
+    own count is private there (add/remove-one), so neither a refusal nor its message depends on it."""
     if population < 1:
         raise ConfigError(f"population must be >= 1, got {population}")
-    if not 1 <= cohort_size <= population:
-        raise ConfigError(f"cohort size {cohort_size} must be in [1, population={population}]")
     if kind not in SAMPLERS:
         raise ConfigError(f"unknown sampler {kind!r} (choose one of: {', '.join(sorted(SAMPLERS))})")
     if public_population is not None and kind not in PUBLIC_RATE_KINDS:
         raise ConfigError(f"population={public_population} fixes a Poisson sampling rate; sampling={kind} draws from "
                           "the dataset's own units (its neighbouring relation keeps their number fixed): leave "
                           "population unset (null)")
-    if public_population is not None and cohort_size > public_population:
+    if public_population is not None and not 1 <= cohort_size <= public_population:
         raise ConfigError(f"cohort_size {cohort_size} exceeds population={public_population}")
+    if public_population is None and not 1 <= cohort_size <= population:
+        raise ConfigError(f"cohort size {cohort_size} must be in [1, population={population}]")
     sampler = SAMPLERS[kind](population, cohort_size, key, groups, public_population)
     if not isinstance(sampler, Sampler):
         raise TypeError(f"the factory of sampling={kind} returned {type(sampler).__name__}, not a Sampler")

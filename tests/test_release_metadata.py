@@ -158,3 +158,21 @@ def test_every_sampler_that_takes_a_public_population_publishes_only_rates_from_
     numbers = _numbers(published[0][:4])
     assert not {8 / 40, 8 / 44, 40, 44} & set(numbers)
 
+
+def test_under_a_public_population_no_refusal_or_warning_reads_the_datas_count(tmp_path, caplog):
+    """Issue 52 item 4c: with ``population=50`` on 40 users the data's count is private. A cohort
+    of 45 was refused for exceeding "the population of 40 users" (a refusal that one user more or
+    less decides, printing the count); now the cohort is checked against the public 50 alone, and
+    the δ ≥ 1/N warning names N = 50."""
+    from fedpriv.config import run_config, validate_against_data
+    from fedpriv.errors import ConfigError
+    from fedpriv.plan import preflight
+
+    preflight(compose_cfg(*SMOKE, "population=50", "cohort_size=45", run_dir=tmp_path / "a"))
+    with pytest.raises(ConfigError) as refused:
+        preflight(compose_cfg(*SMOKE, "population=50", "cohort_size=60", run_dir=tmp_path / "b"))
+    assert "population=50" in str(refused.value) and "40" not in str(refused.value)
+    spec = run_config(compose_cfg(*SMOKE, "population=50", "privacy.delta=0.03", run_dir=tmp_path / "c"))
+    with caplog.at_level(logging.WARNING, logger="fedpriv"):
+        validate_against_data(spec, 40)
+    assert [r.getMessage() for r in caplog.records if "N = 50 users" in r.getMessage() and "40" not in r.getMessage()]
