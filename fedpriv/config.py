@@ -75,8 +75,12 @@ def _larger_data(spec: RunConfig) -> str:
 
 def validate_against_data(spec: RunConfig, population: int, unit: str = "user") -> None:
     """Checks that need the population size (of users, or of examples for ``unit="example"``);
-    warns when δ ≥ 1/N (a weak guarantee)."""
-    if spec.cohort_size > population:
+    warns when δ ≥ 1/N (a weak guarantee). With a public ``population`` (add/remove-one) the
+    data's own count is private: N is the public one, the cohort is checked against it by the
+    sampler, and no refusal or warning here depends on or prints the data's count."""
+    if spec.population is not None:
+        population = spec.population
+    elif spec.cohort_size > population:
         raise ConfigError(f"cohort_size {spec.cohort_size} exceeds the population of {population} {unit}s: set "
                           f"cohort_size<={population} or use a larger dataset{_larger_data(spec)}")
     delta = spec.privacy.delta

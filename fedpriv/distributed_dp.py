@@ -19,7 +19,8 @@ The server maps the sum to the centred range ``[−m/2, m/2)``, multiplies by γ
 ``Σ_i clip(x_i) + (rounding error) + γ·Σ_i noise_i``, exactly so while the centred sum does not
 wrap around m. The planner (:func:`fedpriv.accounting.ddgauss.plan_ddgauss`) sizes the bits for k
 standard deviations of the sum under a sub-Gaussian heuristic; a coordinate can still wrap (an
-accuracy loss, not a privacy one: nothing here detects it yet).
+accuracy loss, not a privacy one, not detected): about d·erfc(k/√2) of them per round at the planned
+size (:func:`fedpriv.accounting.ddgauss.expected_wraps`, in privacy.json).
 
 Randomness: the rounding's and the noise's uniforms come from SHAKE-256 under the client's key
 (:func:`fedpriv.randomness.uniforms`), secret in secure mode; the rotation's signs from the round's

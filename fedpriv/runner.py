@@ -404,6 +404,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float, verdic
         **({"degradation": verdict.to_dict()} if verdict is not None else {}),
         "privacy": _privacy_summary(session),
         "rounds": session.ledger.rounds_done,
+        **_withheld_rounds(session),
         **({"wall_s": wall_s} if session.diagnostics_enabled else {}),  # timing depends on the cohorts
         "ceiling_accuracy": data.ceiling_accuracy,
         "unigram_accuracy": data.unigram_accuracy,
@@ -419,6 +420,16 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float, verdic
         **_example_privacy(session),
         **{k: v for stage in session.stages for k, v in stage.summary(session.history).items()},
     }
+
+
+def _withheld_rounds(session: RunSession) -> dict:
+    """Under a mechanism whose parties add the noise (``ddgauss``): how many of the rounds done were
+    withheld (fewer noise shares than ``min_shares`` survived: nothing released, still charged),
+    the count of the metrics rows marked ``withheld``. Whether a party survives is assumed
+    independent of the data (docs/PRIVACY.md), so the count is as public as those rows."""
+    if not session.server.mechanism.client_noise:
+        return {}
+    return {"withheld_rounds": sum(1 for row in session.history if row.get("withheld"))}
 
 
 def _privacy_summary(session: RunSession) -> dict:

@@ -16,7 +16,10 @@ changes nobody else's participation, and add/remove-one neighbouring holds), or 
 own count (``rate_from_data``): then one more user changes every user's rate, and the relation
 that holds is zero-out — a user's data replaced by a null contribution, the population size
 fixed — under which dp_accounting gives the sampled Gaussian the same epsilon
-(:func:`fedpriv.mechanisms.base.amplified_relation`).
+(:func:`fedpriv.mechanisms.base.amplified_relation`). Every rate a sampler draws with or publishes
+(``rate``, ``expected_cohort``, a group rate, bins, a b-min-sep probability) is computed from one
+N, :attr:`Sampler.rate_population`: the public one where the config states it, since under
+add/remove-one the data's own count is private.
 
 ``sample_extra(t, key, count)`` draws, from another key, which of ``count`` units outside the
 population (an audit's canaries, :mod:`fedpriv.audit.canaries`) take part in round t with the
@@ -95,6 +98,14 @@ class Sampler(ParticipationPattern, abc.ABC):
 
     kind: str
     population: int
+    public_population: int | None = None  # the config's N, where one fixed the rates (Poisson-type kinds only)
+
+    @property
+    def rate_population(self) -> int:
+        """N of every rate the sampler draws with and publishes: the config's public population
+        where one is given, else the data's own count. Under add/remove-one (a public N) the data's
+        count differs between neighbours, so no published rate may be computed from it."""
+        return self.public_population or self.population
 
     @property
     @abc.abstractmethod
@@ -134,7 +145,7 @@ class PoissonSampler(PoissonPattern, Sampler):
     @property
     def expected_cohort(self) -> float:
         """The fixed denominator: ``q·N`` with N the public population where one fixed the rate."""
-        return self.rate * (self.public_population or self.population)
+        return self.rate * self.rate_population
 
     def sample(self, round_idx: int) -> np.ndarray:
         draws = uniforms(_need_key(self.key), "poisson", (round_idx,), self.population)
@@ -147,14 +158,15 @@ class PoissonSampler(PoissonPattern, Sampler):
 
 
 class _CohortSized:
-    """Samplers whose cohort size is fixed (``cohort``): rate m/N, expected cohort m."""
+    """Samplers whose expected cohort is ``cohort``: rate m/N (a unit's chance to take part in a
+    round; N the :attr:`Sampler.rate_population`), expected cohort m."""
 
     cohort: int
-    population: int
+    rate_population: int
 
     @property
     def rate(self) -> float:
-        return self.cohort / self.population
+        return self.cohort / self.rate_population
 
     @property
     def expected_cohort(self) -> float:
@@ -269,7 +281,7 @@ class CyclicPoissonSampler(_CohortSized, GroupedPoissonPattern, Sampler):
 
     @property
     def group_rate(self) -> float:
-        return min(1.0, self.cohort * self.groups / (self.public_population or self.population))
+        return min(1.0, self.cohort * self.groups / self.rate_population)
 
     def sample(self, round_idx: int) -> np.ndarray:
         key = _need_key(self.key)
@@ -310,7 +322,7 @@ class BallsInBinsSampler(_CohortSized, BallsInBinsPattern, Sampler):
 
     @property
     def bins(self) -> int:
-        return max(1, (self.public_population or self.population) // self.cohort)
+        return max(1, self.rate_population // self.cohort)
 
     @property
     def rate(self) -> float:
@@ -318,7 +330,7 @@ class BallsInBinsSampler(_CohortSized, BallsInBinsPattern, Sampler):
 
     @property
     def expected_cohort(self) -> float:
-        return (self.public_population or self.population) / self.bins
+        return self.rate_population / self.bins
 
     def sample(self, round_idx: int) -> np.ndarray:
         bins = user_groups(_need_key(self.key), self.population, self.bins)
@@ -402,8 +414,7 @@ class MinSeparationSampler(_CohortSized, MinSeparationPattern, Sampler):
 
     @property
     def probability(self) -> float:
-        n = self.public_population or self.population
-        return min(1.0, self.cohort / (n - (self.groups - 1) * self.cohort))
+        return min(1.0, self.cohort / (self.rate_population - (self.groups - 1) * self.cohort))
 
     def sample(self, round_idx: int) -> np.ndarray:
         return min_separation_cohorts(_need_key(self.key), "b-min-sep", self.population, self.separation,
@@ -508,19 +519,20 @@ def make_sampler(kind: str, population: int, cohort_size: int, key: bytes | None
     None for a sampler that only states its accounting. ``public_population``: the config's
     ``population``, which fixes the Poisson-type rates (None: the rates come from ``population``,
     and are marked ``rate_from_data``); fixed-size and cyclic sampling draw from the data's units
-    and take none."""
+    and take none. With a public population the cohort is checked against it alone: the data's
+    own count is private there (add/remove-one), so neither a refusal nor its message depends on it."""
     if population < 1:
         raise ConfigError(f"population must be >= 1, got {population}")
-    if not 1 <= cohort_size <= population:
-        raise ConfigError(f"cohort size {cohort_size} must be in [1, population={population}]")
     if kind not in SAMPLERS:
         raise ConfigError(f"unknown sampler {kind!r} (choose one of: {', '.join(sorted(SAMPLERS))})")
     if public_population is not None and kind not in PUBLIC_RATE_KINDS:
         raise ConfigError(f"population={public_population} fixes a Poisson sampling rate; sampling={kind} draws from "
                           "the dataset's own units (its neighbouring relation keeps their number fixed): leave "
                           "population unset (null)")
-    if public_population is not None and cohort_size > public_population:
+    if public_population is not None and not 1 <= cohort_size <= public_population:
         raise ConfigError(f"cohort_size {cohort_size} exceeds population={public_population}")
+    if public_population is None and not 1 <= cohort_size <= population:
+        raise ConfigError(f"cohort size {cohort_size} must be in [1, population={population}]")
     sampler = SAMPLERS[kind](population, cohort_size, key, groups, public_population)
     if not isinstance(sampler, Sampler):
         raise TypeError(f"the factory of sampling={kind} returned {type(sampler).__name__}, not a Sampler")

@@ -67,6 +67,9 @@ def test_a_run_names_its_mechanism_and_charges_its_event(tmp_path):
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert privacy["mechanism"] == "ddgauss" and privacy["bits"] == 20 and privacy["field_size"] == 2 ** 20
     assert privacy["shares"] == 4 and privacy["min_shares"] == 3
+    # at the planned size a coordinate wraps with probability erfc(k/√2), k the headroom (item 4b)
+    wraps = privacy["padded_dim"] * math.erfc(privacy["headroom_std"] / math.sqrt(2))
+    assert privacy["expected_wraps_per_round"] == pytest.approx(wraps, rel=1e-9)
     assert privacy["events"][0].startswith("DistributedDiscreteGaussian(") and "shares=3" in privacy["events"][0]
     session_cfg = compose_cfg(*SMOKE, "mechanism.shares=4", "mechanism.min_shares=3", run_dir=tmp_path / "p")
     plan = preflight(session_cfg)

@@ -2,7 +2,7 @@
 orthonormal and its own inverse, conditional rounding is unbiased and meets the accountant's norm
 bound, the discrete Gaussian sampler has the discrete Gaussian's moments and mass, and the sum of
 the clients' shares mod m decodes to the sum of their clipped updates plus noise of the planned
-scale (no wrap-around at these bits)."""
+scale (no wrap-around at these bits), and wraps as often as planned at a small field."""
 
 import math
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedpriv.accounting.ddgauss import DistributedDiscreteGaussian
+from fedpriv.accounting.ddgauss import DistributedDiscreteGaussian, expected_wraps, granularity_for_bits
 from fedpriv.distributed_dp import (DDGaussCodec, conditional_round, discrete_gaussian, hadamard, padded_dim,
                                     randomized_round)
 
@@ -138,3 +138,25 @@ def test_the_sampler_refuses_a_scale_float64_cannot_draw_exactly():
     mech = DistributedDiscreteGaussian(clip=1.0, granularity=1e-2, local_std=1e-2, shares=4, dim=16)
     with pytest.raises(ValueError, match="bits"):
         DDGaussCodec(mech, bits=MAX_BITS + 1)
+
+
+def test_the_expected_wraps_per_round_match_a_simulation_at_a_small_field():
+    """Issue 52 item 4b: at the size the field is planned for (the users bound, every update at the
+    clip and aligned, every share present), each coordinate of the sum leaves the centred range with
+    probability erfc(k/√2) — k the headroom — and the codec's own rounding and shares at 10 bits,
+    k = 2, wrap that often (2 % of 256 coordinates x 200 rounds ≈ 2,300 wraps)."""
+    clip, local_std, shares, users, dim, bits, k = 1.0, 0.3, 3, 4, 256, 10, 2.0
+    gamma = granularity_for_bits(clip, local_std, shares, dim, bits, k, users=users)
+    codec = DDGaussCodec(DistributedDiscreteGaussian(clip, gamma, local_std, shares, dim), bits)
+    predicted = expected_wraps(clip, gamma, local_std, shares, dim, bits, users)
+    assert predicted == pytest.approx(dim * math.erfc(k / math.sqrt(2)), rel=1e-9)  # h = k at the plan
+    half, rounds, wraps = codec.modulus // 2, 200, 0
+    gen = torch.Generator().manual_seed(3)  # the test's updates: any direction, drawn fresh each round
+    for t in range(rounds):
+        update = torch.randn(dim, dtype=torch.float64, generator=gen)
+        update *= clip / float(update.norm())
+        total = sum(codec.rounded(update, KEY, t, bytes([u + 1]) * 32, u) for u in range(users))
+        total = total + sum(codec.noise_share(bytes([99 - p]) * 32, t, p) for p in range(shares))
+        wraps += int(((total < -half) | (total >= half)).sum())  # what decode would get wrong by ±m
+    assert wraps / rounds == pytest.approx(predicted, rel=0.08)
+    assert expected_wraps(clip, gamma, local_std, shares, dim, bits, 1) < predicted  # a smaller sum: fewer

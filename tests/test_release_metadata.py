@@ -4,12 +4,15 @@ neighbouring relation lets neighbours share it, and a secure run's file times.""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
+import pytest
 from conftest import compose_cfg
 
 from fedpriv.rundir import FIXED_TIME
+from fedpriv.schema import sampler_kinds
 
 SMOKE = ("+experiment=smoke", "progress=false", "rounds=1")
 
@@ -91,3 +94,85 @@ def test_a_path_whose_times_cannot_be_set_warns_and_never_raises(tmp_path, monke
         run.settle_times()
     assert [str(w.message) for w in caught if "theirs.txt" in str(w.message)]
     assert os.stat(run.path / "ours.txt").st_mtime == FIXED_TIME
+
+
+def _accounting_overrides(kind: str) -> tuple[str, ...] | None:
+    """Overrides of a mechanism and accountant that account ``sampling=kind`` with a public
+    population (the mechanisms whose default sampler it is first, then the Gaussian): the first
+    whose plan builds; None where ``population`` is refused for ``kind``."""
+    from fedpriv.errors import ConfigError
+    from fedpriv.plan import preflight
+    from fedpriv.schema import options
+
+    mechanisms = options("mechanism")
+    order = sorted(mechanisms, key=lambda n: (getattr(mechanisms[n], "default_sampling", None) != kind,
+                                              n != "gaussian", n))
+    refusals = []
+    for name in order:
+        for accountant in ("rdp", "mc"):
+            overrides = (f"sampling={kind}", f"mechanism={name}", f"privacy.accountant={accountant}")
+            try:
+                preflight(compose_cfg(*SMOKE, *overrides, "population=50", run_dir=None))
+            except ConfigError as err:
+                refusals.append(str(err))
+                continue
+            return overrides
+    assert all("population" in r for r in refusals[:1]), refusals[:1]
+    return None
+
+
+@pytest.mark.parametrize("kind", sorted(sampler_kinds()))
+def test_every_sampler_that_takes_a_public_population_publishes_only_rates_from_it(tmp_path, caplog, kind):
+    """Issue 52 item 2: under add/remove-one (``population=50``) the data's own user count is
+    private. A run on 40 users and one on 44 must publish the same privacy.json, the same privacy
+    and noise blocks of summary.json, the same epsilon per round and the same console lines:
+    before, cyclic_poisson and b_min_sep published ``sampling.rate`` = m/40 (m/44). A kind that
+    draws from the data's own units refuses ``population`` (nothing to publish)."""
+    from fedpriv.console import format_result
+    from fedpriv.errors import ConfigError
+    from fedpriv.runner import prepare
+    from fedpriv.sampling import PUBLIC_RATE_KINDS, make_sampler
+    from server.app import run_local
+
+    if kind not in PUBLIC_RATE_KINDS:
+        with pytest.raises(ConfigError, match="population"):
+            make_sampler(kind, 40, 8, None, groups=2, public_population=50)
+        return
+    overrides = _accounting_overrides(kind)
+    assert overrides is not None, f"no registered mechanism accounts sampling={kind} with a public population"
+    published = []
+    for users in (40, 44):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="fedpriv"):
+            session = prepare(compose_cfg(*SMOKE, *overrides, "population=50", f"data.synthetic.num_users={users}",
+                                          run_dir=tmp_path / str(users)))
+            assert session.ledger.sampler.population == users  # the data's count differs; the run draws from it
+            run_local(session)
+        privacy, summary, *rows = _published(tmp_path / str(users))
+        console = [r.getMessage() for r in caplog.records if "expected cohort" in r.getMessage()]
+        assert privacy["neighboring_relation"] == "add_or_remove_one" and "num_users" not in summary
+        assert privacy["sampling"]["public_population"] == 50 and "population" not in privacy["sampling"]
+        published.append((privacy, summary["privacy"], summary["noise"], [row["epsilon"] for row in rows],
+                          console, format_result(summary).splitlines()[1]))
+    assert published[0] == published[1]
+    numbers = _numbers(published[0][:4])
+    assert not {8 / 40, 8 / 44, 40, 44} & set(numbers)
+
+
+def test_under_a_public_population_no_refusal_or_warning_reads_the_datas_count(tmp_path, caplog):
+    """Issue 52 item 4c: with ``population=50`` on 40 users the data's count is private. A cohort
+    of 45 was refused for exceeding "the population of 40 users" (a refusal that one user more or
+    less decides, printing the count); now the cohort is checked against the public 50 alone, and
+    the δ ≥ 1/N warning names N = 50."""
+    from fedpriv.config import run_config, validate_against_data
+    from fedpriv.errors import ConfigError
+    from fedpriv.plan import preflight
+
+    preflight(compose_cfg(*SMOKE, "population=50", "cohort_size=45", run_dir=tmp_path / "a"))
+    with pytest.raises(ConfigError) as refused:
+        preflight(compose_cfg(*SMOKE, "population=50", "cohort_size=60", run_dir=tmp_path / "b"))
+    assert "population=50" in str(refused.value) and "40" not in str(refused.value)
+    spec = run_config(compose_cfg(*SMOKE, "population=50", "privacy.delta=0.03", run_dir=tmp_path / "c"))
+    with caplog.at_level(logging.WARNING, logger="fedpriv"):
+        validate_against_data(spec, 40)
+    assert [r.getMessage() for r in caplog.records if "N = 50 users" in r.getMessage() and "40" not in r.getMessage()]

@@ -8,6 +8,7 @@ import torch
 from conftest import compose_cfg
 from fedpriv.rundir import read_jsonl
 from fedpriv.runner import prepare
+from fedpriv.schema import options
 from helpers import interrupt_and_resume
 from server.app import run_local
 
@@ -195,11 +196,9 @@ def _undocumented(keys: set[str], documented: set[str]) -> list[str]:
     return sorted(k for k in keys if not listed(k) and not any(d.startswith(k + ".") for d in documented))
 
 
-def test_every_field_a_run_writes_is_in_docs_outputs(run_cli, tmp_path):
-    out = tmp_path / "run"  # smoke, with the features that add fields: adaptive clipping, an audit, client DP
-    res = run_cli("+experiment=smoke", "rounds=2", "privacy.clipping=adaptive", "audit.canaries=4",
-                  "client.dp=example", "progress=false", f"run_dir={out}")
-    assert res.returncode == 0, res.stderr
+def _assert_documented(out) -> tuple[dict, dict, dict]:
+    """Every key of the run directory ``out``'s privacy.json, summary.json, metrics.jsonl and
+    diagnostics.jsonl is listed in docs/OUTPUTS.md; returns the files read."""
     privacy = json.loads((out / "privacy.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
     rows = {name: [json.loads(line) for line in (out / name).read_text().splitlines()]
@@ -210,4 +209,30 @@ def test_every_field_a_run_writes_is_in_docs_outputs(run_cli, tmp_path):
     assert set(summary["privacy"]) <= set(privacy)  # summary.json's privacy: privacy.json's keys
     for name, lines in rows.items():
         assert _undocumented(set().union(*map(_keys, lines)), _documented(name)) == [], name
+    return privacy, summary, rows
+
+
+def test_every_field_a_run_writes_is_in_docs_outputs(run_cli, tmp_path):
+    out = tmp_path / "run"  # smoke, with the features that add fields: adaptive clipping, an audit, client DP
+    res = run_cli("+experiment=smoke", "rounds=2", "privacy.clipping=adaptive", "audit.canaries=4",
+                  "client.dp=example", "progress=false", f"run_dir={out}")
+    assert res.returncode == 0, res.stderr
+    privacy, _, _ = _assert_documented(out)
     assert privacy["rounds"] == 2 and privacy["last_round"] == 1  # the count and the 0-based index the doc states
+
+
+@pytest.mark.parametrize("name", sorted(options("mechanism")))
+def test_every_field_each_mechanism_writes_is_in_docs_outputs(tmp_path, name):
+    """Issue 52 item 11: every registered mechanism adds its own privacy.json fields (ddgauss's
+    field, grid and shares were listed nowhere while the test above saw only the Gaussian's). With
+    dropouts a mechanism whose parties add the noise withholds rounds: its metrics rows say so and
+    summary.json counts them (``withheld_rounds``)."""
+    out = tmp_path / name
+    run_local(prepare(compose_cfg("+experiment=smoke", "progress=false", f"mechanism={name}", "sampling=auto",
+                                  "rounds=4", "client.dropout_rate=0.4", run_dir=out)))
+    _, summary, rows = _assert_documented(out)
+    if getattr(options("mechanism")[name], "client_noise", False):
+        withheld = sum(1 for row in rows["metrics.jsonl"] if row.get("withheld"))
+        assert summary["withheld_rounds"] == withheld > 0
+    else:
+        assert "withheld_rounds" not in summary

@@ -202,6 +202,22 @@ def granularity_for_bits(clip: float, local_std: float, shares: int, dim: int, b
     return math.sqrt((flatness * (clip * users) ** 2 / dim + shares * local_std ** 2) / room)
 
 
+def expected_wraps(clip: float, granularity: float, local_std: float, shares: int, dim: int, bits: int,
+                   users: int, flatness: float = 1.0) -> float:
+    """The expected number of coordinates of one round's sum that wrap around the field (fall
+    outside the centred range ``[−m/2, m/2)``, m = 2^bits, and decode off by ``±m·γ``), at the
+    size the field is planned for. The model of :func:`granularity_for_bits`: ``users`` clipped
+    updates whose sum has norm ``c·users`` (the worst case: all aligned, at the clip), rotated so
+    that a coordinate of the sum has variance ``ρ(c·users)²/(dγ²)`` on the grid; each user's rounding
+    adds at most 1/4 and each of the ``shares`` shares ``(σ/γ)²``; every coordinate taken as Gaussian
+    with that variance V (the noise is, the rotated sum nearly so for a flat sum): ``d·erfc(h/√2)``
+    with ``h = (m/2)/√V``. At the planned grid step h is the headroom k, so this is
+    ``d·erfc(k/√2)`` (k = 4: 6.3e-5 of the d coordinates). A smaller or less aligned sum wraps
+    less; a sum of more users than planned, or a rotation that leaves a spike, more."""
+    variance = (flatness * (clip * users) ** 2 / dim + shares * local_std ** 2) / granularity ** 2 + users / 4
+    return dim * math.erfc(2.0 ** (bits - 1) / math.sqrt(variance) / math.sqrt(2.0))
+
+
 def calibrate_local_std(epsilon: float, delta: float, clip: float, granularity: float, shares: int, dim: int,
                         rounds: int, q: float = 1.0, beta: float = BETA) -> float:
     """The smallest share standard deviation σ_real (bisection, to 0.1%) at which ``rounds`` rounds

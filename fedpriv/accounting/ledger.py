@@ -82,7 +82,7 @@ def sampling_dict(sampler: Sampler, with_data_count: bool = True) -> dict[str, A
     if getattr(sampler, "rate_from_data", False):
         out["rate_fixed_by"] = ("the dataset's own count (no public population was configured): neighbours keep "
                                 "the population size, so the relation is zero-out")
-    elif getattr(sampler, "public_population", None) is not None:
+    elif sampler.public_population is not None:
         out["public_population"] = int(sampler.public_population)
         out["rate_fixed_by"] = ("the public population size in the config: adding or removing a user changes no "
                                 "other user's participation")

@@ -30,7 +30,8 @@ import dp_accounting
 import torch
 
 from fedpriv.accounting.ddgauss import (BETA, MAX_BITS, DistributedDiscreteGaussian,
-                                        DistributedDiscreteGaussianDpEvent, granularity_for_bits, padded_dim)
+                                        DistributedDiscreteGaussianDpEvent, expected_wraps, granularity_for_bits,
+                                        padded_dim)
 from fedpriv.distributed_dp import DDGaussCodec
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import NoiseMechanism, amplified_relation, trivial_event
@@ -130,6 +131,8 @@ class DistributedDiscreteGaussianMechanism(NoiseMechanism):
                 "granularity": dist.granularity, "padded_dim": self.dim, "rounding_beta": dist.beta,
                 "l2_sensitivity_on_the_grid": dist.l2_sensitivity, "field_sized_for_users": self.users,
                 "headroom_std": self.headroom,
+                "expected_wraps_per_round": expected_wraps(self.clip_norm, dist.granularity, dist.local_std,
+                                                           self.shares, self.dim, self.bits, self.users),
                 "bound": "Kairouz, Liu and Steinke 2021, Proposition 14; Zhu and Wang 2019, Theorem 5",
                 "withheld_below_min_shares": True}
 
