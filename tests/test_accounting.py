@@ -501,3 +501,19 @@ def test_the_accountants_import_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "False", "True"]
+
+
+def test_the_calculators_help_imports_no_torch():
+    """Issue 52 (item 11): ``python -m fedpriv.accounting --help`` prints its sub-commands without
+    importing torch (the samplers and mechanisms that need it load once a sub-command is parsed)."""
+    code = ("import runpy, sys\n"
+            "sys.argv = ['fedpriv.accounting', '--help']\n"
+            "try:\n"
+            "    runpy.run_module('fedpriv.accounting', run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as stop:\n"
+            "    assert stop.code == 0, stop.code\n"
+            "print('torch' in sys.modules, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "{epsilon,noise,delta,ddgauss}" in done.stdout, done.stdout
+    assert done.stderr.split() == ["False"], done.stderr
