@@ -151,12 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def quiet_logging() -> None:
-    """Only the result on the console. dp_accounting's RDP code logs an absl warning for every
-    order that does not converge (~30 per calibration): dropped. absl's first log call would also
-    give the root logger Python's default ``WARNING:name:`` handler; instead (when nothing has
-    configured logging yet) fedpriv's own warnings, e.g. a tree sensitivity bound used instead of
-    the exact value, print on stderr as ``warning: ...``."""
-    logging.getLogger("absl").setLevel(logging.ERROR)
+    """Only the result on the console (dp_accounting's notes of RDP orders that do not converge,
+    ~30 per calibration, are dropped where they are logged: :mod:`fedpriv.accounting.accountant`).
+    absl's first log call would give the root logger Python's default ``WARNING:name:`` handler;
+    instead (when nothing has configured logging yet) fedpriv's own warnings, e.g. a tree
+    sensitivity bound used instead of the exact value, and dp_accounting's other warnings print on
+    stderr as ``warning: ...``."""
     if not logging.root.handlers:
         logging.root.addHandler(console_handler(sys.stderr))
 
