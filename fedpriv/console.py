@@ -15,10 +15,10 @@ import logging
 import math
 import shlex
 import sys
-from typing import NoReturn
+from pathlib import Path
+from typing import NoReturn, Protocol
 
 from fedpriv.errors import DamagedFileError
-from fedpriv.rundir import RunDirectory
 
 EXIT_BAD_INPUT = 2  # every CLI's exit status for bad input
 
@@ -114,7 +114,19 @@ class OneLineParser(argparse.ArgumentParser):
 
 # --- what the run CLIs (fedpriv.simulate, server.deploy) print ------------------------------------
 
-def interrupted_message(run: RunDirectory, overrides: list[str]) -> str:
+class RunDirectoryView(Protocol):
+    """What :func:`interrupted_message` reads of a :class:`fedpriv.rundir.RunDirectory` (named by
+    its methods, not imported: the run directory's module imports torch, which the CLIs' ``--help``
+    and the accounting calculator do without)."""
+
+    path: Path
+
+    def load_checkpoint(self) -> dict | None: ...
+
+    def read_config(self) -> dict | None: ...
+
+
+def interrupted_message(run: RunDirectoryView, overrides: list[str]) -> str:
     """The one line the CLI prints when a run is interrupted (Ctrl-C): the round the run
     directory's checkpoint holds — what ``resume=true`` continues from; the work of an unfinished
     round is lost — and the command that resumes it (``overrides``: the run's command-line

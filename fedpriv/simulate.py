@@ -9,7 +9,6 @@ usable for ``resume=true``.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -173,8 +172,6 @@ def _exit_code() -> int:
 def main() -> None:
     signal.signal(signal.SIGTERM, _stop)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-    logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
     if {"-h", "--help"} & set(sys.argv[1:]):
         rest = [a for a in sys.argv[1:] if a not in ("-h", "--help")]
         check_args(rest)  # the refusals a run of the same line gets (every sweep member), then the help

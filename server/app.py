@@ -136,18 +136,23 @@ def _not_run_simulation_deprecation(record: logging.LogRecord) -> bool:
     return "The `run_simulation` function is deprecated" not in record.getMessage()
 
 
-def quiet_library_logs() -> None:
-    """Quiet by default under Flower's engine too: Flower's INFO chatter, its notice that
-    ``run_simulation`` is deprecated, and Ray's own messages off; Flower's other warnings and
-    errors kept. Importing flwr resets its logger to DEBUG, so this runs after the import.
-    fedpriv's loggers are not touched (its warnings still print)."""
+def library_logging(shown: bool = False) -> dict[str, str | bool]:
+    """The console keeps fedpriv's own lines under Flower's engine (``backend.library_logs``):
+    Flower's and Ray's loggers pass only their errors (``shown``: their warnings too); Flower's
+    notice that ``run_simulation`` (what ``backend=flower`` is) is deprecated and Ray's tip about
+    accelerator variables never. The simulated nodes' output (Ray's workers: Flower's SecAgg+ stage
+    lines, the libraries' notes, a client's traceback) stays in Ray's own logs unless ``shown``; a
+    client's failure still reaches the console through Flower's error on the server's side.
+    Importing flwr or Ray resets their loggers, so this runs after those imports. Returns the
+    ``ray.init`` arguments of the same choice. fedpriv's loggers are not touched."""
+    level = logging.WARNING if shown else logging.ERROR
     flwr_log = logging.getLogger("flwr")
-    flwr_log.setLevel(logging.WARNING)
+    flwr_log.setLevel(level)
     if _not_run_simulation_deprecation not in flwr_log.filters:
         flwr_log.addFilter(_not_run_simulation_deprecation)
-    # Ray's own logger: here, and by ray.init(logging_level=...) when the engine starts (importing Ray resets it)
-    logging.getLogger("ray").setLevel(logging.ERROR)
+    logging.getLogger("ray").setLevel(level)  # and by ray.init(logging_level=...) when the engine starts
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
+    return {"logging_level": logging.getLevelName(level), "log_to_driver": shown}
 
 
 def client_resources(backend: FlowerBackend) -> dict[str, float]:
@@ -164,19 +169,15 @@ def run_flower_simulation(session: RunSession) -> dict:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     from flwr.simulation import run_simulation  # lazy: Ray, only for backend=flower
 
-    quiet_library_logs()
     backend = session.spec.backend
+    ray_logging = library_logging(backend.library_logs)
     num_nodes = int(backend.num_supernodes)
     result: dict = {}
     run_simulation(server_app=make_server_app(session, num_nodes, result),
                    client_app=client_app_factory()(session.cfg), num_supernodes=num_nodes,
                    backend_config={"client_resources": client_resources(backend),
-                                   "init_args": {"num_cpus": int(backend.num_cpus),
-                                                 "include_dashboard": False,
-                                                 # ray.init: Ray's own logger in this process; the
-                                                 # workers' output (fedpriv's warnings from clients
-                                                 # included) still reaches the console
-                                                 "logging_level": "ERROR", "log_to_driver": True}})
+                                   "init_args": {"num_cpus": int(backend.num_cpus), "include_dashboard": False,
+                                                 **ray_logging}})
     if "error" in result:
         raise result["error"]
     if "summary" not in result:

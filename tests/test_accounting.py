@@ -501,3 +501,42 @@ def test_the_accountants_import_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "False", "True"]
+
+
+def test_the_calculators_help_imports_no_torch():
+    """Issue 52 (item 11): ``python -m fedpriv.accounting --help`` prints its sub-commands without
+    importing torch (the samplers and mechanisms that need it load once a sub-command is parsed)."""
+    code = ("import runpy, sys\n"
+            "sys.argv = ['fedpriv.accounting', '--help']\n"
+            "try:\n"
+            "    runpy.run_module('fedpriv.accounting', run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as stop:\n"
+            "    assert stop.code == 0, stop.code\n"
+            "print('torch' in sys.modules, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "{epsilon,noise,delta,ddgauss}" in done.stdout, done.stdout
+    assert done.stderr.split() == ["False"], done.stderr
+
+
+
+def test_dp_accountings_note_of_an_excluded_rdp_order_is_dropped_and_epsilon_is_unchanged(caplog):
+    """Issue 52 (item 10): at q = 0.2 and σ = 1 the RDP series of orders 1.1-1.7 do not converge and
+    dp_accounting logs "Excluding this order from the epsilon computation" for each; fedpriv drops
+    that note at its source, and the ε is dp_accounting's own (the minimum over the other orders)."""
+    import logging
+
+    import numpy as np
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    caplog.set_level(logging.WARNING, logger="absl")  # whatever level another test left on absl's logger
+    orders = np.array(rdp.DEFAULT_RDP_ORDERS)
+    per_round = rdp._compute_rdp_poisson_subsampled_gaussian(0.2, 1.0, orders)
+    assert list(orders[~np.isfinite(per_round)]) == pytest.approx([1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7])
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(1.0)), 3)
+    eps = compute_epsilon(event, 1e-3, RDP)
+    assert not [r.getMessage() for r in caplog.records if r.name == "absl"]
+    assert eps == pytest.approx(float(rdp.compute_epsilon(orders, 3 * per_round, 1e-3)[0]), rel=1e-12)
+    logging.getLogger("absl").warning("another warning of dp_accounting")  # kept
+    assert [r.getMessage() for r in caplog.records if r.name == "absl"] == ["another warning of dp_accounting"]

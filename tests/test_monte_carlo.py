@@ -441,9 +441,10 @@ def test_cli_estimates_the_cost_and_reports_progress_on_stderr(monkeypatch, caps
     """A long Monte-Carlo computation says how long it will take once its first chunk is drawn,
     then how far it is (here the thresholds are 0 s so that a short one does too)."""
     import fedpriv.accounting.__main__ as cli
+    from fedpriv.accounting import calculator
 
-    monkeypatch.setattr(cli, "PROGRESS_NOTICE_S", 0.0)
-    monkeypatch.setattr(cli, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(calculator, "PROGRESS_NOTICE_S", 0.0)
+    monkeypatch.setattr(calculator, "PROGRESS_EVERY_S", 0.0)
     samples = 3 * mc.CHUNK
     assert cli.main(["epsilon", *MC_BASE, "--mc-samples", str(samples), "--json"]) == 0
     out = capsys.readouterr()

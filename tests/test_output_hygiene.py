@@ -65,6 +65,52 @@ def test_console_formatter_prefixes_by_level():
     assert fmt.format(record(logging.ERROR)) == "error: a b"
 
 
+# --- 1b. Flower's engine: the console holds fedpriv's own lines (issue 52, item 10) --------------
+
+def _own_line(line: str) -> bool:
+    """A line fedpriv prints on stderr: a warning or an error, or its advice before training."""
+    return line.startswith(("warning: ", "error: ", "noise multiplier "))
+
+
+def test_a_secure_flower_runs_stderr_holds_only_fedprivs_own_lines(run_cli, tmp_path):
+    """``backend=flower aggregation=secagg`` under Ray: no Ray, Flower or absl line on the console
+    (the nodes' SecAgg+ stage lines, dp_accounting's notes of excluded RDP orders), only fedpriv's."""
+    proc = run_cli("+experiment=smoke", "backend=flower", "aggregation=secagg", "rounds=1", "progress=false",
+                   f"run_dir={tmp_path / 'r'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert lines and [line for line in lines if not _own_line(line)] == [], proc.stderr
+    assert not any(word in proc.stderr for word in ("absl", "flwr", "ClientAppActor", "Excluding this order"))
+    assert " 1 round [" in proc.stdout
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_library_logs_decide_what_ray_flower_and_the_nodes_print(tmp_path, monkeypatch, shown):
+    """``backend.library_logs``: off (the default), Flower's and Ray's loggers pass errors only and
+    the simulated nodes' output stays in Ray's logs; on, their warnings and the nodes' output too."""
+    import logging
+
+    import flwr.simulation
+
+    from fedpriv.runner import prepare
+    from server.app import run_flower_simulation
+    from tests.conftest import compose_cfg
+
+    seen = {}
+    monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **kwargs: seen.update(kwargs))
+    for name in ("flwr", "ray"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)  # restored after
+    session = prepare(compose_cfg("+experiment=smoke", "progress=false", "backend=flower",
+                                  *(["backend.library_logs=true"] if shown else []), run_dir=tmp_path / "r"))
+    with pytest.raises(RuntimeError, match="ended without a result"):  # the engine was not started
+        run_flower_simulation(session)
+    session.run.unlock()
+    init = seen["backend_config"]["init_args"]
+    level = logging.WARNING if shown else logging.ERROR
+    assert init["log_to_driver"] is shown and init["logging_level"] == logging.getLevelName(level)
+    assert logging.getLogger("flwr").level == level and logging.getLogger("ray").level == level
+
+
 # --- 2. Ctrl-C: one line, exit 130, the checkpoint resumes --------------------------------------
 
 def test_sigint_prints_one_line_exits_130_and_resumes(tmp_path):

@@ -78,3 +78,60 @@ def test_a_readme_command_prints_the_numbers_the_readme_quotes(case):
     assert printed, f"{command!r} printed {res.stdout!r}"
     for got, want in zip(printed.groups(), quoted.groups()):
         assert _agrees(got, want), f"{command!r} prints {printed.group(0)!r}; the README says {quoted.group(0)!r}"
+
+
+def test_the_readme_carries_no_issue_number():
+    """The README describes the code as it is, not the history of its issues (issue 52, item 11)."""
+    text = (ROOT / "README.md").read_text()
+    found = re.findall(r"[^\n]*\b[Ii]ssues? #?[0-9]+[^\n]*", text)
+    assert found == []
+
+
+def test_an_outputs_in_comment_names_the_directory_its_command_writes():
+    """A README comment ``outputs in PATH`` after a ``fedpriv.simulate`` command names that command's
+    ``run_dir``, or Hydra's default ``outputs/DATE/TIME`` when it sets none."""
+    text = (ROOT / "README.md").read_text()
+    checked = 0
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        command = None
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            code, _, comment = line.partition("#")
+            if "fedpriv.simulate" in code:
+                command = code
+            said = re.search(r"outputs in (\S+)", comment)
+            if said and command is not None:
+                run_dir = re.search(r"\brun_dir=(\S+)", command)
+                assert said.group(1).endswith(run_dir.group(1) if run_dir else "outputs/DATE/TIME"), line
+                checked += 1
+    assert checked
+
+
+@pytest.mark.slow
+def test_the_planned_smoke_run_ends_where_the_readme_and_planner_say(tmp_path):
+    """README "First steps" (step 3) and docs/PLANNER.md quote the 200-round ``plan=auto`` smoke run:
+    its plan (σ, server lr), its final accuracy and its test loss, falling at every evaluation from
+    the first to the last. The run (about 30 s) is the README's command in a temporary directory."""
+    import json
+
+    readme = re.search(r"With `plan=auto` it trains: accuracy ([0-9.]+), test loss falling ([0-9.]+) → ([0-9.]+)",
+                       (ROOT / "README.md").read_text())
+    planner_text = " ".join((ROOT / "docs" / "PLANNER.md").read_text().split())
+    planner = re.search(r"σ ([0-9.]+), server lr ([0-9.]+) .*? ends at accuracy ([0-9.]+) \(unigram [0-9.]+\) with "
+                        r"its test loss falling at every evaluation, ([0-9.]+) → ([0-9.]+)", planner_text)
+    assert readme and planner, "the README's or PLANNER.md's sentence no longer reads as this test expects"
+    command, _ = _quoted("+experiment=smoke rounds=200 plan=auto run_dir=runs/first")
+    argv = [a for a in shlex.split(command)[1:] if not a.startswith("run_dir=")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
+    res = subprocess.run([sys.executable, *argv, "progress=false", f"run_dir={tmp_path / 'first'}"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()]
+    losses = [row["test_loss"] for row in rows if "test_loss" in row]
+    assert all(later < earlier for earlier, later in zip(losses, losses[1:])), losses
+    privacy = json.loads((tmp_path / "first" / "privacy.json").read_text())
+    lr = float(re.search(r"optimizer\.lr=([0-9.]+)", res.stderr).group(1))
+    accuracy = rows[-1]["test_accuracy"]
+    for got, want in zip((accuracy, losses[0], losses[-1]), readme.groups()):
+        assert _agrees(str(got), want), (got, want)
+    for got, want in zip((privacy["noise_multiplier"], lr, accuracy, losses[0], losses[-1]), planner.groups()):
+        assert _agrees(str(got), want), (got, want)

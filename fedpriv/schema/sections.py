@@ -509,6 +509,9 @@ class FlowerBackend(BackendOption):
     client_gpus: float = 0  # GPUs per worker (Ray's num_gpus; a fraction shares one): each runs on device=auto
     num_cpus: int = 2  # CPUs Ray may use in all
     round_timeout: Optional[float] = None  # seconds the server waits for a round's replies (null: no limit)
+    # true: Ray's and Flower's own warnings and the simulated nodes' output on stderr too (node ids, rounds,
+    # tracebacks; the terminal, never the run directory); false: only their errors, the nodes' output in Ray's logs
+    library_logs: bool = False
 
     def check(self, path: str) -> None:
         positive(self, "num_supernodes", "client_cpus", "num_cpus", "round_timeout", path=path)
