@@ -91,7 +91,8 @@ def round_fn_for(session: RunSession, grid: Grid, num_nodes: int, timeout: float
     nodes = nodes[:num_nodes]  # exactly the planned parties (the capacity and the shares are sized for them)
     settings, mechanism = session.spec.secagg, session.server.mechanism
     distributed = mechanism if mechanism.client_noise else None  # each node a party of the distributed noise
-    return secagg_round_fn(grid, nodes, settings, settings.timeout if settings.timeout is not None else timeout,
+    return secagg_round_fn(grid, nodes, session.plan.secagg_sizes,
+                           settings.timeout if settings.timeout is not None else timeout,
                            distributed, session.randomness.subkey("ddgauss rotation") if distributed else None,
                            session.plan.quantization)
 

@@ -259,7 +259,7 @@ def test_distributed_noise_survives_a_lost_party_exactly(tmp_path):
 def test_rounds_that_halt_in_a_row_stop_the_run(tmp_path):
     """Three halted rounds in a row (two of four nodes lost each round): an error, not a run that
     spends its whole budget on noise."""
-    cfg = compose_cfg(*SECAGG, "rounds=1", "cohort_size=12", f"backend.num_supernodes={NODES}", run_dir=tmp_path / "h")
+    cfg = compose_cfg(*SECAGG, "rounds=3", "cohort_size=12", f"backend.num_supernodes={NODES}", run_dir=tmp_path / "h")
     session = prepare(cfg)
     round_fn = round_fn_for(session, RecordingGrid(make_client_app(cfg), NODES, (1, 2)), NODES, None)
     try:
