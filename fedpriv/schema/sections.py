@@ -387,6 +387,12 @@ class MechanismOption(Option):
         """The groups of ``sampling=cyclic_poisson`` (BandMF: its bands)."""
         return None
 
+    def resolved(self, spec) -> "MechanismOption":
+        """This option with the values it leaves to the run (``null``: "the run's") taken from
+        ``spec``, the whole checked ``RunConfig``, so that config.yaml names them (ddgauss: its
+        parties, the nodes of a SecAgg+ run); ``self`` when nothing is left. Idempotent."""
+        return self
+
     def fitted(self, population: int, cohort_size: int, rounds: int, sampling: str) -> "MechanismOption":
         """This option with any default that cannot fit the run (``rounds`` rounds of cohorts of
         ``cohort_size`` from ``population`` units under ``sampling``) replaced by the largest value
