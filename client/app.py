@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +25,8 @@ import torch
 from flwr.app import ConfigRecord, Context, Message
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
-from flwr.clientapp.typing import Mod
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
 from flwr.compat.common import recorddict_compat as compat
 
 from fedpriv.aggregation import RoundAggregate
@@ -59,24 +58,13 @@ def train_reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Message
     return Message(content=train_reply_content(updates), reply_to=msg)
 
 
-def secure_aggregation_mod(spec_of: Callable[[Context], RunConfig]) -> Mod:
-    """Flower's ``secaggplus_mod`` for the messages of its protocol (they carry its stage), under the
-    run's config ``spec_of(context)``; every other message passes through (:func:`reply` refuses a
-    clear round where the run asked for secure aggregation). The protocol's setup is checked against
-    the node's own plan (:func:`_check_protocol`) before the node makes or shares any key."""
-
-    def mod(msg: Message, context: Context, call_next) -> Message:
-        configs = msg.content.config_records.get(RECORD_KEY_CONFIGS)
-        if configs is None:
-            return call_next(msg, context)
-        if configs.get(Key.STAGE) == Stage.SETUP:
-            spec = spec_of(context)
-            if spec.aggregation != "secagg":
-                raise RuntimeError("the server started secure aggregation; this run aggregates in the clear")
-            _check_protocol(node_plan(spec), configs)
+def secure_aggregation_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower's ``secaggplus_mod`` for the messages of its protocol (they carry its stage); every
+    other message passes through (:func:`reply` refuses a clear round where the run asked for
+    secure aggregation)."""
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
         return secaggplus_mod(msg, context, call_next)
-
-    return mod
+    return call_next(msg, context)
 
 
 ANSWERED = "fedpriv.answered"  # the node's memory in Flower's Context.state: run id -> the rounds it answered
@@ -158,12 +146,14 @@ def node_plan(spec: RunConfig) -> NodePlan:
 
 
 def _check_protocol(own: NodePlan, values: Mapping[str, Any] | None) -> None:
-    """SecAgg+'s settings as the server sent them at setup (or as the mod kept them in its state:
-    the same keys) must be the node's own: another quantization or field would change what the sum
-    means (or its sensitivity); a threshold other than the plan's could unmask a sum with fewer noise
-    shares than the accounting assumes (below ``min_shares``); more shares than planned, or a
-    ``max_weight`` other than :data:`~fedpriv.secure_sum.SECAGG_WEIGHT` (Flower scales a node's
-    vector by its weight over it), would change whose messages the sum holds, and how much of each."""
+    """SecAgg+'s settings as the server sent them at setup (``values``: what the mod keeps in its
+    state) must be the node's own, checked before the node hands the mod the one message that carries
+    its users (the masked vector; a node that refuses sends none, so no sum holds it under settings
+    it did not plan): another quantization or field would change what the sum means (or its
+    sensitivity); a threshold other than the plan's could unmask a sum with fewer noise shares than
+    the accounting assumes (below ``min_shares``); more shares than planned, or a ``max_weight``
+    other than :data:`~fedpriv.secure_sum.SECAGG_WEIGHT` (Flower scales a node's vector by its weight
+    over it), would change whose messages the sum holds, and how much of each."""
     levels, coordinate_range, modulus = own.field
     shares, threshold = own.sizes
     if (values is None or int(values[Key.TARGET_RANGE]) != levels or int(values[Key.MOD_RANGE]) != modulus
@@ -225,7 +215,7 @@ def make_client_app(cfg: dict) -> ClientApp:
     spec = run_config(cfg)
     rng = client_randomness(spec)
     retain_freed_memory()  # clients reallocate the same large tensors every step (fedpriv.allocator)
-    app = ClientApp(mods=[secure_aggregation_mod(lambda context: spec)])
+    app = ClientApp(mods=[secure_aggregation_mod])
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

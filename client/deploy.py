@@ -19,6 +19,8 @@ from fedpriv.research_key import client_randomness
 from fedpriv.schema import RunConfig
 from fedpriv.task import load_task
 
+app = ClientApp(mods=[secure_aggregation_mod])
+
 
 @functools.lru_cache(maxsize=4)
 def _config(run_config_json: str) -> tuple[RunConfig, ClientRandomness]:
@@ -33,15 +35,7 @@ def _config(run_config_json: str) -> tuple[RunConfig, ClientRandomness]:
     return spec, client_randomness(spec)
 
 
-def _run(context: Context) -> tuple[RunConfig, ClientRandomness]:
-    """:func:`_config` of the run ``context`` belongs to (Flower's run config)."""
-    return _config(json.dumps(dict(context.run_config), sort_keys=True, default=str))
-
-
-app = ClientApp(mods=[secure_aggregation_mod(lambda context: _run(context)[0])])
-
-
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    spec, rng = _run(context)
+    spec, rng = _config(json.dumps(dict(context.run_config), sort_keys=True, default=str))
     return reply(spec, msg, rng, context)

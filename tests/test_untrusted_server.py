@@ -161,7 +161,7 @@ def test_a_secure_round_asked_again_gets_no_second_noise_share(tmp_path):
 def test_a_node_refuses_a_setup_other_than_its_plan(tmp_path, key, value, says):
     """SecAgg+'s setup names the threshold and the weight scale; the node takes both from its own
     plan (threshold: at least min_shares; weight: SECAGG_WEIGHT) and refuses a server that sends
-    others — before it makes or shares a key."""
+    others before it hands over its masked vector (so no sum ever holds its message)."""
     def setup(msg: Message) -> None:
         if _stage(msg) == Stage.SETUP:
             msg.content.config_records[RECORD_KEY_CONFIGS][key] = value
