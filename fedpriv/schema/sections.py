@@ -528,7 +528,9 @@ class DeploymentBackend(BackendOption):
     name: str = "deployment"
     num_supernodes: int = 2  # wait for this many nodes before round 1
     node_wait_timeout: float = 120  # seconds to wait for them (then start with those connected, at least one)
-    round_timeout: float = 60  # seconds a round waits for replies; late or lost replies count as dropped
+    # seconds a round waits for replies, after which a node's users count as dropped; null: no deadline (a node's
+    # time grows with its users' data, so a deadline makes whose updates are summed depend on it: docs/PRIVACY.md)
+    round_timeout: Optional[float] = None
     skip_rounds: int = 10  # a node that missed a round's deadline gets no users for this many rounds
 
     def check(self, path: str) -> None:
