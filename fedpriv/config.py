@@ -24,15 +24,17 @@ def run_config(cfg: dict) -> RunConfig:
 
 def resolve(spec: RunConfig) -> RunConfig:
     """``spec`` with the values that mean "pick for me" resolved — ``sampling=auto`` (the mechanism's
-    sampler), ``privacy.secure_rng=null`` (secure for deployments) and, for ``model=hf`` with
-    ``data.tokenizer=hf``, an unset ``data.tokenizer_path`` (``model.path``) — so that config.yaml
-    (its plain form) names what the run does and server and clients derive the same research key.
-    Idempotent."""
+    sampler), ``privacy.secure_rng=null`` (secure for deployments), the mechanism's own
+    (:meth:`~fedpriv.schema.MechanismOption.resolved`: ddgauss's parties over SecAgg+) and, for
+    ``model=hf`` with ``data.tokenizer=hf``, an unset ``data.tokenizer_path`` (``model.path``) — so
+    that config.yaml (its plain form) names what the run does and server and clients derive the same
+    research key. Idempotent."""
     data = spec.data
     if data.tokenizer == "hf" and not data.tokenizer_path and spec.model.name == "hf":
         data = dataclasses.replace(data, tokenizer_path=getattr(spec.model, "path", None))  # its tokenizer beside it
     return dataclasses.replace(spec, sampling=resolve_sampling(spec.sampling, spec.mechanism.name),
-                               privacy=dataclasses.replace(spec.privacy, secure_rng=spec.secure), data=data)
+                               privacy=dataclasses.replace(spec.privacy, secure_rng=spec.secure), data=data,
+                               mechanism=spec.mechanism.resolved(spec))
 
 
 def resolve_config(cfg: dict) -> dict:

@@ -149,6 +149,13 @@ def field_of(codec: DDGaussCodec) -> tuple[int, float, int]:
     return m - 1, (m - 1) / 2.0, m
 
 
+# Every node's weight in Flower's SecAgg+ (the setup's ``max_weight`` and each reply's ``num_examples``):
+# Flower's weighted mean is then the plain mean. Flower multiplies a node's vector by its weight over
+# ``max_weight``, so a weight the server chose could scale a party's message (its noise share) away: the
+# server and every node read it from here, and a node refuses a setup with another ``max_weight``.
+SECAGG_WEIGHT = 1
+
+
 @dataclass(frozen=True)
 class SecAggQuantization:
     """How ``aggregation=secagg`` (central noise) quantizes a node's sum in Flower's SecAgg+,

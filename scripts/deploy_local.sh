@@ -39,7 +39,8 @@ A real Flower deployment on loopback (one SuperLink, N SuperNodes, `flwr run`), 
   --tls                a throwaway CA and TLS between all processes (default: insecure)
   --secagg             the nodes' sums through Flower's SecAgg+ (aggregation=secagg; needs --clients >= 2)
   --experiment NAME    a configs/experiment name (default: smoke; empty: none)
-  --round-timeout S    seconds the server waits for a round's replies (default: 60)
+  --round-timeout S    seconds the server waits for a round's replies; a later node's users are dropped
+                       (default: no deadline, since a node's time depends on its users' data: docs/PRIVACY.md)
   --timeout S          seconds the whole `flwr run` may take (default: 900)
   -- OVERRIDES...      Hydra overrides, as for python -m fedpriv.simulate (e.g. privacy.target_epsilon=4)
 Exit 0 iff DIR/summary.json holds R rounds; 2 on bad arguments; 1 otherwise.
@@ -48,14 +49,15 @@ USAGE
 }
 is_int() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
 
-CLIENTS="" ROUNDS="" OUT="" TLS=0 SECAGG=0 EXPERIMENT="smoke" ROUND_TIMEOUT=60 TIMEOUT=900 OVERRIDES=()
+CLIENTS="" ROUNDS="" OUT="" TLS=0 SECAGG=0 EXPERIMENT="smoke" ROUND_TIMEOUT="" TIMEOUT=900 OVERRIDES=()
 while (($#)); do
     case "$1" in
         --clients) CLIENTS=${2-}; shift 2 || usage "--clients needs a value" ;;
         --rounds) ROUNDS=${2-}; shift 2 || usage "--rounds needs a value" ;;
         --out) OUT=${2-}; shift 2 || usage "--out needs a value" ;;
         --experiment) EXPERIMENT=${2-}; shift 2 || usage "--experiment needs a value" ;;
-        --round-timeout) ROUND_TIMEOUT=${2-}; shift 2 || usage "--round-timeout needs a value" ;;
+        --round-timeout) ROUND_TIMEOUT=${2-}; shift 2 || usage "--round-timeout needs a value"; [[ -n "$ROUND_TIMEOUT" ]] \
+            || usage "--round-timeout must be a positive integer (seconds), got ''" ;;
         --timeout) TIMEOUT=${2-}; shift 2 || usage "--timeout needs a value" ;;
         --tls) TLS=1; shift ;;
         --secagg) SECAGG=1; shift ;;
@@ -66,7 +68,8 @@ while (($#)); do
 done
 is_int "$CLIENTS" || usage "--clients must be a positive integer, got '${CLIENTS}'"
 is_int "$ROUNDS" || usage "--rounds must be a positive integer, got '${ROUNDS}'"
-is_int "$ROUND_TIMEOUT" || usage "--round-timeout must be a positive integer (seconds), got '${ROUND_TIMEOUT}'"
+[[ -z "$ROUND_TIMEOUT" ]] || is_int "$ROUND_TIMEOUT" \
+    || usage "--round-timeout must be a positive integer (seconds), got '${ROUND_TIMEOUT}'"
 is_int "$TIMEOUT" || usage "--timeout must be a positive integer (seconds), got '${TIMEOUT}'"
 if ((SECAGG)); then
     ((CLIENTS >= 2)) || usage "--secagg needs at least 2 clients (SecAgg+ sums between nodes), got --clients $CLIENTS"
@@ -148,7 +151,7 @@ printf '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.
     >"$WORK/cli/config.toml"
 
 quote() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
-ALL_OVERRIDES="rounds=$ROUNDS backend.num_supernodes=$CLIENTS backend.round_timeout=$ROUND_TIMEOUT ${OVERRIDES[*]-}"
+ALL_OVERRIDES="rounds=$ROUNDS backend.num_supernodes=$CLIENTS${ROUND_TIMEOUT:+ backend.round_timeout=$ROUND_TIMEOUT} ${OVERRIDES[*]-}"
 RUN_CONFIG="experiment=$(quote "$EXPERIMENT") overrides=$(quote "$ALL_OVERRIDES") run-dir=$(quote "$OUT")"
 echo "flwr run $APP local --run-config '$RUN_CONFIG' --stream" >"$OUT/logs/flwr-run.log"
 FLWR_HOME=$WORK/cli timeout "$TIMEOUT" flwr run "$APP" local --run-config "$RUN_CONFIG" --stream \

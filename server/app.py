@@ -45,8 +45,10 @@ def grid_round_fn(grid: Grid, num_nodes: int, timeout: float | None, node_wait: 
     clients start from) → send_and_receive (bounded by ``timeout``) → the clients' replies.
 
     Waits for ``num_nodes`` nodes before the first round; every round then uses the nodes
-    connected at that moment. Users whose node does not reply within ``timeout`` count as
-    dropped (the denominator is fixed, so the guarantee holds), and that node gets no users for
+    connected at that moment. Users whose node does not reply within ``timeout`` (None: no
+    deadline; Flower still ends a message to a node it cannot reach) count as dropped (the
+    denominator is fixed; the accounting assumes a node's lateness does not depend on its users'
+    data, which a deadline below a busy node's time breaks: docs/PRIVACY.md), and that node gets no users for
     the next ``skip_rounds`` rounds unless no other node is left (the SuperLink itself notices a
     dead node only after its heartbeat expires). No node at all is an error, never an endless wait.
     """
@@ -67,11 +69,13 @@ def grid_round_fn(grid: Grid, num_nodes: int, timeout: float | None, node_wait: 
         healthy = [n for n in current if round_idx - missed.get(int(n), -10**9) > skip_rounds] or current
         messages = strategy.configure_train(round_idx, inputs.cohort, inputs.params, healthy)
         updates = strategy.aggregate_train(grid.send_and_receive(messages, timeout=timeout))
-        for node in strategy.sent:  # sent this round, no reply by the deadline
+        # sent this round, no reply by the deadline (without one: Flower gave up on the node, e.g. it is unreachable)
+        late = f"within {timeout:g} s" if timeout is not None else "(no deadline: Flower reported no reply)"
+        for node in strategy.sent:
             missed[node] = round_idx
             # no user count in the log: it would publish a share of the (secret) cohort size
-            log.warning("round %d: node %d did not reply within %s s: its users count as dropped; no users "
-                        "for it in the next %d rounds", round_idx + 1, node, timeout, skip_rounds)
+            log.warning("round %d: node %d did not reply %s: its users count as dropped; no users "
+                        "for it in the next %d rounds", round_idx + 1, node, late, skip_rounds)
         return ClientReplies(updates)
 
     return round_fn
@@ -91,7 +95,8 @@ def round_fn_for(session: RunSession, grid: Grid, num_nodes: int, timeout: float
     nodes = nodes[:num_nodes]  # exactly the planned parties (the capacity and the shares are sized for them)
     settings, mechanism = session.spec.secagg, session.server.mechanism
     distributed = mechanism if mechanism.client_noise else None  # each node a party of the distributed noise
-    return secagg_round_fn(grid, nodes, settings, settings.timeout if settings.timeout is not None else timeout,
+    return secagg_round_fn(grid, nodes, session.plan.secagg_sizes,
+                           settings.timeout if settings.timeout is not None else timeout,
                            distributed, session.randomness.subkey("ddgauss rotation") if distributed else None,
                            session.plan.quantization)
 

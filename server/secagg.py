@@ -9,7 +9,8 @@ connected node its users (:func:`server.strategy.assign_users`) and whose ``aggr
 what the workflow unmasked. What SecAgg+ computes, and how fedpriv reads it:
 
 * a node sends its users' updates each clipped to ``C′`` and summed (client/app.py), with weight
-  ``num_examples = max_weight`` so Flower's weighting is 1; Flower clips each coordinate to
+  ``num_examples = max_weight`` (:data:`fedpriv.secure_sum.SECAGG_WEIGHT`, the node's own) so Flower's
+  weighting is 1; Flower clips each coordinate to
   ``±c`` (fixed for the run from public quantities: :func:`fedpriv.secure_sum.secagg_quantization`), maps
   ``[−c, c]`` to ``[0, Q]`` (``Q = 2^bits − 1``) with stochastic rounding, masks, and the server
   unmasks ``Σ`` modulo ``M = 2^modulus_bits`` and returns the *mean* over the surviving nodes:
@@ -44,12 +45,10 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.serverapp import Grid
 
 from fedpriv.replies import RoundFn, RoundInputs
-from fedpriv.schema import SecAgg
-from fedpriv.secure_sum import SecAggQuantization, SecureSum, field_of, protocol_sizes
+from fedpriv.secure_sum import SECAGG_WEIGHT, SecAggQuantization, SecureSum, field_of
 from server.strategy import assign_users
 
 log = logging.getLogger(__name__)
-MAX_WEIGHT = 1  # every node's weight: Flower's weighted mean is then the plain mean
 
 
 class _OneRound(Strategy):
@@ -95,10 +94,11 @@ def unmasked_field_sum(mean: np.ndarray, survivors: int, codec) -> torch.Tensor:
     return torch.from_numpy(np.mod(summed.astype(np.int64), m)).reshape(-1)
 
 
-def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout: float | None = None,
+def secagg_round_fn(grid: Grid, nodes: Sequence[int], sizes: tuple[int, int], timeout: float | None = None,
                     distributed=None, round_key: bytes | None = None,
                     quantization: SecAggQuantization | None = None, halt_limit: int = 3) -> RoundFn:
-    """A round over ``grid``'s ``nodes`` through SecAgg+ with ``settings`` (module docstring): the
+    """A round over ``grid``'s ``nodes`` through SecAgg+ with the plan's ``sizes`` (shares, threshold:
+    :func:`fedpriv.secure_sum.protocol_sizes`, also what every node checks) (module docstring): the
     cohort dealt to the nodes, their clipped sums unmasked as one sum (a :class:`SecureSum`);
     ``timeout`` bounds each of the protocol's stages (a node later than it drops out). With a
     ``distributed`` mechanism (``client_noise``: ``mechanism=ddgauss``) each node is a party: it
@@ -116,9 +116,9 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout:
         raise ValueError("distributed DP through SecAgg+ needs the round's rotation key")
     digest = codec.digest() if codec is not None else ""
     halted = 0  # rounds in a row that halted
-    # distributed noise: unmask only sums that hold the min_shares the accounting assumes (Flower checks
-    # the threshold after collecting the masked vectors, before unmasking)
-    shares, threshold = protocol_sizes(settings, len(nodes), distributed.min_shares if distributed else None)
+    # distributed noise: the plan's threshold is at least min_shares, so only sums that hold the shares the
+    # accounting assumes are unmasked (Flower checks the threshold after collecting the masked vectors)
+    shares, threshold = sizes
     if len(nodes) < 2:
         raise ValueError("secure aggregation needs at least two nodes")
 
@@ -135,7 +135,7 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout:
             clip, extra = inputs.clip_norm, {"ddgauss_round_key": round_key, "ddgauss_codec": digest}
         weights = ndarrays_to_parameters([params.detach().cpu().numpy()])
         fitins = {node: FitIns(weights, {"round": inputs.round_idx, "users": ",".join(map(str, users)),
-                                         "clip": clip, "max_weight": MAX_WEIGHT, "party": party, **extra})
+                                         "clip": clip, "party": party, **extra})
                   for party, (node, users) in enumerate(sent.items()) if node in connected}
         strategy = _OneRound(grid, fitins)
         context = LegacyContext(Context(run_id=grid.run.run_id, node_id=0, node_config={}, state=RecordDict(),
@@ -146,7 +146,7 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], settings: SecAgg, timeout:
         context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord([np.zeros(1, dtype=np.float32)])
         # Flower reads an int num_shares as neighbours (> 2, and more than the threshold) and 1.0 as all nodes
         SecAggPlusWorkflow(num_shares=1.0 if shares == len(nodes) else shares, reconstruction_threshold=threshold,
-                           max_weight=MAX_WEIGHT,
+                           max_weight=SECAGG_WEIGHT,
                            clipping_range=coordinate_range, quantization_range=levels, modulus_range=modulus,
                            timeout=timeout)(grid, context)
         if strategy.mean is None:  # the protocol halted: nothing unmasked, every user of the round dropped

@@ -116,3 +116,43 @@ def test_a_node_that_stops_replying_times_out_once_and_is_skipped(tmp_path, capl
     # research mode's diagnostics (never published): round 2 dropped exactly node 2's users
     dropped = [d["dropped"] for d in read_jsonl(tmp_path / "r" / "diagnostics.jsonl")]
     assert dropped == [0, grid.asked[1][2], 0, 0] and grid.asked[1][2] > 0
+
+
+class SlowNodeGrid(LocalGrid):
+    """Two nodes; node 2's users take ``node_seconds`` to compute (a node's time grows with its
+    users' data): its reply arrives only if the server waits at least that long. Records the
+    deadline each round was given."""
+
+    def __init__(self, client_app: ClientApp, node_seconds: float) -> None:
+        super().__init__(client_app, num_nodes=2)
+        self.node_seconds = node_seconds
+        self.timeouts: list[float | None] = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        self.timeouts.append(timeout)
+        replies = self.pull_messages(self.push_messages(list(messages)))
+        late = timeout is not None and timeout < self.node_seconds
+        return [r for r in replies if not (late and r.metadata.src_node_id == 2)]
+
+
+def test_a_deployment_waits_for_a_slow_node_by_default(tmp_path):
+    """backend=deployment's defaults set no deadline: a node whose users' data takes longer than any
+    fixed deadline (here 61 s, past the old 60 s default) still has its users summed, so whose
+    updates a release holds never depends on how long their data takes. A deadline the operator
+    sets still bounds the round (tested above)."""
+    from fedpriv.compose import deployment_config
+    from server.deploy import deployment_round_fn
+
+    cfg = deployment_config({"experiment": "smoke", "overrides": "rounds=1 privacy.secure_rng=false",
+                             "run-dir": str(tmp_path / "r")})
+    session = prepare(cfg)
+    assert session.spec.backend.name == "deployment"
+    grid = SlowNodeGrid(make_client_app(session.cfg), node_seconds=61.0)
+    try:
+        cohort = session.server.cohort(0)
+        replies = deployment_round_fn(session, grid)(session.server.round_inputs(0, cohort))
+    finally:
+        session.run.unlock()
+    assert grid.timeouts == [None]
+    assert assign_users(cohort, [1, 2])[2], "node 2 holds users this round"
+    assert sorted(u.user for u in replies.updates) == sorted(int(u) for u in cohort)

@@ -93,7 +93,7 @@ def test_an_insecure_deployment_runs_in_secure_mode_by_default(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mechanism", [(), ("--", "mechanism=ddgauss", "mechanism.shares=3")])
+@pytest.mark.parametrize("mechanism", [(), ("--", "mechanism=ddgauss")])  # its parties: the 3 nodes
 def test_a_deployment_aggregates_through_secagg_plus(tmp_path, mechanism):
     """--secagg: 3 SuperNodes, 2 rounds, each round's node sums (or, under mechanism=ddgauss, each
     party's message with its noise share) through Flower's SecAgg+ (the server's log says the

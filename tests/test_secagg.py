@@ -173,7 +173,6 @@ def test_a_secure_run_ends_where_the_clear_run_ends(tmp_path):
     ("secagg.shares=3", "must exceed half"),
     ("privacy.clipping=adaptive", "clipping=fixed"),
     ("optimizer=dpadam_stp", "only the nodes' sum"),
-    ("mechanism=ddgauss", "mechanism.shares must be backend.num_supernodes=4"),
 ])
 def test_what_secure_aggregation_cannot_serve_is_refused(tmp_path, override, says):
     nodes = () if override.startswith("backend") else (f"backend.num_supernodes={NODES}",)
@@ -209,6 +208,26 @@ def test_distributed_noise_through_secagg_plus_decodes_to_the_clear_sum_plus_the
     std = math.sqrt(NODES * dist.local_std ** 2 + len(users) * dist.granularity ** 2 / 6)
     assert float(error.std()) == pytest.approx(std, rel=0.05)
     assert abs(float(error.mean())) < 4 * std / math.sqrt(error.numel())
+
+
+def test_distributed_noise_over_secagg_plus_takes_every_node_as_a_party(tmp_path):
+    """mechanism=ddgauss aggregation=secagg without mechanism.shares: the parties are the nodes
+    (config.yaml names them; every share guaranteed, so SecAgg+'s threshold is all of them), and a
+    round's sum holds a share from each; in process the default stays 8 parties. An explicit other
+    count is refused (below)."""
+    from fedpriv.config import resolve_config
+
+    cfg = compose_cfg(*SECAGG, f"backend.num_supernodes={NODES}", "mechanism=ddgauss", run_dir=tmp_path / "p")
+    plan = preflight(cfg)
+    assert resolve_config(cfg)["mechanism"]["shares"] == NODES and plan.spec.mechanism.shares == NODES
+    assert (plan.ledger.mechanism.shares, plan.ledger.mechanism.min_shares, plan.secagg_sizes) == (NODES, NODES,
+                                                                                                   (NODES, NODES))
+    session, cohort, inputs, grid, secure = _round(tmp_path, "d", (), "mechanism=ddgauss",
+                                                   "privacy.noise_multiplier=0.5")
+    session.run.unlock()
+    assert secure.shares == NODES and secure.users == {int(u) for u in cohort}
+    local = preflight(compose_cfg("+experiment=smoke", "mechanism=ddgauss", run_dir=tmp_path / "l"))
+    assert local.spec.mechanism.shares is None and local.ledger.mechanism.shares == 8
 
 
 @pytest.mark.parametrize("override,says", [("mechanism.shares=3", "num_supernodes=4"),
@@ -259,7 +278,7 @@ def test_distributed_noise_survives_a_lost_party_exactly(tmp_path):
 def test_rounds_that_halt_in_a_row_stop_the_run(tmp_path):
     """Three halted rounds in a row (two of four nodes lost each round): an error, not a run that
     spends its whole budget on noise."""
-    cfg = compose_cfg(*SECAGG, "rounds=1", "cohort_size=12", f"backend.num_supernodes={NODES}", run_dir=tmp_path / "h")
+    cfg = compose_cfg(*SECAGG, "rounds=3", "cohort_size=12", f"backend.num_supernodes={NODES}", run_dir=tmp_path / "h")
     session = prepare(cfg)
     round_fn = round_fn_for(session, RecordingGrid(make_client_app(cfg), NODES, (1, 2)), NODES, None)
     try:

@@ -22,6 +22,7 @@ the noise multiplier alone and ε(σ) is non-increasing (σ/γ grows with σ; te
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -158,18 +159,35 @@ class DDGaussNoise(MechanismOption):
     default_sampling: ClassVar[str] = POISSON
     accounting_fields: ClassVar[tuple[str, ...]] = ("bits", "shares", "min_shares", "headroom")
     client_noise: ClassVar[bool] = True
+    in_process_parties: ClassVar[int] = 8  # the parties of a backend=local run left at shares=null
     name: str = "ddgauss"
     bits: int = 20  # the field Z_m, m = 2^bits, of secure aggregation (at most 44)
-    shares: int = 8  # parties (secure-aggregation participants), each adding one noise share every round
+    # parties (secure-aggregation participants), each adding one noise share every round; null: every node
+    # over SecAgg+ (backend.num_supernodes), 8 in process (backend=local)
+    shares: int | None = None
     min_shares: int | None = None  # shares every released round is guaranteed (fewer: withheld); null: all of them
     headroom: float = 4.0  # standard deviations of a coordinate of the sum the field holds (sets the grid step)
+
+    @property
+    def parties(self) -> int:
+        """The parties: ``shares``, or in process its default (a SecAgg+ run's config names them:
+        :meth:`resolved`)."""
+        return self.in_process_parties if self.shares is None else int(self.shares)
 
     def check(self, path: str) -> None:
         positive(self, "shares", "headroom", path=path)
         if not 2 <= self.bits <= MAX_BITS:
             _fail(f"{path}.bits", f"in [2, {MAX_BITS}]", self.bits)
-        if self.min_shares is not None and not 1 <= self.min_shares <= self.shares:
+        if self.min_shares is not None and self.shares is not None and not 1 <= self.min_shares <= self.shares:
             _fail(f"{path}.min_shares", f"in [1, shares={self.shares}] or null", self.min_shares)
+        if self.min_shares is not None and self.min_shares < 1:
+            _fail(f"{path}.min_shares", "at least 1 or null", self.min_shares)
+
+    def resolved(self, spec) -> "DDGaussNoise":
+        """Over SecAgg+ every node is a party: ``shares=null`` is ``backend.num_supernodes``."""
+        if self.shares is None and spec.aggregation == "secagg":
+            return dataclasses.replace(self, shares=int(spec.backend.num_supernodes))
+        return self
 
     def check_run(self, spec) -> None:
         """What else of the run it needs: clients' own updates in process, nothing that reads the
@@ -182,9 +200,13 @@ class DDGaussNoise(MechanismOption):
             raise ConfigError(f"mechanism=ddgauss over backend={spec.backend.name} needs aggregation=secagg: its "
                               "parties' messages must reach the server only as their sum")
         nodes = getattr(spec.backend, "num_supernodes", None)
-        if not local and self.shares != nodes:
+        if not local and self.shares is not None and self.shares != nodes:
             raise ConfigError(f"mechanism=ddgauss over SecAgg+: every node is a party, so mechanism.shares must be "
-                              f"backend.num_supernodes={nodes}, got {self.shares}")
+                              f"backend.num_supernodes={nodes} (leave it unset), got {self.shares}")
+        parties = nodes if not local and self.shares is None else self.parties
+        if self.min_shares is not None and self.min_shares > parties:
+            raise ConfigError(f"mechanism.min_shares={self.min_shares} exceeds the {parties} parties "
+                              "(mechanism.shares)")
         if not local and self.bits > FLOWER_FIELD_BITS:
             raise ConfigError(f"mechanism.bits={self.bits}: Flower's SecAgg+ quantizes into int32, so its field holds "
                               f"at most {FLOWER_FIELD_BITS} bits")
@@ -205,8 +227,8 @@ class DDGaussNoise(MechanismOption):
             raise ConfigError("mechanism=ddgauss is sized by the model's parameter count and the cohort: a calculator "
                               "without them cannot build it (python -m fedpriv.accounting ddgauss plans it)")
         return DistributedDiscreteGaussianMechanism(
-            noise_multiplier, clip_norm, noise, dimension=dimension, bits=self.bits, shares=self.shares,
-            min_shares=self.shares if self.min_shares is None else self.min_shares, headroom=self.headroom,
+            noise_multiplier, clip_norm, noise, dimension=dimension, bits=self.bits, shares=self.parties,
+            min_shares=self.parties if self.min_shares is None else self.min_shares, headroom=self.headroom,
             users=users_bound(sampler.expected_cohort))
 
 

@@ -72,6 +72,9 @@ class RunPlan:
     noise: NoiseFigure  # the noise the run's step carries into the model (fedpriv.plan.noise_figure)
     # aggregation=secagg with central noise: how nodes' sums are quantized, fixed for the run (server and nodes read it)
     quantization: SecAggQuantization | None = None
+    # aggregation=secagg: SecAgg+'s (shares, threshold) for the run's nodes (fedpriv.secure_sum.protocol_sizes;
+    # the server runs the protocol with them, and a node refuses a setup that differs)
+    secagg_sizes: tuple[int, int] | None = None
 
     @property
     def planned_epsilon(self) -> float:
@@ -117,11 +120,11 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     if spec.aggregation == "secagg" and (optimizer.query_plan.squares or optimizer.query_plan.pre_clip_scale):
         raise ConfigError(f"optimizer={spec.optimizer.name} needs each user's update at the server (its squares, or "
                           "its scale before clipping); aggregation=secagg reveals only the nodes' sum")
-    quantization = None
+    quantization = sizes = None
     if spec.aggregation == "secagg":  # the protocol's sizes and the run's fixed grid: refused before any write
         nodes = int(spec.backend.num_supernodes)
         try:
-            protocol_sizes(spec.secagg, nodes, mechanism.min_shares if mechanism.client_noise else None)
+            sizes = protocol_sizes(spec.secagg, nodes, mechanism.min_shares if mechanism.client_noise else None)
             if not mechanism.client_noise:
                 quantization = secagg_quantization(spec.secagg, privacy.clip_norm, dimension, sampler.expected_cohort,
                                                    nodes)
@@ -143,7 +146,7 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     return RunPlan(spec=spec, task=task, population=population, noise_multiplier=sigma,
                    calibrated=privacy.noise_multiplier is None, mechanism_clip=mechanism_clip, ledger=ledger,
                    outputs=planned_outputs(spec, client_dp=task.local.dp is not None), choice=choice,
-                   noise=noise, quantization=quantization)
+                   noise=noise, quantization=quantization, secagg_sizes=sizes)
 
 
 def server_step(spec: RunConfig) -> tuple[float, float] | None:

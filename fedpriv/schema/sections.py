@@ -387,6 +387,12 @@ class MechanismOption(Option):
         """The groups of ``sampling=cyclic_poisson`` (BandMF: its bands)."""
         return None
 
+    def resolved(self, spec) -> "MechanismOption":
+        """This option with the values it leaves to the run (``null``: "the run's") taken from
+        ``spec``, the whole checked ``RunConfig``, so that config.yaml names them (ddgauss: its
+        parties, the nodes of a SecAgg+ run); ``self`` when nothing is left. Idempotent."""
+        return self
+
     def fitted(self, population: int, cohort_size: int, rounds: int, sampling: str) -> "MechanismOption":
         """This option with any default that cannot fit the run (``rounds`` rounds of cohorts of
         ``cohort_size`` from ``population`` units under ``sampling``) replaced by the largest value
@@ -525,7 +531,9 @@ class DeploymentBackend(BackendOption):
     name: str = "deployment"
     num_supernodes: int = 2  # wait for this many nodes before round 1
     node_wait_timeout: float = 120  # seconds to wait for them (then start with those connected, at least one)
-    round_timeout: float = 60  # seconds a round waits for replies; late or lost replies count as dropped
+    # seconds a round waits for replies, after which a node's users count as dropped; null: no deadline (a node's
+    # time grows with its users' data, so a deadline makes whose updates are summed depend on it: docs/PRIVACY.md)
+    round_timeout: Optional[float] = None
     skip_rounds: int = 10  # a node that missed a round's deadline gets no users for this many rounds
 
     def check(self, path: str) -> None:
