@@ -31,7 +31,7 @@ from fedpriv.metrics import evaluate
 from fedpriv.console import ADVICE_LOGGER
 from fedpriv.models import set_flat_params
 from fedpriv.plan import RunPlan, build_plan, executed_config
-from fedpriv.plan.auto import overrides
+from fedpriv.plan.auto import cannot_train, overrides
 from fedpriv.plan.noise_figure import A_WARN, PER_ROUND_WARNING, NoiseFigure
 from fedpriv.precision import compute_precision
 from fedpriv.public.stages import Stage, build_stages
@@ -123,6 +123,8 @@ def _build(spec: RunConfig, task: Task, run: RunDirectory, plan: RunPlan | None)
     spec, privacy, task = plan.spec, plan.spec.privacy, plan.task
     if plan.choice is not None:  # what the planner replaced, once, on stderr (advice)
         logging.getLogger(ADVICE_LOGGER).info("plan=auto sets %s (docs/PLANNER.md)", " ".join(overrides(plan.choice)))
+        if warning := cannot_train(plan.choice, privacy.target_epsilon):
+            logging.getLogger(ADVICE_LOGGER).warning("%s", warning)
     randomness = _randomness(spec, checkpoint, run)
     sampler = make_sampler(spec.sampling, plan.population, spec.cohort_size, randomness.subkey("sampling"),
                            groups=spec.mechanism.sampling_groups(), public_population=spec.population)

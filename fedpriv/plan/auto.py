@@ -55,6 +55,12 @@ MAX_ROUNDS = 2000
 MIN_COHORT = 8
 GRID_RATIO = 1.5
 TIE = 0.95  # plans within 5% of the best progress are ties
+# below one full-size server step in all, the run cannot move the model by one clipped update: it
+# cannot train (the smallest planned run measured that learned made 13: docs/PLANNER.md)
+MIN_SERVER_STEPS = 1.0
+# the keys of the executed config a plan chooses (the overrides it prints, less the public population)
+CHOSEN_KEYS = ("cohort_size", "rounds", "mechanism", "sampling", "privacy.accountant", "privacy.clip_norm",
+               "optimizer.lr", "optimizer.momentum", "optimizer.schedule")
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,24 @@ def _check_plannable(spec, population: Optional[int]) -> None:
                           "added by the parties) is not planned: use plan=fixed with it")
 
 
+def grid_problem(population: int, budget: int) -> str | None:
+    """Why :func:`cohort_grid` is empty for N = ``population`` users and U = ``budget`` client updates
+    (None: it is not): a cohort holds MIN_COHORT ≤ m ≤ N/4 users and runs MIN_ROUNDS ≤ U/m ≤ MAX_ROUNDS
+    rounds, so N ≥ 4·MIN_COHORT and MIN_ROUNDS·MIN_COHORT ≤ U ≤ MAX_ROUNDS·⌊N/4⌋."""
+    problems = []
+    if population // 4 < MIN_COHORT:
+        problems.append(f"population={population} is too small: plan=auto draws cohorts of at least {MIN_COHORT} "
+                        f"from at most a quarter of the users, so it needs at least {4 * MIN_COHORT} users")
+    if budget < MIN_ROUNDS * MIN_COHORT:
+        problems.append(f"the budget plan.client_updates={budget} is too small: at least {MIN_ROUNDS * MIN_COHORT} "
+                        f"({MIN_ROUNDS} rounds of cohorts of {MIN_COHORT})")
+    elif population // 4 >= MIN_COHORT and math.ceil(budget / MAX_ROUNDS) > population // 4:
+        problems.append(f"the budget plan.client_updates={budget} is too large for {population} users: at most "
+                        f"{MAX_ROUNDS * (population // 4)} ({MAX_ROUNDS} rounds of cohorts of at most a quarter of "
+                        "the users)")
+    return "; and ".join(problems) or None
+
+
 def cohort_grid(population: int, budget: int) -> list[int]:
     """Cohorts m with MIN_ROUNDS ≤ ⌊U/m⌋ ≤ MAX_ROUNDS and m ≤ N/4, geometric by GRID_RATIO."""
     low = max(MIN_COHORT, math.ceil(budget / MAX_ROUNDS))
@@ -158,9 +182,7 @@ def choose(population: int, dimension: int, epsilon: float, delta: float, budget
     run applies its plan more than once (the pre-flight, the run, a resume)."""
     grid = cohort_grid(population, budget)
     if not grid:
-        raise ConfigError(f"plan=auto needs room for at least {MIN_ROUNDS} rounds of cohorts of {MIN_COHORT} from at "
-                          f"most a quarter of the {population} users: plan.client_updates={budget} is too small (at "
-                          f"least {MIN_ROUNDS * MIN_COHORT}) or the population too small (at least {4 * MIN_COHORT})")
+        raise ConfigError(f"plan=auto cannot plan: {grid_problem(population, budget)}")
     rows = []
     for cohort in grid:
         rounds = min(MAX_ROUNDS, budget // cohort)
@@ -196,12 +218,23 @@ def describe(choice: Choice, population: int, dimension: int, budget: int) -> di
 
 def overrides(plan: dict) -> list[str]:
     """The command-line overrides that give a fixed run the planned config (the public population
-    included: it fixes the rates and the add/remove-one relation; the learning rate exactly)."""
-    return [f"population={plan['population']}", f"cohort_size={plan['cohort_size']}", f"rounds={plan['rounds']}",
-            f"mechanism={plan['mechanism']}", f"sampling={plan['sampling']}",
-            f"privacy.accountant={plan['accountant']}", f"privacy.clip_norm={plan['clip_norm']!r}",
-            f"optimizer.lr={plan['server_lr']!r}", f"optimizer.momentum={plan['momentum']!r}",
-            "optimizer.schedule=cosine"]
+    included: it fixes the rates and the add/remove-one relation; the learning rate exactly): one
+    for each of :data:`CHOSEN_KEYS`."""
+    values = dict(zip(CHOSEN_KEYS, (plan["cohort_size"], plan["rounds"], plan["mechanism"], plan["sampling"],
+                                    plan["accountant"], repr(plan["clip_norm"]), repr(plan["server_lr"]),
+                                    repr(plan["momentum"]), "cosine")))
+    return [f"population={plan['population']}", *(f"{key}={value}" for key, value in values.items())]
+
+
+def cannot_train(plan: dict, epsilon: float) -> str | None:
+    """The line that says a plan cannot train (None: it can): fewer than :data:`MIN_SERVER_STEPS`
+    full-size server steps P = T·η·C in all, so the model cannot move by one clipped update."""
+    steps = plan["prediction"]["server_steps"]
+    if steps >= MIN_SERVER_STEPS:
+        return None
+    return (f"plan=auto: the best plan makes {steps:.3g} full-size server steps in all (the noise at epsilon "
+            f"{epsilon:g} limits its step to {plan['server_lr'] * plan['clip_norm']:.3g}): under {MIN_SERVER_STEPS:g} "
+            "the model cannot train; raise privacy.target_epsilon, population (more users) or plan.client_updates")
 
 
 register_option("plan", "auto", AutoPlan())
