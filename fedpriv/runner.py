@@ -23,7 +23,7 @@ from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.adaptive_clipping import build_adaptive_clip
 from fedpriv.audit.run import build_canaries, finish_audit
 from fedpriv.config import diagnostics_enabled, run_config
-from fedpriv.degradation import Degradation, degradation
+from fedpriv.degradation import Degradation, degradation, run_facts, unknown_share
 from fedpriv.dpfedavg import DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
 from fedpriv.mechanisms import Mechanism
@@ -358,11 +358,9 @@ def _train(session: RunSession, round_fn: RoundFn, outputs: RunOutputs) -> dict:
     outputs.close_rounds()
     if not last_eval:  # resumed after the last round: evaluate the restored model
         last_eval = evaluate_params(session.task, server.model_params)
-    verdict = degradation(session.history, session.task.data.unigram_accuracy, session.task.data.vocab.size,
-                          noise_warned=session.plan.noise.too_noisy, cohort_size=spec.cohort_size,
-                          rounds=rounds, server_lr=getattr(spec.optimizer, "lr", None),
-                          planned=session.plan.choice is not None,
-                          public_population=bool(spec.population or spec.data.public_population()))
+    data = session.task.data  # the verdict reads the test split and public quantities only
+    verdict = degradation(session.history, data.unigram_accuracy, data.vocab.size,
+                          run_facts(spec, session.plan, unknown_share(data.test, data.vocab)))
     summary = _summary(session, last_eval, time.perf_counter() - started, verdict)
     audit = None
     if server.canaries is not None:  # post-processing of the releases and the canaries (docs/PRIVACY.md)

@@ -110,22 +110,31 @@ class AutoPlan(PlanOption):
 
 
 def _check_plannable(spec, population: Optional[int]) -> None:
-    """What the rule assumes: a public population, σ calibrated to a target ε, a heavy-ball server
-    step, user-level DP through clients."""
+    """What the rule assumes: a public population, and what :func:`refusal` checks."""
     if population is None:
         raise ConfigError("plan=auto plans from public quantities only: set population=N, the public number of "
                           "users (the data's own count is private under add/remove-one neighbours)")
+    reason = refusal(spec)
+    if reason is not None:
+        raise ConfigError(reason)
+
+
+def refusal(spec) -> Optional[str]:
+    """Why ``plan=auto`` cannot plan ``spec`` whatever its population (None: it can): the rule
+    assumes σ calibrated to a target ε, a heavy-ball server step, user-level DP through clients, a
+    fixed clip bound and noise added by the server."""
     if spec.privacy.noise_multiplier is not None:
-        raise ConfigError("plan=auto calibrates sigma to privacy.target_epsilon: leave privacy.noise_multiplier=null")
+        return "plan=auto calibrates sigma to privacy.target_epsilon: leave privacy.noise_multiplier=null"
     if not isinstance(spec.optimizer, MomentumOptimizer):
-        raise ConfigError(f"plan=auto sets the step of optimizer=momentum, not optimizer={spec.optimizer.name}")
+        return f"plan=auto sets the step of optimizer=momentum, not optimizer={spec.optimizer.name}"
     if spec.algorithm.central:
-        raise ConfigError(f"plan=auto plans user-level federated rounds, not algorithm={spec.algorithm.name}")
+        return f"plan=auto plans user-level federated rounds, not algorithm={spec.algorithm.name}"
     if spec.privacy.clipping != "fixed":
-        raise ConfigError("plan=auto sets a fixed clip bound: use privacy.clipping=fixed with it")
+        return "plan=auto sets a fixed clip bound: use privacy.clipping=fixed with it"
     if spec.mechanism.client_noise:  # the planner picks a server-noise mechanism: never swap the trust model
-        raise ConfigError(f"plan=auto chooses among server-noise mechanisms; mechanism={spec.mechanism.name} (noise "
-                          "added by the parties) is not planned: use plan=fixed with it")
+        return (f"plan=auto chooses among server-noise mechanisms; mechanism={spec.mechanism.name} (noise added by "
+                "the parties) is not planned: use plan=fixed with it")
+    return None
 
 
 def grid_problem(population: int, budget: int) -> str | None:
