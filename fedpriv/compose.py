@@ -126,13 +126,14 @@ def group_options(group: str) -> list[str]:
 MAX_CHECKED_SWEEP = 64  # sweep combinations validated one by one; beyond, each value on its own
 
 
-def check_overrides(args: Sequence[str], multirun: bool = False) -> list[tuple[str, dict]]:
+def check_overrides(args: Sequence[str], multirun: bool = False) -> list[tuple[str, dict, tuple[str, ...]]]:
     """Validate command-line ``args`` as ``python -m fedpriv.simulate`` would run them, before
     Hydra creates anything: every group option exists, every key is known (the closest valid one
     named), every composed config passes the typed schema — for each member of a ``-m`` sweep.
     Raises ``ConfigError`` (one line). Hydra's own settings (``hydra.*``) are left to Hydra.
-    Returns the members checked: (the overrides that name it, its composed config), for the checks
-    that need the data (:func:`fedpriv.plan.preflight_sweep`, called by the entry point)."""
+    Returns the members checked: (the overrides that name it, its composed config, the settings typed
+    for it: its ``key=value`` overrides), for the checks that need the data
+    (:func:`fedpriv.plan.preflight_sweep`, called by the entry point)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser  # lazy: hydra, as above
     from hydra.errors import HydraException  # lazy: hydra, as above
 
@@ -181,7 +182,7 @@ def check_overrides(args: Sequence[str], multirun: bool = False) -> list[tuple[s
         _check_noise_choice(combo)
         plain = compose_config(list(combo), multirun=multirun)
         parse(plain)
-        members.append((" ".join(combo[i] for i in swept) or " ".join(combo), plain))
+        members.append((" ".join(combo[i] for i in swept) or " ".join(combo), plain, combo))
     return members
 
 

@@ -4,9 +4,11 @@
   test loss against the round, and the epsilon spent so far (a non-private run says so instead).
 * ``PATH`` holds runs (a Hydra multirun directory: ``PATH/0``, ``PATH/1``, …, at any depth):
   writes ``PATH/sweep.csv`` — one row per run: the config values that differ between the runs
-  (the swept ones), final accuracy, loss, epsilon, delta, rounds, wall time — and
-  ``PATH/sweep.png``: final accuracy against epsilon, one line per combination of the swept
-  values other than the privacy budget (e.g. one per mechanism).
+  (the swept ones), final accuracy, loss, whether the run degraded and its likely cause (the run's
+  end-of-run check, :mod:`fedpriv.degradation`), the unigram baseline, epsilon, delta, rounds, wall
+  time — and ``PATH/sweep.png``: final accuracy against epsilon, one line per combination of the
+  swept values other than the privacy budget (e.g. one per mechanism), degraded runs marked, and
+  the unigram baseline drawn where the data has one.
 
 Everything is read from the files the runs wrote (``config.yaml``, ``metrics.jsonl``,
 ``summary.json``) — never ``diagnostics.jsonl``, which the epsilon does not cover — and nothing
@@ -92,9 +94,13 @@ def sweep_rows(runs: Iterable[Path]) -> tuple[list[str], list[dict[str, Any]]]:
         privacy = summary.get("privacy") or {}
         if not isinstance(summary.get("final"), dict) or "accuracy" not in summary["final"]:
             raise ConfigError(f"{run / 'summary.json'} is damaged: it has no final accuracy")
+        degraded = summary.get("degraded")  # absent from runs older than the check
         rows.append({"run": str(run), **{k: cfg.get(k) for k in swept},
                      "final_accuracy": _as_float(summary["final"]["accuracy"]),
                      "final_loss": _as_float(summary["final"]["loss"]),
+                     "degraded": "" if degraded is None else bool(degraded),
+                     "cause": (summary.get("degradation") or {}).get("cause", ""),
+                     "unigram_accuracy": _as_float(summary.get("unigram_accuracy")),
                      "epsilon": math.inf if privacy.get("non_private") else _as_float(privacy.get("epsilon")),
                      "non_private": bool(privacy.get("non_private")), "delta": privacy.get("delta"),
                      "mode": mode_label(privacy.get("randomness") or {}),
@@ -104,8 +110,9 @@ def sweep_rows(runs: Iterable[Path]) -> tuple[list[str], list[dict[str, Any]]]:
 
 def _csv(swept: list[str], rows: list[dict]) -> bytes:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=["run", *swept, "final_accuracy", "final_loss", "epsilon", "non_private",
-                                             "delta", "mode", "rounds", "wall_s"], lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=["run", *swept, "final_accuracy", "final_loss", "degraded", "cause",
+                                             "unigram_accuracy", "epsilon", "non_private", "delta", "mode", "rounds",
+                                             "wall_s"], lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue().encode()
@@ -173,25 +180,41 @@ def epsilon_ticks(epsilons: Iterable[float], min_gap: float = 0.03) -> tuple[lis
     return positions, labels
 
 
+DEGRADED_LABEL = "degraded (the run's end-of-run check)"
+
+
 def sweep_figure(swept: list[str], rows: list[dict]):
     """Final accuracy vs epsilon; one line per combination of the non-budget swept values. Non-private
-    runs have no epsilon: they are drawn as horizontal reference lines labelled NOT PRIVATE."""
+    runs have no epsilon: they are drawn as horizontal reference lines labelled NOT PRIVATE. A run
+    whose end-of-run check found it degraded is marked with a red cross (a non-private one says so in
+    its label); the unigram baseline of the runs' data, where known, is a dotted line."""
     plt = _pyplot()
     series = [k for k in swept if k not in BUDGET_KEYS]
     lines: dict[str, list[tuple[float, float]]] = {}
     references: list[tuple[str, float]] = []
+    degraded: list[tuple[float, float]] = []
     for row in rows:
         label = ", ".join(f"{_short(k)}={row[k]}" for k in series) or "runs"
         if row["non_private"]:
-            references.append((f"NOT PRIVATE (epsilon = inf): {label}", row["final_accuracy"]))
+            note = " (degraded)" if row.get("degraded") is True else ""
+            references.append((f"NOT PRIVATE (epsilon = inf): {label}{note}", row["final_accuracy"]))
         else:
             lines.setdefault(label, []).append((row["epsilon"], row["final_accuracy"]))
+            if row.get("degraded") is True:
+                degraded.append((row["epsilon"], row["final_accuracy"]))
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, points in sorted(lines.items()):
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    if degraded:
+        ax.plot([p[0] for p in degraded], [p[1] for p in degraded], linestyle="none", marker="x", color="red",
+                markersize=9, label=DEGRADED_LABEL)
     for label, accuracy in references:
         ax.axhline(accuracy, linestyle="--", color="gray", label=label)
+    unigrams = sorted({row["unigram_accuracy"] for row in rows if math.isfinite(row.get("unigram_accuracy", math.nan))})
+    for unigram in unigrams:  # one per dataset of the sweep
+        ax.axhline(unigram, linestyle=":", color="black",
+                   label="unigram baseline" + (f" {unigram:.4f}" if len(unigrams) > 1 else ""))
     ax.set_xscale("log")
     positions, labels = epsilon_ticks(row["epsilon"] for row in rows)
     if positions:  # plain tick labels at the budgets, not 2×10⁰

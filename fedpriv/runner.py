@@ -23,7 +23,7 @@ from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.adaptive_clipping import build_adaptive_clip
 from fedpriv.audit.run import build_canaries, finish_audit
 from fedpriv.config import diagnostics_enabled, run_config
-from fedpriv.degradation import Degradation, degradation
+from fedpriv.degradation import Degradation, degradation, run_facts, unknown_share
 from fedpriv.dpfedavg import DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
 from fedpriv.mechanisms import Mechanism
@@ -31,7 +31,7 @@ from fedpriv.metrics import evaluate
 from fedpriv.console import ADVICE_LOGGER
 from fedpriv.models import set_flat_params
 from fedpriv.plan import RunPlan, build_plan, executed_config
-from fedpriv.plan.auto import overrides
+from fedpriv.plan.auto import cannot_train, overrides
 from fedpriv.plan.noise_figure import A_WARN, PER_ROUND_WARNING, NoiseFigure
 from fedpriv.precision import compute_precision
 from fedpriv.public.stages import Stage, build_stages
@@ -123,6 +123,8 @@ def _build(spec: RunConfig, task: Task, run: RunDirectory, plan: RunPlan | None)
     spec, privacy, task = plan.spec, plan.spec.privacy, plan.task
     if plan.choice is not None:  # what the planner replaced, once, on stderr (advice)
         logging.getLogger(ADVICE_LOGGER).info("plan=auto sets %s (docs/PLANNER.md)", " ".join(overrides(plan.choice)))
+        if warning := cannot_train(plan.choice, privacy.target_epsilon):
+            logging.getLogger(ADVICE_LOGGER).warning("%s", warning)
     randomness = _randomness(spec, checkpoint, run)
     sampler = make_sampler(spec.sampling, plan.population, spec.cohort_size, randomness.subkey("sampling"),
                            groups=spec.mechanism.sampling_groups(), public_population=spec.population)
@@ -356,11 +358,9 @@ def _train(session: RunSession, round_fn: RoundFn, outputs: RunOutputs) -> dict:
     outputs.close_rounds()
     if not last_eval:  # resumed after the last round: evaluate the restored model
         last_eval = evaluate_params(session.task, server.model_params)
-    verdict = degradation(session.history, session.task.data.unigram_accuracy, session.task.data.vocab.size,
-                          noise_warned=session.plan.noise.too_noisy, cohort_size=spec.cohort_size,
-                          rounds=rounds, server_lr=getattr(spec.optimizer, "lr", None),
-                          planned=session.plan.choice is not None,
-                          public_population=bool(spec.population or spec.data.public_population()))
+    data = session.task.data  # the verdict reads the test split and public quantities only
+    verdict = degradation(session.history, data.unigram_accuracy, data.vocab.size,
+                          run_facts(spec, session.plan, unknown_share(data.test, data.vocab)))
     summary = _summary(session, last_eval, time.perf_counter() - started, verdict)
     audit = None
     if server.canaries is not None:  # post-processing of the releases and the canaries (docs/PRIVACY.md)

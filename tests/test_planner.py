@@ -205,3 +205,94 @@ def test_ties_go_to_the_smaller_noise_enough_rounds_gaussian_then_the_most_progr
     # a step-limited plan (smaller a) wins a tie
     best = plan([(10, row(10, "bandmf", 100.0, 0.3)), (20, row(20, "bandmf", 104.0))])
     assert best.cohort_size == 10
+
+
+# --- issue 52, item 8: what the user typed is never dropped without a word; the CLI's errors ---------
+
+def _checked(*args: str, multirun: bool = False) -> None:
+    """What ``python -m fedpriv.simulate ARGS`` checks before Hydra starts (every member)."""
+    from fedpriv.compose import check_overrides
+    from fedpriv.plan import preflight_sweep
+
+    preflight_sweep(check_overrides(list(args), multirun=multirun))
+
+
+@pytest.mark.parametrize("typed, named", [
+    (("mechanism=tree",), "mechanism=tree (planned: bandmf)"),
+    (("optimizer.lr=3",), "optimizer.lr=3 (planned: 0.06588)"),
+    (("privacy.clip_norm=0.2",), "privacy.clip_norm=0.2 (planned: 1)"),
+    (("sampling=poisson",), "sampling=poisson (planned: cyclic_poisson)"),
+    (("cohort_size=16", "rounds=100"), "cohort_size=16 (planned: 8), rounds=100 (planned: 200)"),
+    (("mechanism=bandmf", "mechanism.bands=3"), "mechanism.bands=3 (planned: 5)"),
+])
+def test_a_typed_setting_the_plan_replaces_is_refused_in_one_line_naming_it(typed, named):
+    """Before: plan=auto replaced these without a word (it refused only ddgauss and adam)."""
+    with pytest.raises(ConfigError) as err:
+        _checked("+experiment=smoke", "plan=auto", "plan.client_updates=1600", *typed)
+    assert named in str(err.value) and "\n" not in str(err.value)
+    assert "plan.client_updates=1600" in str(err.value) and "plan=fixed" in str(err.value)
+
+
+def test_a_typed_setting_the_plan_keeps_and_the_experiments_settings_pass():
+    # rounds=200 is the budget's and the plan's (8 x 200); the experiment's cohort_size=8 is not typed;
+    # sampling=auto and the planned values themselves change nothing
+    _checked("+experiment=smoke", "rounds=200", "plan=auto", "sampling=auto", "mechanism=bandmf",
+             "privacy.clip_norm=1.0", "optimizer.schedule=cosine")
+    _checked("+experiment=smoke", "plan=auto", "plan.client_updates=400", "population=40")
+
+
+def test_a_sweep_over_a_key_the_plan_sets_names_its_member():
+    with pytest.raises(ConfigError, match=r"sweep member optimizer.lr=1: plan=auto chooses .*optimizer.lr=1 "
+                                          r"\(planned: 0.06588\).*\(no member was run\)"):
+        _checked("-m", "+experiment=smoke", "rounds=200", "plan=auto", "optimizer.lr=0.06588367958906106,1",
+                 multirun=True)
+
+
+def _plan_cli(capsys, *args: str) -> tuple[int, str, str]:
+    from fedpriv.plan.__main__ import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("args, says, never", [
+    # a population too small is named, not the budget (was: "plan.client_updates=400 is too small (at least 400)")
+    (("population=5", "plan.client_updates=400"), "population=5 is too small", "client_updates=400 is too small"),
+    # a budget too large is called too large (was: "too small")
+    (("plan.client_updates=100000",), "plan.client_updates=100000 is too large for 40 users: at most 20000",
+     "too small"),
+    (("plan.client_updates=100",), "plan.client_updates=100 is too small: at least 400", "population"),
+    # config mistakes read as fedpriv.simulate words them (was Hydra's "Could not find 'mechanism/foo'")
+    (("rounds=200", "mechanism=foo"), "unknown mechanism 'foo' (choose one of:", "Could not find"),
+    (("rounds=200", "rounds=300"), "rounds is given twice", "Traceback"),
+])
+def test_the_plan_cli_says_what_is_wrong_in_one_line(capsys, args, says, never):
+    code, out, err = _plan_cli(capsys, "+experiment=smoke", *args)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert says in err and never not in err, err
+
+
+def test_a_plan_that_cannot_train_says_so(capsys):
+    code, out, err = _plan_cli(capsys, "+experiment=smoke", "rounds=200", "privacy.target_epsilon=0.001")
+    assert code == 0 and out.startswith("plan: "), err
+    assert err.startswith("warning: plan=auto: the best plan makes 0.00507 full-size server steps") and \
+        "cannot train" in err and len(err.splitlines()) == 1
+    code, out, err = _plan_cli(capsys, "+experiment=smoke", "rounds=200")  # 13 steps: it trains (docs/PLANNER.md)
+    assert code == 0 and "warning" not in err
+
+
+def test_a_planned_run_that_cannot_train_says_so_before_training(tmp_path, caplog):
+    import logging
+
+    from fedpriv.runner import prepare
+
+    with caplog.at_level(logging.WARNING, logger="fedpriv.advice"):
+        session = prepare(compose_cfg(*SMOKE_PLAN, "privacy.target_epsilon=0.01", run_dir=tmp_path / "r"))
+    session.run.unlock()
+    assert session.plan.choice["prediction"]["server_steps"] < 1
+    assert any("cannot train" in r.getMessage() for r in caplog.records)

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +143,29 @@ def test_curves_show_the_bayes_ceiling_and_epsilon_from_zero(sweep_dir):
     lines = [line for line in accuracy.lines if line.get_label() == "Bayes ceiling"]
     assert len(lines) == 1 and lines[0].get_linestyle() == "--" and list(lines[0].get_ydata()) == [ceiling] * 2
     assert privacy.get_ylabel() == "epsilon spent" and privacy.get_ylim()[0] == 0
+
+
+def test_the_sweep_says_which_runs_degraded_and_draws_the_unigram_baseline(sweep_dir):
+    """Issue 52, item 9: the README's first sweep trained degraded models without saying so; sweep.csv
+    carries each run's verdict and the plot marks it, with the unigram baseline its accuracy is below."""
+    import json
+
+    from fedpriv import report
+
+    assert _report(sweep_dir).returncode == 0
+    rows = {r["run"]: r for r in csv.DictReader((sweep_dir / "sweep.csv").open())}
+    summaries = {run: json.loads((Path(run) / "summary.json").read_text()) for run in rows}
+    for run, row in rows.items():
+        summary = summaries[run]
+        assert row["degraded"] == str(summary["degraded"]) and float(row["unigram_accuracy"]) == pytest.approx(
+            summary["unigram_accuracy"])
+        assert row["cause"] == (summary.get("degradation") or {}).get("cause", "")
+    assert any(s["degraded"] for s in summaries.values())  # 2 rounds of smoke: below the unigram baseline
+    fig = report.sweep_figure(*report.sweep_rows(report.find_runs(sweep_dir)))
+    ax = fig.axes[0]
+    by_label = {line.get_label(): line for line in ax.lines}
+    unigram = next(iter(summaries.values()))["unigram_accuracy"]
+    assert list(by_label["unigram baseline"].get_ydata()) == [unigram] * 2
+    marked = by_label[report.DEGRADED_LABEL]
+    assert len(marked.get_xdata()) == sum(s["degraded"] for s in summaries.values())
+    assert report.DEGRADED_LABEL in [t.get_text() for t in ax.get_legend().get_texts()]

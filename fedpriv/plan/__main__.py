@@ -7,7 +7,9 @@ quantities, its prediction, and the overrides that give a fixed run the same con
 
 Nothing is written and no key is drawn (:func:`fedpriv.plan.preflight`); the data is loaded only
 for the checks a run makes (the cohort against the population, Book-Keeping's support of the model).
-Bad input: one ``error:`` line, exit 2.
+Bad input: one ``error:`` line, exit 2, as ``python -m fedpriv.simulate`` words it (the same checks
+of the command line, and a setting typed beside ``plan=auto`` that the plan would replace). A plan
+that cannot train (under one full-size server step in all) is printed with a ``warning:`` line.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from __future__ import annotations
 import logging
 import sys
 
-from fedpriv.compose import compose_config
+from fedpriv.compose import check_overrides
 from fedpriv.console import fail
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
-from fedpriv.plan.auto import overrides
+from fedpriv.plan.auto import cannot_train, overrides
 from fedpriv.plan.run_plan import preflight
 from fedpriv.rundir import json_text
 
@@ -52,9 +54,17 @@ def main(argv: list[str] | None = None) -> None:
         args.append("plan=auto")
     logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
     try:
-        plan = preflight(compose_config(args, "outputs/plan-preview"))
+        members = check_overrides(args, multirun=True)
+        if len(members) > 1:
+            raise ConfigError(f"python -m fedpriv.plan plans one run, not a sweep of {len(members)}: give each key "
+                              "one value")
+        _, plain, typed = members[0]
+        plan = preflight(plain, typed)
     except (ConfigError, PrivacyBudgetExceeded) as err:
         fail(str(err))
+    warning = plan.choice and cannot_train(plan.choice, plan.spec.privacy.target_epsilon)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     if as_json:
         print(json_text({**plan.describe(), "plan": plan.choice,
                          "overrides": overrides(plan.choice) if plan.choice else []}, indent=2))

@@ -55,6 +55,12 @@ MAX_ROUNDS = 2000
 MIN_COHORT = 8
 GRID_RATIO = 1.5
 TIE = 0.95  # plans within 5% of the best progress are ties
+# below one full-size server step in all, the run cannot move the model by one clipped update: it
+# cannot train (the smallest planned run measured that learned made 13: docs/PLANNER.md)
+MIN_SERVER_STEPS = 1.0
+# the keys of the executed config a plan chooses (the overrides it prints, less the public population)
+CHOSEN_KEYS = ("cohort_size", "rounds", "mechanism", "sampling", "privacy.accountant", "privacy.clip_norm",
+               "optimizer.lr", "optimizer.momentum", "optimizer.schedule")
 
 
 @dataclass(frozen=True)
@@ -104,22 +110,49 @@ class AutoPlan(PlanOption):
 
 
 def _check_plannable(spec, population: Optional[int]) -> None:
-    """What the rule assumes: a public population, σ calibrated to a target ε, a heavy-ball server
-    step, user-level DP through clients."""
+    """What the rule assumes: a public population, and what :func:`refusal` checks."""
     if population is None:
         raise ConfigError("plan=auto plans from public quantities only: set population=N, the public number of "
                           "users (the data's own count is private under add/remove-one neighbours)")
+    reason = refusal(spec)
+    if reason is not None:
+        raise ConfigError(reason)
+
+
+def refusal(spec) -> Optional[str]:
+    """Why ``plan=auto`` cannot plan ``spec`` whatever its population (None: it can): the rule
+    assumes σ calibrated to a target ε, a heavy-ball server step, user-level DP through clients, a
+    fixed clip bound and noise added by the server."""
     if spec.privacy.noise_multiplier is not None:
-        raise ConfigError("plan=auto calibrates sigma to privacy.target_epsilon: leave privacy.noise_multiplier=null")
+        return "plan=auto calibrates sigma to privacy.target_epsilon: leave privacy.noise_multiplier=null"
     if not isinstance(spec.optimizer, MomentumOptimizer):
-        raise ConfigError(f"plan=auto sets the step of optimizer=momentum, not optimizer={spec.optimizer.name}")
+        return f"plan=auto sets the step of optimizer=momentum, not optimizer={spec.optimizer.name}"
     if spec.algorithm.central:
-        raise ConfigError(f"plan=auto plans user-level federated rounds, not algorithm={spec.algorithm.name}")
+        return f"plan=auto plans user-level federated rounds, not algorithm={spec.algorithm.name}"
     if spec.privacy.clipping != "fixed":
-        raise ConfigError("plan=auto sets a fixed clip bound: use privacy.clipping=fixed with it")
+        return "plan=auto sets a fixed clip bound: use privacy.clipping=fixed with it"
     if spec.mechanism.client_noise:  # the planner picks a server-noise mechanism: never swap the trust model
-        raise ConfigError(f"plan=auto chooses among server-noise mechanisms; mechanism={spec.mechanism.name} (noise "
-                          "added by the parties) is not planned: use plan=fixed with it")
+        return (f"plan=auto chooses among server-noise mechanisms; mechanism={spec.mechanism.name} (noise added by "
+                "the parties) is not planned: use plan=fixed with it")
+    return None
+
+
+def grid_problem(population: int, budget: int) -> str | None:
+    """Why :func:`cohort_grid` is empty for N = ``population`` users and U = ``budget`` client updates
+    (None: it is not): a cohort holds MIN_COHORT ≤ m ≤ N/4 users and runs MIN_ROUNDS ≤ U/m ≤ MAX_ROUNDS
+    rounds, so N ≥ 4·MIN_COHORT and MIN_ROUNDS·MIN_COHORT ≤ U ≤ MAX_ROUNDS·⌊N/4⌋."""
+    problems = []
+    if population // 4 < MIN_COHORT:
+        problems.append(f"population={population} is too small: plan=auto draws cohorts of at least {MIN_COHORT} "
+                        f"from at most a quarter of the users, so it needs at least {4 * MIN_COHORT} users")
+    if budget < MIN_ROUNDS * MIN_COHORT:
+        problems.append(f"the budget plan.client_updates={budget} is too small: at least {MIN_ROUNDS * MIN_COHORT} "
+                        f"({MIN_ROUNDS} rounds of cohorts of {MIN_COHORT})")
+    elif population // 4 >= MIN_COHORT and math.ceil(budget / MAX_ROUNDS) > population // 4:
+        problems.append(f"the budget plan.client_updates={budget} is too large for {population} users: at most "
+                        f"{MAX_ROUNDS * (population // 4)} ({MAX_ROUNDS} rounds of cohorts of at most a quarter of "
+                        "the users)")
+    return "; and ".join(problems) or None
 
 
 def cohort_grid(population: int, budget: int) -> list[int]:
@@ -158,9 +191,7 @@ def choose(population: int, dimension: int, epsilon: float, delta: float, budget
     run applies its plan more than once (the pre-flight, the run, a resume)."""
     grid = cohort_grid(population, budget)
     if not grid:
-        raise ConfigError(f"plan=auto needs room for at least {MIN_ROUNDS} rounds of cohorts of {MIN_COHORT} from at "
-                          f"most a quarter of the {population} users: plan.client_updates={budget} is too small (at "
-                          f"least {MIN_ROUNDS * MIN_COHORT}) or the population too small (at least {4 * MIN_COHORT})")
+        raise ConfigError(f"plan=auto cannot plan: {grid_problem(population, budget)}")
     rows = []
     for cohort in grid:
         rounds = min(MAX_ROUNDS, budget // cohort)
@@ -196,12 +227,23 @@ def describe(choice: Choice, population: int, dimension: int, budget: int) -> di
 
 def overrides(plan: dict) -> list[str]:
     """The command-line overrides that give a fixed run the planned config (the public population
-    included: it fixes the rates and the add/remove-one relation; the learning rate exactly)."""
-    return [f"population={plan['population']}", f"cohort_size={plan['cohort_size']}", f"rounds={plan['rounds']}",
-            f"mechanism={plan['mechanism']}", f"sampling={plan['sampling']}",
-            f"privacy.accountant={plan['accountant']}", f"privacy.clip_norm={plan['clip_norm']!r}",
-            f"optimizer.lr={plan['server_lr']!r}", f"optimizer.momentum={plan['momentum']!r}",
-            "optimizer.schedule=cosine"]
+    included: it fixes the rates and the add/remove-one relation; the learning rate exactly): one
+    for each of :data:`CHOSEN_KEYS`."""
+    values = dict(zip(CHOSEN_KEYS, (plan["cohort_size"], plan["rounds"], plan["mechanism"], plan["sampling"],
+                                    plan["accountant"], repr(plan["clip_norm"]), repr(plan["server_lr"]),
+                                    repr(plan["momentum"]), "cosine")))
+    return [f"population={plan['population']}", *(f"{key}={value}" for key, value in values.items())]
+
+
+def cannot_train(plan: dict, epsilon: float) -> str | None:
+    """The line that says a plan cannot train (None: it can): fewer than :data:`MIN_SERVER_STEPS`
+    full-size server steps P = T·η·C in all, so the model cannot move by one clipped update."""
+    steps = plan["prediction"]["server_steps"]
+    if steps >= MIN_SERVER_STEPS:
+        return None
+    return (f"plan=auto: the best plan makes {steps:.3g} full-size server steps in all (the noise at epsilon "
+            f"{epsilon:g} limits its step to {plan['server_lr'] * plan['clip_norm']:.3g}): under {MIN_SERVER_STEPS:g} "
+            "the model cannot train; raise privacy.target_epsilon, population (more users) or plan.client_updates")
 
 
 register_option("plan", "auto", AutoPlan())

@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
@@ -38,7 +38,7 @@ from fedpriv.plan.noise_figure import NoiseFigure, noise_figure
 from fedpriv.run_outputs import planned_outputs
 from fedpriv.sampling import make_sampler
 from fedpriv.secure_sum import SecAggQuantization, protocol_sizes, secagg_quantization
-from fedpriv.schema import RunConfig
+from fedpriv.schema import GROUPS, RunConfig, as_dict
 from fedpriv.task import Task, load_task
 
 log = logging.getLogger(__name__)
@@ -210,28 +210,79 @@ def fit_to_population(spec: RunConfig, population: int) -> RunConfig:
     return dataclasses.replace(spec, mechanism=fitted)
 
 
-def preflight(cfg: dict) -> RunPlan:
+def preflight(cfg: dict, typed: Sequence[str] = ()) -> RunPlan:
     """The plan of the plain ``cfg`` without a run directory or secrets (:func:`build_plan`): what a
-    sweep checks for each member before the first one starts (``ConfigError`` on a problem). The
-    caller's dict is left as it is; the checks' warnings are left to the run itself."""
+    sweep checks for each member before the first one starts (``ConfigError`` on a problem), and
+    the settings ``typed`` on its command line that its plan option replaced (:func:`check_typed`).
+    The caller's dict is left as it is; the checks' warnings are left to the run itself."""
     spec = run_config(copy.deepcopy(cfg))
     quiet = logging.getLogger("fedpriv")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        return build_plan(spec, load_task(spec))
+        plan = build_plan(spec, load_task(spec))
     finally:
         quiet.setLevel(level)
+    check_typed(spec, plan, typed)
+    return plan
 
 
-def preflight_sweep(members: list[tuple[str, dict]]) -> None:
-    """:func:`preflight` for every member of a ``-m`` sweep of more than one (what needs the data:
-    population, sampler and mechanism, budget), as ``(its overrides, its config)`` pairs from
-    :func:`fedpriv.compose.check_overrides`, before Hydra starts the first (``ConfigError``)."""
-    if len(members) < 2:
+_ABSENT = object()  # a key the config does not have (another option's)
+
+
+def _value(plain: dict, path: str):
+    for part in path.split("."):
+        if not isinstance(plain, dict) or part not in plain:
+            return _ABSENT
+        plain = plain[part]
+    return plain
+
+
+def check_typed(given: RunConfig, plan: RunPlan, typed: Sequence[str]) -> None:
+    """Refuse, in one line naming each, the ``key=value`` settings ``typed`` on the command line
+    whose value the plan option replaced (``plan=auto`` chooses cohort, rounds, mechanism, sampler,
+    accountant, clip and server step): such a setting is never dropped without a word. A typed value
+    the plan keeps (the one it chose too, ``rounds=200`` where the budget gives 200 rounds) passes;
+    so do the experiment's settings and ``auto`` (choose for me). ``given``: the parsed config the
+    plan was applied to; a group (``mechanism=tree``) is compared by its option's name."""
+    if plan.choice is None:
         return
-    for member, plain in members:
+    before, after = as_dict(given), as_dict(plan.spec)
+    dropped = []
+    for override in typed:
+        key, sep, value = override.partition("=")
+        key = key.lstrip("+")
+        if not sep or key.startswith("~") or key == "experiment" or key.split(".")[0] == "plan" or value == "auto":
+            continue
+        path = f"{key}.name" if key in GROUPS else key
+        now = _value(after, path)
+        if _value(before, path) != now:
+            shown = "not a key of the planned option" if now is _ABSENT else f"{now:.4g}" if isinstance(now, float) \
+                else str(now)
+            dropped.append(f"{key}={value} (planned: {shown})")
+    if dropped:
+        one = len(dropped) == 1
+        what = "this setting sets" if one else "these settings set"
+        raise ConfigError(f"plan={plan.spec.plan.name} chooses what {what} and chose otherwise: "
+                          f"{', '.join(dropped)}; leave {'it' if one else 'them'} out (the "
+                          f"plan's budget is plan.client_updates={plan.choice['client_updates']} client updates; "
+                          "python -m fedpriv.plan shows the plan), or use plan=fixed with your settings")
+
+
+def preflight_sweep(members: Sequence[tuple[str, dict, Sequence[str]]]) -> None:
+    """:func:`preflight` for every member of a ``-m`` sweep of more than one (what needs the data:
+    population, sampler and mechanism, budget), and for a single run whose command line chooses a
+    plan option (the settings typed beside it, :func:`check_typed`), as ``(its overrides, its
+    config, the settings typed for it)`` from :func:`fedpriv.compose.check_overrides`, before Hydra
+    starts the first (``ConfigError``)."""
+    single = len(members) < 2
+    for member, plain, typed in members:
+        if single and not any(o.partition("=")[0].lstrip("+") == "plan" and o.partition("=")[2] != "fixed"
+                              for o in typed):
+            continue  # a single run with plan=fixed: its own prepare checks it, once
         try:
-            preflight(plain)
+            preflight(plain, typed)
         except ConfigError as err:
+            if single:
+                raise
             raise ConfigError(f"sweep member {member}: {err} (no member was run)") from None
