@@ -11,6 +11,8 @@ secure mode it holds the run key, so it is secret).
   and touches nothing. A refused or invalid run removes only what it created: at most the empty
   directory itself and the empty parents that were created for it (Hydra creates the run directory
   with its missing parents; :func:`note_existing` records, before that, which ancestor existed).
+  A path that cannot be a directory (a file, under a file, where the file system refuses) is one
+  line before Hydra is reached: :func:`make_run_directory` creates it first.
 * **Writes**: every file through :func:`fedpriv.atomic.write_atomic` (tmp + fsync + rename +
   directory fsync). The run's output sink (:mod:`fedpriv.run_outputs`) makes a round's
   checkpoint durable *before* it publishes any output of the round, so a resumed run never redoes
@@ -26,12 +28,14 @@ secure mode it holds the run key, so it is secret).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import io
 import json
 import math
 import os
 import pickle
+import stat
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +45,7 @@ import torch
 import yaml
 
 from fedpriv.atomic import write_atomic
-from fedpriv.errors import DamagedFileError, RunDirectoryBusy
+from fedpriv.errors import ConfigError, DamagedFileError, OutputError, RunDirectoryBusy
 
 CHECKPOINT_FORMAT = 2
 CHECKPOINT_KEYS = ("format", "round", "server", "ledger", "randomness", "history", "diagnostics", "wall_s",
@@ -153,6 +157,39 @@ def _exists(path: Path) -> bool:
     except OSError:
         return True  # cannot tell (no permission): treat it as there, so it is never removed
     return True
+
+
+def make_run_directory(path: str | os.PathLike, key: str = "run_dir") -> None:
+    """Create the run directory ``path`` (the config's ``key``) with its missing parents (what Hydra
+    does before a run, with a traceback when it cannot), or raise one line: :class:`ConfigError`
+    (bad input, exit 2) when ``path`` or one of its ancestors is a file; :class:`OutputError` (exit
+    1) when the file system refuses (no permission, a read-only or virtual file system such as /proc
+    or /sys). A failure leaves nothing: the parents this call made are removed again."""
+    path = Path(path)
+    for place in (path, *path.parents):
+        try:
+            mode = os.stat(place).st_mode
+        except (FileNotFoundError, NotADirectoryError):  # missing, or under a file: look further up
+            continue
+        except OSError:
+            break  # cannot tell (no permission): mkdir says why below
+        if not stat.S_ISDIR(mode):
+            where = "is a file" if place == path else f"is under {place}, which is a file"
+            raise ConfigError(f"{key} {path} {where}, not a directory: choose another {key}")
+        break
+    made = [p for p in (path, *path.parents) if not _exists(p)]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        for directory in made:  # deepest first; never one that existed
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
+        if err.errno in (errno.ENOTDIR, errno.EEXIST):  # a file appeared meanwhile
+            raise ConfigError(f"{key} {path} is not a directory ({err.strerror}): choose another {key}") from None
+        raise OutputError(f"cannot create the directory {path} ({key}): {err.strerror or err} (choose a {key} on a "
+                          "writable file system)") from None
 
 
 class RunDirectory:

@@ -409,6 +409,7 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float, verdic
         "ceiling_accuracy": data.ceiling_accuracy,
         "unigram_accuracy": data.unigram_accuracy,
         **({"reference_source": data.reference_source} if data.reference_source else {}),
+        **({"test_unknown_share": data.test_unknown_share} if data.test_unknown_share is not None else {}),
         "dataset": data.name, **({"num_users": data.num_users} if session.ledger.releases_data_count else {}),
         "privacy_unit": session.task.algorithm.privacy_unit,
         "noise": session.plan.noise.describe(),  # public quantities: σ, m̄, d, T and the server step

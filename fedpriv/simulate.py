@@ -1,9 +1,10 @@
 """Hydra entry point: ``python -m fedpriv.simulate [+experiment=NAME] [key=value ...]``.
 
-Bad input (an invalid value, an unknown config-group option, a missing data file, a damaged run
-directory) prints one ``error: ...`` line to stderr and exits with code 2 without leaving files
-behind; a run directory in use by another run is refused the same way and left untouched. A
-failed write (a full disk) prints one ``error: ...`` line and exits 1; the last checkpoint stays
+Bad input (an invalid value, an unknown config-group option, a missing or damaged data file, a
+damaged run directory, a ``run_dir`` that is a file or under one) prints one ``error: ...`` line to
+stderr and exits with code 2 without leaving files behind; a run directory in use by another run
+is refused the same way and left untouched. A failed write (a full disk, a ``run_dir`` the file
+system will not create) prints one ``error: ...`` line and exits 1; the last checkpoint stays
 usable for ``resume=true``.
 """
 
@@ -73,15 +74,50 @@ def print_help(args: list[str]) -> None:
 _PREEXISTING: set[Path] = set()
 
 
-def _note_preexisting(args: list[str]) -> None:
+def _given_directories(args: list[str]) -> dict[str, str]:
+    """The values of ``run_dir``, ``hydra.run.dir`` and ``hydra.sweep.dir`` the command line gives
+    (parsed as Hydra reads them: quotes removed); a value Hydra interpolates is left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # lazy: hydra, after the checks
+
+    parser, given = OverridesParser.create(), {}
+    for arg in args:
+        if arg.partition("=")[0].lstrip("+~") not in ("run_dir", "hydra.run.dir", "hydra.sweep.dir"):
+            continue
+        override = parser.parse_override(arg)  # check_args read every argument already
+        value = override.value()
+        if isinstance(value, str) and value and "${" not in value:
+            given[override.get_key_element().lstrip("+~")] = value
+    return given
+
+
+def _note_preexisting(given: dict[str, str]) -> None:
     from fedpriv.rundir import note_existing  # lazy: rundir imports torch
 
-    for arg in args:
-        key, _, value = arg.partition("=")
-        if key.lstrip("+~") in ("run_dir", "hydra.run.dir") and value:
-            note_existing(value)  # a refused run also removes the empty parents Hydra creates for it
-            if Path(value).exists():
-                _PREEXISTING.add(Path(value).resolve())
+    for key in ("run_dir", "hydra.run.dir"):
+        if key in given:
+            note_existing(given[key])  # a refused run also removes the empty parents Hydra creates for it
+            if Path(given[key]).exists():
+                _PREEXISTING.add(Path(given[key]).resolve())
+
+
+def _make_output_directory(given: dict[str, str], multirun: bool) -> None:
+    """Create the directory Hydra would create for the run (``hydra.run.dir``, else ``run_dir``) or
+    the sweep (``hydra.sweep.dir``) where the command line names it, so that one that cannot be a
+    directory is one ``error:`` line — exit 2 for a file or a path under one, 1 where the file
+    system refuses — with nothing left behind, instead of Hydra's traceback."""
+    from fedpriv.rundir import make_run_directory  # lazy: rundir imports torch
+
+    keys = ("hydra.sweep.dir",) if multirun else ("hydra.run.dir", "run_dir")
+    key = next((k for k in keys if k in given), None)
+    if key is None:
+        return
+    try:
+        make_run_directory(given[key], key)
+    except ConfigError as err:
+        _fail(str(err))
+    except OutputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _run(cfg) -> None:
@@ -177,7 +213,9 @@ def main() -> None:
         check_args(rest)  # the refusals a run of the same line gets (every sweep member), then the help
         print_help(rest)
     check_args(sys.argv[1:])
-    _note_preexisting(sys.argv[1:])
+    given = _given_directories(sys.argv[1:])
+    _note_preexisting(given)
+    _make_output_directory(given, multirun=bool({"-m", "--multirun"} & set(sys.argv[1:])))
     import hydra  # lazy: hydra, once the arguments are checked
 
     register()

@@ -4,8 +4,12 @@ StackOverflow's data.path) and error messages that quote a long reason without c
 
 from __future__ import annotations
 
+import json
+import os
+import random
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
@@ -303,3 +307,191 @@ def test_advice_goes_to_stderr_at_any_level_and_results_to_stdout():
     assert to_stdout.filter(record("fedpriv.observe", logging.INFO))
     assert not to_stderr.filter(record("fedpriv.observe", logging.INFO))
     assert ConsoleFormatter().format(record(ADVICE_LOGGER, logging.INFO)) == "m"
+
+
+# --- issue 52, item 6: a tokenizer or vocabulary that does not fit the data never trains silently --
+
+def _stackoverflow_args(tmp_path, *extra: str) -> tuple[str, ...]:
+    from fedpriv.data.stackoverflow_writer import write_tiny_dataset
+
+    folder = tmp_path / "so"
+    folder.mkdir(exist_ok=True)
+    db = write_tiny_dataset(folder)
+    return ("+experiment=smoke", "data=stackoverflow", f"data.path={db}", "data.seq_len=6", "progress=false", *extra)
+
+
+def test_a_hugging_face_directory_without_tokenizer_files_is_refused(run_cli, tmp_path):
+    """GPT-2 from config.json and weights alone: transformers builds an empty tokenizer, on which the
+    run trained to loss 0.08 and released a model (exit 0)."""
+    from fedpriv.models.tiny_hf import write_model_dir
+
+    model = write_model_dir(tmp_path / "gpt2", [f"w{i}" for i in range(1, 301)], "gpt2", hidden=16, layers=1,
+                            heads=2)
+    for item in model.iterdir():
+        if item.name not in ("config.json", "model.safetensors"):
+            item.unlink()
+    out = tmp_path / "run"
+    res = run_cli("+experiment=smoke", "model=hf", f"model.path={model}", "data.tokenizer=hf", f"run_dir={out}",
+                  "progress=false")
+    assert res.returncode == 2, res.stderr
+    assert "holds no tokenizer files" in one_error_line(res)
+    assert not out.exists()
+
+
+def test_a_tokenizer_that_knows_no_word_of_the_test_split_is_refused(run_cli, tmp_path):
+    """The smoke model's tokenizer (words w1..w300) on StackOverflow's words: every word is its unk
+    token, which the accuracy leaves out (it was 0.0000 with exit 0)."""
+    from fedpriv.models.tiny_hf import write_model_dir
+
+    model = write_model_dir(tmp_path / "llama", [f"w{i}" for i in range(1, 301)], "llama", hidden=16, layers=1,
+                            heads=2)
+    out = tmp_path / "run"
+    res = run_cli(*_stackoverflow_args(tmp_path, "model=hf", f"model.path={model}", "data.tokenizer=hf",
+                                       f"run_dir={out}"))
+    assert res.returncode == 2, res.stderr
+    line = one_error_line(res)
+    assert "every word of the test split is unknown to the tokenizer of data.tokenizer_path" in line
+    assert not out.exists()
+
+
+def test_a_vocabulary_covering_little_of_the_test_split_warns_and_publishes_the_share(run_cli, tmp_path):
+    """4 of the 10 words: the share of unknown test words, counted here from the file itself, is
+    warned about and published as a test-split statistic."""
+    from fedpriv.data.stackoverflow_writer import VOCAB_FILE_NAME
+    from fedpriv.data.tf_example import decode_example
+
+    out = tmp_path / "run"
+    args = _stackoverflow_args(tmp_path, "data.vocab_size=4", f"run_dir={out}")
+    known = [line.split()[0] for line in (tmp_path / "so" / VOCAB_FILE_NAME).read_text().splitlines()][:4]
+    with sqlite3.connect(tmp_path / "so" / "stackoverflow.sqlite") as conn:
+        blobs = conn.execute("SELECT serialized_example_proto FROM examples WHERE split_name = 'test'").fetchall()
+    words = [w for (blob,) in blobs for w in decode_example(blob)["tokens"][0].decode().split()]
+    share = sum(w not in known for w in words) / len(words)
+    assert share > 0.25
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr
+    warned = [line for line in res.stderr.splitlines() if "of the test split's words are unknown" in line]
+    assert len(warned) == 1 and warned[0].startswith(f"warning: {share:.0%} ")
+    assert "a statistic of the test split" in warned[0]
+    assert json.loads((out / "summary.json").read_text())["test_unknown_share"] == pytest.approx(share, abs=1e-12)
+
+
+def test_a_word_count_file_of_binary_junk_is_one_line(run_cli, tmp_path):
+    junk = tmp_path / "junk.word_count"
+    junk.write_bytes(bytes(range(256)) * 20)
+    out = tmp_path / "run"
+    res = run_cli(*_stackoverflow_args(tmp_path, f"data.vocab_path={junk}", f"run_dir={out}"))
+    assert res.returncode == 2, res.stderr
+    assert "is not a word-count file" in one_error_line(res)
+    assert not out.exists()
+
+
+# --- issue 52, item 7: damaged inputs and impossible run directories: one line, nothing left -------
+
+def test_a_sqlite_file_damaged_past_its_header_is_one_line(run_cli, tmp_path):
+    """The schema (page 1) reads; the rows' pages do not ("database disk image is malformed": a
+    traceback before)."""
+    args = _stackoverflow_args(tmp_path)
+    db = tmp_path / "so" / "stackoverflow.sqlite"
+    data = bytearray(db.read_bytes())
+    page = int.from_bytes(data[16:18], "big")  # the page size, in the header
+    data[page:] = random.Random(0).randbytes(len(data) - page)
+    db.write_bytes(bytes(data))
+    out = tmp_path / "run"
+    res = run_cli(*args, f"run_dir={out}")
+    assert res.returncode == 2, res.stderr
+    line = one_error_line(res)
+    assert f"cannot read {db}" in line and "malformed" in line
+    assert not out.exists()
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _nan_weights(path):
+    data = bytearray(path.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")  # safetensors: a length, a JSON header, then the tensors
+    data[header:] = b"\xff" * (len(data) - header)  # every float32 a NaN
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, needle", [(_truncate, "does not load as a Hugging Face causal LM"),
+                                            (_nan_weights, "are not finite")], ids=["truncated", "nan"])
+def test_a_damaged_model_safetensors_is_one_line(run_cli, tmp_path, damage, needle):
+    from fedpriv.models.tiny_hf import write_model_dir
+
+    model = write_model_dir(tmp_path / "llama", [f"w{i}" for i in range(1, 301)], "llama", hidden=16, layers=1,
+                            heads=2)
+    damage(model / "model.safetensors")
+    out = tmp_path / "run"
+    res = run_cli("+experiment=smoke", "model=hf", f"model.path={model}", "data.tokenizer=hf", f"run_dir={out}",
+                  "progress=false")
+    assert res.returncode == 2, res.stderr
+    line = one_error_line(res)
+    assert line.startswith(f"error: model.path '{model}'") and needle in line
+    assert not out.exists()
+
+
+def _unwritable_parent(tmp_path):
+    """A directory this process cannot create in: read-only by its mode, or, for root (whom modes do
+    not stop), sysfs."""
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        (ro / "probe").mkdir()
+    except PermissionError:
+        return ro
+    (ro / "probe").rmdir()
+    try:
+        (Path("/sys") / "fedpriv-probe").mkdir()
+    except OSError:
+        return Path("/sys")
+    pytest.skip("no directory this process cannot write to")
+
+
+@pytest.mark.parametrize("case", ["a file", "under a file", "in /proc", "under a read-only directory"])
+def test_a_run_dir_that_cannot_be_a_directory_is_one_line_and_leaves_nothing(run_cli, tmp_path, case):
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    run_dir, code, needle = {
+        "a file": (afile, 2, "is a file, not a directory"),
+        "under a file": (afile / "a" / "b", 2, f"is under {afile}, which is a file"),
+        "in /proc": (Path("/proc") / f"fedpriv-test-{os.getpid()}" / "run", 1, "cannot create the directory"),
+        "under a read-only directory": (None, 1, "cannot create the directory"),
+    }[case]
+    if run_dir is None:
+        run_dir = _unwritable_parent(tmp_path) / f"fedpriv-test-{os.getpid()}"
+    if case == "in /proc" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    res = run_cli("+experiment=smoke", f"run_dir={run_dir}", "progress=false")
+    assert res.returncode == code, res.stderr
+    line = one_error_line(res)
+    assert str(run_dir) in line and needle in line and "Traceback" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and afile.read_text() == "mine\n"
+    if case != "a file":
+        assert not run_dir.exists()
+
+
+def test_a_run_directory_that_cannot_be_made_removes_the_parents_made_for_it(tmp_path, monkeypatch):
+    """The file system refuses the last step (simulated: EROFS once the parents exist): an
+    OutputError (exit 1) and no empty parent left."""
+    import errno
+
+    from fedpriv.errors import OutputError
+    from fedpriv.rundir import make_run_directory
+
+    real = Path.mkdir
+
+    def mkdir(self, mode=0o777, parents=False, exist_ok=False):
+        if self.name == "run":
+            real(self.parent, parents=True, exist_ok=True)
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real(self, mode, parents, exist_ok)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(OutputError, match="cannot create the directory .*run .run_dir.: Read-only file system"):
+        make_run_directory(tmp_path / "a" / "b" / "run")
+    assert list(tmp_path.iterdir()) == []

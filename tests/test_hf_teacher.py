@@ -83,6 +83,40 @@ def test_teacher_with_a_mismatched_tokenizer_is_refused(hf_dir, gpt2_dir, tmp_pa
         HFTokenizer.load(tmp_path / "missing")
 
 
+def test_a_directory_without_tokenizer_files_is_refused_not_an_empty_tokenizer(gpt2_dir, tmp_path):
+    """transformers builds a GPT-2 tokenizer of one id from config.json alone; every word would then
+    encode to nothing and a run would train to a loss near 0 (issue 52, item 6)."""
+    from fedpriv.errors import ConfigError
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_bytes((gpt2_dir / "config.json").read_bytes())
+    with pytest.raises(ConfigError, match="holds no tokenizer files"):
+        HFTokenizer.load(bare)
+
+
+def test_a_tokenizer_of_special_tokens_only_is_refused(tmp_path):
+    from fedpriv.errors import ConfigError
+
+    tok = Tokenizer(models.WordLevel(vocab={"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(
+        tmp_path / "specials")
+    with pytest.raises(ConfigError, match="no token but its 2 special one"):
+        HFTokenizer.load(tmp_path / "specials")
+
+
+def test_a_teacher_whose_tokenizer_is_far_smaller_than_its_embeddings_is_refused(hf_dir, tmp_path):
+    from fedpriv.errors import ConfigError
+
+    tok = HFTokenizer.load(hf_dir)  # 304 ids
+    wide = tmp_path / "wide"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=1000, n_positions=64, n_embd=16, n_layer=1,
+                                                         n_head=2)).save_pretrained(wide)
+    with pytest.raises(ConfigError, match="another model's tokenizer"):
+        HFTeacher.load(wide, tok)
+
+
 def test_hf_teacher_distillation_end_to_end(run_cli, hf_dir, tmp_path):
     proc = run_cli("+experiment=smoke", "rounds=2", "eval_every=2", "progress=false", "data.tokenizer=hf",
                    "public.teacher=hf", f"public.teacher_path={hf_dir}", "public.pretrain_steps=3",

@@ -101,6 +101,19 @@ def test_the_wrapper_equals_the_model_and_never_predicts_the_appended_pad(gpt2_d
         HFCausalLM.load(gpt2_dir, vocab_size=rows + 2, pad_id=rows)
 
 
+def test_a_tokenizer_far_smaller_than_the_embedding_table_is_refused():
+    """Rows padded for speed (a few percent) are fine; a tokenizer of under 90% of the rows is
+    another model's (issue 52, item 6)."""
+    from fedpriv.models.tiny_hf import tiny_config
+
+    def lm(rows: int):
+        return transformers.AutoModelForCausalLM.from_config(tiny_config("llama", rows, hidden=16, layers=1, heads=2))
+
+    with pytest.raises(ConfigError, match="1000 token embeddings but the tokenizer only 304 ids"):
+        HFCausalLM(lm(1000), vocab_size=len(WORDS) + 4, pad_id=0)
+    assert HFCausalLM(lm(320), vocab_size=len(WORDS) + 4, pad_id=0).vocab_size == 304  # 95%: padded rows
+
+
 def test_a_head_the_split_does_not_reproduce_keeps_the_whole_forward(llama_dir):
     class Scaled(transformers.LlamaForCausalLM):
         def forward(self, *args, **kwargs):

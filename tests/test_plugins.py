@@ -265,13 +265,18 @@ def test_algorithm_builds_and_runs_a_round_of_smoke(tmp_path, name):
 def test_model_builds_under_book_keeping_and_runs_a_round_of_smoke(tmp_path, name):
     from fedpriv.clipping import BookKeeping
 
+    from fedpriv.config import run_config
+    from fedpriv.task import load_dataset
+
     overrides = options("model")[name].example_overrides(tmp_path)
-    option = schema.load("model", compose_cfg("+experiment=smoke", f"model={name}", *overrides,
-                                              run_dir=tmp_path / "x")["model"])
-    model = option.build_model(50, 0, 6)
+    spec = run_config(compose_cfg("+experiment=smoke", f"model={name}", *overrides, run_dir=tmp_path / "x"))
+    option = spec.model
+    # a model whose ids are its own tokenizer's is built for that tokenizer, as a run builds it
+    vocab = load_dataset(schema.as_dict(spec.data)).vocab.size if option.tokenizer else 50
+    model = option.build_model(vocab, 0, 6)
     assert isinstance(model, torch.nn.Module)
     tokens = torch.randint(1, 50, (3, 6), generator=torch.Generator().manual_seed(0))
-    assert tuple(model(tokens).shape) == (3, 6, 50)
+    assert tuple(model(tokens).shape) == (3, 6, vocab)
     BookKeeping(model, clip_norm=1.0, noise_multiplier=0.0, noise_key=b"\0" * 32)  # every layer supported
     _smoke_round(tmp_path, f"model={name}", *overrides)
 

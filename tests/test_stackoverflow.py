@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import sqlite3
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -258,6 +259,34 @@ def test_load_word_counts(tmp_path: Path) -> None:
     path = tmp_path / "wc"
     path.write_text(WORD_COUNTS + "\n")
     assert load_word_counts(path) == ["i", "how", "to", "a", "list", "sort", "do"]
+
+
+@pytest.mark.parametrize("content, needle", [
+    (bytes(range(1, 128)) * 8, "is not 'word<TAB>count'"),  # binary junk that is valid UTF-8 (accepted before)
+    (bytes(range(128, 256)) * 8, "not UTF-8 text"),  # binary junk that is not (a traceback before)
+    (b"how\t3\nto\ttwo\n", "line 2 is not 'word<TAB>count'"),
+    (b"how\t3\nhow\t2\n", "line 2 repeats the word 'how'"),
+    (b"\n\n", "lists no word"),
+])
+def test_a_word_count_file_that_does_not_parse_is_refused(tmp_path: Path, content: bytes, needle: str) -> None:
+    """A damaged or foreign vocabulary file never becomes a vocabulary (issue 52, item 6)."""
+    path = tmp_path / "stackoverflow.word_count"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=needle) as err:
+        load_word_counts(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_a_train_example_that_does_not_decode_is_one_line_naming_the_file(db: Path) -> None:
+    """Read lazily, mid-run: an example that is not a tf.train.Example names the file (issue 52, item 7)."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE examples SET serialized_example_proto = ? WHERE client_id = 'c2'", (b"\xff" * 9,))
+    data = load(db)
+    users = list(data.users.client_ids)
+    with pytest.raises(ConfigError, match="not a serialized tf.train.Example") as err:
+        data.users[users.index("c2")]
+    assert str(db) in str(err.value)
+    assert len(data.users[users.index("c1")])  # the other users read as before
 
 
 def test_missing_sqlite_is_one_line_config_error(tmp_path: Path) -> None:

@@ -174,3 +174,58 @@ def test_bad_tokenizer_exit_2(run_cli, tmp_path):
     proc = run_cli("+experiment=smoke", "data.tokenizer=bytes", f"run_dir={tmp_path / 'r'}")
     assert proc.returncode == 2 and "data.tokenizer" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+# --- issue 52, item 6: whether the tokenizer fits the data, from the test split only -------------
+
+def _replaced(data: FederatedDataset, users=None, test=None) -> FederatedDataset:
+    return FederatedDataset(name="x", vocab=data.vocab, seq_len=data.seq_len,
+                            users=data.users if users is None else users, test=data.test if test is None else test,
+                            public=data.public)
+
+
+def _unknown(rows: np.ndarray, vocab, share_of_rows: float = 1.0) -> np.ndarray:
+    """``rows`` with every word of the first ``share_of_rows`` of them replaced by the OOV id."""
+    out = rows.copy()
+    head = out[:int(round(len(out) * share_of_rows))]
+    head[(head >= 1) & (head <= len(vocab.words))] = vocab.oov_id
+    return out
+
+
+def _oov_share(rows: np.ndarray, vocab) -> float:
+    words = rows[(rows != vocab.pad_id) & (rows != vocab.bos_id) & (rows != vocab.eos_id)]
+    return float((words == vocab.oov_id).mean())
+
+
+def test_unknown_share_is_measured_on_the_test_split_only(small_words):
+    """test_unknown_share (summary.json) is the share of the test split's words the vocabulary does
+    not know; training users whose every word is unknown change nothing (their text is never looked
+    at), a test split whose every word is unknown is refused."""
+    test = _unknown(small_words.test, small_words.vocab, 0.5)
+    expected = _oov_share(test, small_words.vocab)
+    assert 0.3 < expected < 0.7
+    unknown_users = [_unknown(u, small_words.vocab) for u in small_words.users]
+    for users in (None, unknown_users):
+        data = apply_text_pipeline(_replaced(small_words, users=users, test=test), {})
+        assert data.test_unknown_share == pytest.approx(expected, abs=1e-12)
+    assert apply_text_pipeline(_replaced(small_words, users=unknown_users), {}).test_unknown_share == \
+        pytest.approx(_oov_share(small_words.test, small_words.vocab), abs=1e-12)
+    with pytest.raises(ConfigError, match="every word of the test split is unknown to the word vocabulary"):
+        apply_text_pipeline(_replaced(small_words, test=_unknown(small_words.test, small_words.vocab)), {})
+
+
+def test_a_high_unknown_share_is_warned_naming_the_test_split(small_words, caplog):
+    with caplog.at_level("WARNING", logger="fedpriv.data.text_pipeline"):
+        apply_text_pipeline(small_words, {})
+        assert not caplog.records  # the synthetic vocabulary knows its words
+        apply_text_pipeline(_replaced(small_words, test=_unknown(small_words.test, small_words.vocab, 0.5)), {})
+    (record,) = caplog.records
+    assert "of the test split's words are unknown to the word vocabulary" in record.getMessage()
+    assert "a statistic of the test split" in record.getMessage() and "data.vocab_path" in record.getMessage()
+
+
+def test_the_unknown_share_of_a_subword_tokenizer_counts_the_words_it_cannot_encode(small_words):
+    test = _unknown(small_words.test, small_words.vocab, 0.5)
+    data = apply_text_pipeline(_replaced(small_words, test=test), {"tokenizer": "sentencepiece", "sp_vocab_size": 60})
+    # SentencePiece spells every other word with the public corpus' characters: the OOV words remain
+    assert data.test_unknown_share == pytest.approx(_oov_share(test, small_words.vocab), abs=1e-12)

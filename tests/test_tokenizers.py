@@ -7,8 +7,8 @@ import pytest
 
 from fedpriv.data.synthetic import SyntheticConfig, generate
 from fedpriv.errors import ConfigError
-from fedpriv.text.tokenizers import (NO_WORD, SentencePieceTokenizer, WordTokenizer, encode_rows,
-                                       next_word_accuracy, rows_to_texts)
+from fedpriv.text.tokenizers import (NO_WORD, UNKNOWN_WORD, SentencePieceTokenizer, WordTokenizer, encode_rows,
+                                       next_word_accuracy, rows_to_texts, unknown_word_share)
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +69,17 @@ def test_word_level_next_word_accuracy_equals_token_accuracy(public_texts):
     scored = word_of != NO_WORD
     token_acc = (predicted == rows[:, 1:])[scored].mean()
     assert next_word_accuracy(predicted, rows, word_of) == pytest.approx(token_acc)
+
+
+def test_unknown_word_share_counts_unknown_and_vanishing_words():
+    tok = WordTokenizer(("a", "b"))
+    assert unknown_word_share(tok, ["a b c", f"{UNKNOWN_WORD} a"]) == pytest.approx(2 / 5)
+
+    class EncodesNothing:  # an empty tokenizer: every word vanishes
+        oov_id = None
+
+        def encode_word(self, word):
+            return []
+
+    assert unknown_word_share(EncodesNothing(), ["a b"]) == 1.0
+    assert unknown_word_share(tok, ["", " "]) is None

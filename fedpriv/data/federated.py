@@ -48,6 +48,9 @@ class FederatedDataset:
     public: PublicCorpus | None = None
     test_word_of: np.ndarray | None = None  # [M, seq_len]: word index of each test target (subword tokenizers)
     tokenizer: object | None = None  # the subword tokenizer every split was re-encoded with (None: word ids)
+    # share of the test split's words the tokenizer (or word vocabulary) does not know: a statistic of
+    # the held-out test split, published like its metrics (summary.json); None where not measured
+    test_unknown_share: float | None = None
     info: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

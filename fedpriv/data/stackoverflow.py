@@ -38,8 +38,8 @@ file here.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
-from contextlib import closing
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 import logging
 import operator
@@ -74,12 +74,35 @@ def load_word_counts(path: str | os.PathLike) -> list[str]:
     """Words of TFF's ``stackoverflow.word_count`` (``word<TAB>count`` lines), in file order.
 
     The file lists words most frequent first, so its first V words are the standard vocabulary.
+    A file that does not parse is refused (:class:`ConfigError` naming the file and the line), so
+    that a damaged or foreign file never becomes a vocabulary: text that is not UTF-8, a line
+    that is not a word and a non-negative integer count, a word listed twice, no word at all.
     """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(_missing_vocab_message(path))
+    words: list[str] = []
+    seen: set[str] = set()
     with path.open(encoding="utf-8") as f:
-        return [line.split()[0] for line in f if line.strip()]
+        try:
+            for number, line in enumerate(f, 1):
+                fields = line.split()
+                if not fields:
+                    continue
+                if len(fields) != 2 or not (fields[1].isascii() and fields[1].isdigit()):
+                    raise ConfigError(f"{path} is not a word-count file: line {number} is not 'word<TAB>count' "
+                                      f"(TFF's {VOCAB_FILE_NAME}; a damaged download? get it again)")
+                if fields[0] in seen:
+                    raise ConfigError(f"{path} is not a word-count file: line {number} repeats the word "
+                                      f"{fields[0]!r}")
+                seen.add(fields[0])
+                words.append(fields[0])
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path} is not a word-count file: it is not UTF-8 text (TFF's {VOCAB_FILE_NAME}; "
+                              "a damaged download? get it again)") from None
+    if not words:
+        raise ConfigError(f"{path} is not a word-count file: it lists no word")
+    return words
 
 
 def _word_lookup(vocab: Vocabulary) -> dict[bytes, int]:
@@ -87,11 +110,19 @@ def _word_lookup(vocab: Vocabulary) -> dict[bytes, int]:
     return {w.encode("utf-8", "surrogateescape"): i + 1 for i, w in enumerate(vocab.words or ())}
 
 
+class _BadExample(ConfigError):
+    """An example that is not what TFF's file holds; :func:`_reading` names the file."""
+
+
 def _sentence_words(blob: bytes) -> list[bytes]:
     """The words of one serialized example's ``tokens`` feature."""
-    tokens = decode_example(blob).get("tokens")
+    try:
+        tokens = decode_example(blob).get("tokens")
+    except ValueError as err:  # the codec's malformed protobuf
+        raise _BadExample(f"an example is not a serialized tf.train.Example ({err}): the file is damaged, "
+                          "or not TFF's stackoverflow.sqlite") from None
     if not tokens or not isinstance(tokens[0], bytes):
-        raise ConfigError("an example has no 'tokens' bytes feature: not TFF's stackoverflow.sqlite")
+        raise _BadExample("an example has no 'tokens' bytes feature: not TFF's stackoverflow.sqlite")
     return tokens[0].split()
 
 
@@ -122,6 +153,24 @@ def _connect(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
 
 
+def _unreadable(path: Path, err: sqlite3.DatabaseError) -> ConfigError:
+    return ConfigError(f"cannot read {path} ({err}): expected TFF's stackoverflow.sqlite, whole (an interrupted "
+                       "download or decompression leaves a damaged file: redo it)")
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Reads of ``path`` inside: a damaged file (sqlite's "database disk image is malformed" on a
+    page past the header, which only a read of that page finds; an example that does not decode) is
+    one :class:`ConfigError` naming the file, never sqlite's or the codec's traceback."""
+    try:
+        yield
+    except sqlite3.DatabaseError as err:
+        raise _unreadable(path, err) from None
+    except _BadExample as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
 def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
     """Raise a one-line :class:`ConfigError` unless ``path`` (open as ``conn``) has TFF's table
     ``examples(split_name, client_id, serialized_example_proto)``."""
@@ -130,7 +179,7 @@ def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
         tables = [] if columns else [row[0] for row in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
     except sqlite3.DatabaseError as e:
-        raise ConfigError(f"cannot read {path} ({e}): expected TFF's stackoverflow.sqlite") from e
+        raise _unreadable(path, e) from None
     if not columns:
         redo = "; an interrupted download or decompression leaves such a file: redo it"
         what = (f"is an empty file (0 bytes){redo}" if path.stat().st_size == 0 else
@@ -252,16 +301,17 @@ class SqliteUsers(Sequence[np.ndarray]):
         return rows.copy()
 
     def _read(self, i: int) -> np.ndarray:
-        if self._conn is None:
-            self._conn = _connect(self.path)
-        if self.runs is None:
-            blobs = _client_blobs(self._conn, self.client_ids[i], self.max_sentences)
-        else:
-            offsets, starts, ends = self.runs
-            lo, hi = int(offsets[i]), int(offsets[i + 1])
-            blobs = stackoverflow_rowmap.read_user(
-                self._conn, self.client_ids[i], starts[lo:hi], ends[lo:hi], self.max_sentences)
-        return _rows(blobs, self._lookup, self.vocab, self.seq_len)
+        with _reading(self.path):  # a damaged page of this user's rows: one line, mid-run too
+            if self._conn is None:
+                self._conn = _connect(self.path)
+            if self.runs is None:
+                blobs = _client_blobs(self._conn, self.client_ids[i], self.max_sentences)
+            else:
+                offsets, starts, ends = self.runs
+                lo, hi = int(offsets[i]), int(offsets[i + 1])
+                blobs = stackoverflow_rowmap.read_user(
+                    self._conn, self.client_ids[i], starts[lo:hi], ends[lo:hi], self.max_sentences)
+            return _rows(blobs, self._lookup, self.vocab, self.seq_len)
 
     def __repr__(self) -> str:
         return f"SqliteUsers({str(self.path)!r}, {len(self)} users)"
@@ -447,7 +497,7 @@ def load_stackoverflow(
     db = Path(path)
     if not db.is_file():
         raise ConfigError(_missing_data_message(db))
-    with closing(_connect(db)) as conn:
+    with closing(_connect(db)) as conn, _reading(db):
         _check_schema(conn, db)
         indexed = _has_client_index(conn)
         rowmap = None if indexed else stackoverflow_rowmap.row_map(db, conn)

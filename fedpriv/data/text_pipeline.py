@@ -13,10 +13,17 @@
 
 Private text never reaches a tokenizer's training: the word vocabulary is the dataset's (public
 for synthetic; TFF's word counts for StackOverflow), SentencePiece sees only the public corpus.
+
+Whether the tokenizer fits the data is measured on the held-out **test** split only (its metrics
+are published anyway; the training users' text is never looked at): ``test_unknown_share`` is the
+share of its words that reach the model as no known token. Every test word unknown is refused
+(the model could learn only the unknown token, which the accuracy leaves out); above
+:data:`UNKNOWN_WARN` a ``warning:`` line says so.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -30,7 +37,23 @@ from fedpriv.errors import ConfigError
 from fedpriv.schema import TextPipeline
 from fedpriv.text.corpora import public_texts
 from fedpriv.text.hf_tokenizer import HFTokenizer
-from fedpriv.text.tokenizers import SentencePieceTokenizer, Tokenizer, WordTokenizer, encode_rows, rows_to_texts
+from fedpriv.text.tokenizers import (SentencePieceTokenizer, Tokenizer, WordTokenizer, encode_rows, rows_to_texts,
+                                     unknown_word_share)
+
+log = logging.getLogger(__name__)
+
+# a share of unknown test words above this is warned about: a vocabulary or tokenizer of the data's
+# own language and domain leaves a few percent of its words unknown, never a quarter
+UNKNOWN_WARN = 0.25
+# what the model is told about the words, and the fix, per data.tokenizer
+_TOKENIZER_FIX = {
+    "word": ("the word vocabulary", "use a vocabulary counted on text like this data's (data.vocab_path, "
+                                    "data.vocab_size)"),
+    "sentencepiece": ("the SentencePiece model", "train it on a public corpus of this data's language "
+                                                 "(data.public_source)"),
+    "hf": ("the tokenizer of data.tokenizer_path", "give the tokenizer that belongs to this data's model "
+                                                   "(data.tokenizer_path)"),
+}
 
 
 class RetokenizedUsers(Sequence):
@@ -105,4 +128,27 @@ def apply_text_pipeline(data: FederatedDataset, spec: TextPipeline | Mapping[str
     if isinstance(spec, Mapping):
         spec = schema.load("data", dict(spec))
     data = replace(data, public=_public_corpus(data, spec))
-    return data if spec.tokenizer == "word" else _retokenize(data, spec)
+    return _with_test_coverage(data, data if spec.tokenizer == "word" else _retokenize(data, spec), spec.tokenizer)
+
+
+def _with_test_coverage(words: FederatedDataset, data: FederatedDataset, tokenizer: str) -> FederatedDataset:
+    """``data`` (``words`` re-encoded, or ``words`` itself) with ``test_unknown_share``: the share of
+    the test split's words that reach the model as no known token (``words.test`` as text, encoded
+    by ``data.tokenizer`` or the word vocabulary). Every test word unknown is a :class:`ConfigError`;
+    more than :data:`UNKNOWN_WARN` is a warning. Only the test split is read: its metrics are
+    published, the training users' text is not looked at."""
+    if words.vocab.words is None:
+        return data
+    encoder = data.tokenizer if data.tokenizer is not None else WordTokenizer(words.vocab.words)
+    share = unknown_word_share(encoder, rows_to_texts(words.test, words.vocab))
+    if share is None:
+        return data
+    what, fix = _TOKENIZER_FIX.get(tokenizer, ("the tokenizer", "use one that fits the data"))
+    if share >= 1.0:
+        raise ConfigError(f"every word of the test split is unknown to {what}: a model could learn only the unknown "
+                          f"token, which the accuracy leaves out (it would stay 0); {fix}")
+    if share > UNKNOWN_WARN:
+        log.warning(f"{share:.0%} of the test split's words are unknown to {what} (test_unknown_share, a statistic "
+                    "of the test split, published like its metrics): the model learns to predict the unknown token, "
+                    f"which the accuracy leaves out, so the loss can fall while the accuracy stays near 0; {fix}")
+    return replace(data, test_unknown_share=share)

@@ -11,7 +11,9 @@ fully fine-tuned or with LoRA adapters only (optional extra ``hf``; nothing is d
   embedding rows). That pad is never a target; as an input it only follows the row's EOS, which
   a causal model never lets earlier positions see, so it is fed as id 0 and its logit is ``-inf``
   (never predicted). Any other id the model has no row for is refused. A model with more rows
-  than the tokenizer has ids returns the first ``V`` logits.
+  than the tokenizer has ids (rows padded for speed) returns the first ``V`` logits; a tokenizer
+  of fewer than 90% of the rows is another model's, and refused
+  (:func:`fedpriv.text.hf_tokenizer.check_tokenizer_fits`).
 - ``features``/``head`` split the forward at the last hidden state (``lm.base_model``) and the
   output embedding (with Gemma-2's final logit soft-capping), so that the output layer can run
   on the non-pad targets only (``keep``, :func:`fedpriv.clipping.flat_positions`). The split is
@@ -50,7 +52,7 @@ from fedpriv.lora import add_lora, look_up_embeddings_first, merge_adapters
 from fedpriv.models.flat import set_flat_params
 from fedpriv.models.tiny_hf import write_model_dir
 from fedpriv.schema import LOCATION, ModelOption, nonnegative, positive, register_option
-from fedpriv.text.hf_tokenizer import check_dir, transformers_module
+from fedpriv.text.hf_tokenizer import check_tokenizer_fits, load_causal_lm
 
 RELEASE_DIR = "hf_model"  # the released model beside the run's other outputs
 PROBE_TOLERANCE = 1e-4  # |head(features(x)) - lm(x).logits| / max|logits| for the split to be used
@@ -69,6 +71,7 @@ class HFCausalLM(nn.Module):
             raise ConfigError(f"the model has {self.rows} token embeddings but the tokenizer uses "
                               f"{self.vocab_size} ids (more than an appended pad): give the model's own "
                               "tokenizer (data.tokenizer_path)")
+        check_tokenizer_fits(self.rows, self.vocab_size, "the model")
         self.softcap = getattr(getattr(lm, "config", None), "final_logit_softcapping", None)
         if self.vocab_size > self.rows:
             # before any other pre-hook (Book-Keeping's traces the ids it is given as the model's input)
@@ -81,12 +84,7 @@ class HFCausalLM(nn.Module):
              lora_targets: Optional[list[str]] = None, lora_alpha: Optional[float] = None) -> "HFCausalLM":
         """The model at ``path`` (config and weights, local only) in float32, with LoRA adapters of
         ``lora_rank`` on ``lora_targets`` (None: the family's defaults) when ``lora_rank > 0``."""
-        path = check_dir(path, "model.path")
-        try:
-            lm = transformers_module().AutoModelForCausalLM.from_pretrained(
-                str(path), local_files_only=True, dtype=torch.float32)
-        except (OSError, ValueError) as err:  # no weights, an unknown architecture
-            raise ConfigError(f"model.path {str(path)!r}: {str(err).splitlines()[0]}") from None
+        lm = load_causal_lm(path, "model.path", dtype=torch.float32)
         lm.config.use_cache = False
         model = cls(lm, vocab_size, pad_id)
         if lora_rank > 0:

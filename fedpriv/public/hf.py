@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from fedpriv.errors import ConfigError
-from fedpriv.text.hf_tokenizer import HFTokenizer, check_dir, transformers_module
+from fedpriv.text.hf_tokenizer import HFTokenizer, check_tokenizer_fits, load_causal_lm
 
 
 class HFTeacher(nn.Module):
@@ -32,12 +32,12 @@ class HFTeacher(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path | None, tokenizer: HFTokenizer) -> "HFTeacher":
-        path = check_dir(path, "public.teacher_path")
-        model = transformers_module().AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+        model = load_causal_lm(path, "public.teacher_path")
         rows = model.get_input_embeddings().num_embeddings
         if rows < tokenizer.teacher_size:
             raise ConfigError(f"the teacher at {str(path)!r} has {rows} token embeddings but the tokenizer "
                               f"{tokenizer.teacher_size} tokens: use the teacher's own tokenizer")
+        check_tokenizer_fits(rows, tokenizer.teacher_size, f"the teacher at {str(path)!r}")
         return cls(model, tokenizer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -159,6 +159,26 @@ def next_word_accuracy(predicted: np.ndarray, rows: np.ndarray, word_of: np.ndar
 UNKNOWN_WORD = "<unk>"  # how a row's OOV token is written as text; every tokenizer maps it to its unk id
 
 
+def unknown_word_share(tokenizer: Tokenizer, texts: Iterable[str]) -> float | None:
+    """Share of the words of ``texts`` (whitespace-separated) that reach a model as no known token:
+    written :data:`UNKNOWN_WORD` (outside the dataset's own word vocabulary), or encoded by
+    ``tokenizer`` to no token at all or to pieces that include its unknown id (``oov_id``). None
+    when ``texts`` hold no word. Each distinct word is encoded once."""
+    counts = Counter(word for text in texts for word in text.split())
+    total = sum(counts.values())
+    if not total:
+        return None
+    oov = getattr(tokenizer, "oov_id", None)
+
+    def unknown(word: str) -> bool:
+        if word == UNKNOWN_WORD:
+            return True
+        pieces = tokenizer.encode_word(word)
+        return not pieces or (oov is not None and oov in pieces)
+
+    return sum(n for word, n in counts.items() if unknown(word)) / total
+
+
 def rows_to_texts(rows: np.ndarray, vocab) -> list[str]:
     """Word-id rows as text, one sentence per row (specials dropped, OOV → ``<unk>``); needs a
     :class:`~fedpriv.data.federated.Vocabulary` with ``words`` (the synthetic words are ``w<id>``)."""
