@@ -32,13 +32,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-import numpy as np
 
 from fedpriv.plan.auto import CHOSEN_KEYS, MAX_STEP, MIN_COHORT, MIN_ROUNDS, refusal
 from fedpriv.plan.noise_figure import A_TARGET
 from fedpriv.plan.run_plan import RunPlan, server_step
 from fedpriv.schema import RunConfig
-from fedpriv.text.vocabulary import Vocabulary
 
 LOSS_RISE = 0.05  # final test loss above (1 + LOSS_RISE) x the best one: degraded
 MIN_EVALUATIONS = 3  # evaluations needed before a rise of the loss is judged
@@ -54,8 +52,8 @@ NOISE, STEP, TOO_FEW, VOCAB, UNKNOWN = ("noise", "server step too large", "too f
 @dataclass(frozen=True)
 class RunFacts:
     """The public quantities of a finished run the verdict reads: its config and its pre-run noise
-    figure (:func:`run_facts`), and the share of the test split's targets that are the unknown
-    token (:func:`unknown_share`)."""
+    figure (:func:`run_facts`), and the share of the test split's words that reach the model as
+    no known token (the dataset's ``test_unknown_share``, :mod:`fedpriv.data.text_pipeline`)."""
 
     cohort_size: float = 1.0
     rounds: int = 1
@@ -67,7 +65,7 @@ class RunFacts:
     plannable: bool = True  # plan=auto would plan its config (fedpriv.plan.auto.refusal)
     public_population: bool = True  # its population is public (plan=auto can plan it without population=N)
     server_steps: float | None = None  # a planned run's full-size server steps P (its plan's prediction)
-    unknown_share: float | None = None  # of the test split's targets, the share that is the unknown token
+    unknown_share: float | None = None  # of the test split's words, the share the model sees as unknown
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ class Degradation:
     cause: str
     detail: str  # the evidence for the cause
     fixes: tuple[Fix, ...]  # the alternatives, each addressing the cause
-    unknown_share: float | None = None  # of the test split's targets, the unknown token's share
+    unknown_share: float | None = None  # of the test split's words, the share the model sees as unknown
 
     @property
     def fix(self) -> str:
@@ -121,17 +119,6 @@ def _final_accuracy(row: dict) -> float:
     """Next-word accuracy where a subword tokenizer scores words (what the unigram baseline and the
     printed result are), else next-token accuracy."""
     return float(row.get("test_word_accuracy", row["test_accuracy"]))
-
-
-def unknown_share(test: np.ndarray, vocab: Vocabulary) -> float | None:
-    """Of the test split's targets (not padding), the share that is the unknown (OOV) token; None
-    where the vocabulary has none or the split has no target. A statistic of the test split, whose
-    metrics are published; never of the training users'."""
-    targets = np.asarray(test)[:, 1:]
-    counted = targets != vocab.pad_id
-    if vocab.oov_id is None or not counted.any():
-        return None
-    return float((targets[counted] == vocab.oov_id).mean())
 
 
 def run_facts(spec: RunConfig, plan: RunPlan, unknown: float | None = None) -> RunFacts:
@@ -198,7 +185,7 @@ def _cause(facts: RunFacts, vocabulary: bool, exploded: bool, below: bool, rose:
     """The likely cause and its evidence (module docstring)."""
     if vocabulary:
         share = ("" if facts.unknown_share is None else
-                 f"{facts.unknown_share:.0%} of the test split's target tokens are the unknown token; ")
+                 f"{facts.unknown_share:.0%} of the test split's words are unknown to the vocabulary or tokenizer; ")
         return VOCAB, (f"{share}the loss fell while the accuracy stayed under 1/V = {1 / vocab_size:.2g}: the model "
                        "predicts tokens the accuracy leaves out: unknown, end of sentence")
     if facts.step is not None and facts.step > STABLE_STEP:

@@ -23,7 +23,7 @@ from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.adaptive_clipping import build_adaptive_clip
 from fedpriv.audit.run import build_canaries, finish_audit
 from fedpriv.config import diagnostics_enabled, run_config
-from fedpriv.degradation import Degradation, degradation, run_facts, unknown_share
+from fedpriv.degradation import Degradation, degradation, run_facts
 from fedpriv.dpfedavg import DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
 from fedpriv.mechanisms import Mechanism
@@ -360,7 +360,7 @@ def _train(session: RunSession, round_fn: RoundFn, outputs: RunOutputs) -> dict:
         last_eval = evaluate_params(session.task, server.model_params)
     data = session.task.data  # the verdict reads the test split and public quantities only
     verdict = degradation(session.history, data.unigram_accuracy, data.vocab.size,
-                          run_facts(spec, session.plan, unknown_share(data.test, data.vocab)))
+                          run_facts(spec, session.plan, data.test_unknown_share))
     summary = _summary(session, last_eval, time.perf_counter() - started, verdict)
     audit = None
     if server.canaries is not None:  # post-processing of the releases and the canaries (docs/PRIVACY.md)
