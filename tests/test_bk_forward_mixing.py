@@ -654,3 +654,24 @@ def test_a_refusal_about_the_model_itself_names_it() -> None:
     with pytest.raises(ValueError, match=r"^<model> was called with batch dim 8 but per_sample_loss has 3"):
         bk.backward(class_loss(model, x, y)[:3])
 
+
+# ----------------------------------------------------------------------------- issue 52, 12: the replay's cost
+
+
+def test_the_replay_keeps_no_activation_for_a_backward() -> None:
+    """The replay's graph is never differentiated: autograd saves nothing in it, so each activation
+    is freed when the forward is done with it (a saved-tensor hook around the replay sees no pack)."""
+    torch.manual_seed(0)
+    model = TransformerLanguageModel(VOCAB, d_model=16, num_layers=2, num_heads=2, ff_dim=32, max_len=8)
+    bk = BookKeeping(model, clip_norm=1e-2, replay_every=1)
+    replay, packed, runs = bk._forward_replay, [], []
+
+    def watched(*args):
+        runs.append(1)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.shape) or t, lambda t: t):
+            replay(*args)
+
+    bk._forward_replay = watched
+    for step in range(2):
+        bk.backward(lm_loss(model, tokens(5, 8, VOCAB, seed=step)))
+    assert len(runs) == 2 and packed == []

@@ -183,6 +183,16 @@ def _signature(args: tuple, kwargs: dict) -> tuple:
     return tuple(shapes)
 
 
+def _drop_saved(tensor: Tensor) -> None:
+    """The forward replay's autograd saves nothing (its graph is never differentiated): each of its
+    activations is freed when the forward no longer needs it, as without grad."""
+    return None
+
+
+def _no_saved(_: None) -> Tensor:
+    raise RuntimeError("the forward replay keeps no tensor for a backward: a forward that differentiates "
+                       "inside itself cannot be replayed")
+
 
 class BookKeeping:
     """Per-sample (or per-group) clipping and Gaussian noise for ``model`` with the BK algorithm.
@@ -220,9 +230,9 @@ class BookKeeping:
     mixes samples in its forward (:mod:`fedpriv.clipping.provenance`, 4). It does so on the first
     ``REPLAY_FIRST`` (4) steps of the engine, on every ``replay_every``-th step after (default 8; 1:
     every step) and on every step whose arguments have shapes no replay has seen; a step with one
-    sample is not replayed (nothing to compare). A replay is one more forward, ending before the
-    last layer where the model returns that layer's output holding, by value, what the layer
-    computed. Every
+    sample is not replayed (nothing to compare). A replay is one more forward with grad enabled that
+    saves nothing for a backward, ending before the last layer where the model returns that layer's
+    output holding, by value, what the layer computed (docs/BENCHMARKS.md gives its cost). Every
     hooked call must be made inside the model's forward (the replay runs that forward again); the
     model may itself be one registered layer (a bare ``nn.Linear``; refusals name it ``<model>``).
 
@@ -402,6 +412,11 @@ class BookKeeping:
         A forward whose arguments' shapes no replay has seen yet is replayed too (a model that mixes only
         at some batch size, the last short batch of an epoch, say, cannot wait for the schedule)."""
         return self._steps < REPLAY_FIRST or self._steps % self.replay_every == 0
+
+    @property
+    def replay_pending(self) -> bool:
+        """Whether the forward(s) run since the last backward will be replayed by the next one."""
+        return bool(self._forwards)
 
     @property
     def recorded_calls(self) -> int:
@@ -588,8 +603,11 @@ class BookKeeping:
         """Run each forward of this step again with some samples perturbed (torch's RNG streams
         restored to where the forward started, so dropout draws the same masks; restored again
         afterwards) and fail if any hooked call's rows of the other samples changed at all, or its
-        shared input or output did (:func:`~fedpriv.clipping.provenance.replay_mismatch`). A
-        forward replayed without a mismatch marks its arguments' shapes as seen."""
+        shared input or output did (:func:`~fedpriv.clipping.provenance.replay_mismatch`). Grad is
+        enabled, as in the forward, but autograd saves nothing (:func:`_drop_saved`): the replay's
+        activations are freed as the forward goes, not held for a backward that never comes (a
+        forward that differentiates inside itself fails here, and is refused). A forward replayed
+        without a mismatch marks its arguments' shapes as seen."""
         if not forwards:
             return
         if outside is not None:
@@ -603,8 +621,9 @@ class BookKeeping:
             cpu, cuda = forward.rng
             state = self._replaying = _Replaying(forward, chosen)
             output, ended = None, False
-            try:
-                with torch.random.fork_rng(devices=[d for d, _ in cuda]), torch.enable_grad():
+            try:  # grad enabled as in the forward, its graph never differentiated: nothing saved (_drop_saved)
+                with torch.random.fork_rng(devices=[d for d, _ in cuda]), torch.enable_grad(), \
+                        torch.autograd.graph.saved_tensors_hooks(_drop_saved, _no_saved):
                     torch.set_rng_state(cpu)
                     for device, rng in cuda:
                         torch.cuda.set_rng_state(rng, device)

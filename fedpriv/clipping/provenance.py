@@ -75,8 +75,9 @@ half separates them); per-sample data reaches the forward only through its argum
 inside tuples, lists and dicts (data held by the module, a global, or another kind of object is not
 perturbed); a write behind autograd into the returned last-layer output that leaves its
 :func:`value_print` unchanged (every row's wrapping bit sum and every secret projection) goes
-unnoticed; the forward reads no state that earlier batches wrote other than the parameters; a
-registered rule's module computes its output row by row;
+unnoticed; the forward reads no state that earlier batches wrote other than the parameters, and
+does not differentiate inside itself (the replay saves nothing for a backward: such a forward is
+refused); a registered rule's module computes its output row by row;
 and the per-sample loss is formed from the model's return value row by row (the engine cannot run
 the caller's loss computation again: 3 sees a backward dependence there on the first backward only,
 and a detached statistic over the batch inside the loss computation goes unnoticed).
@@ -561,15 +562,31 @@ def _perturb_rows(value: Tensor, chosen: Tensor, generator: torch.Generator) -> 
     return torch.where(mask, perturbed(value, generator), value.detach())
 
 
+def _kept_runs(chosen: Tensor) -> list[tuple[int, int]]:
+    """The samples not ``chosen``, as ranges ``[start, stop)`` of consecutive rows."""
+    runs: list[tuple[int, int]] = []
+    for i in torch.nonzero(~chosen.cpu())[:, 0].tolist():
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
+
+
 def _rows_differ(p: CallPrint, q: CallPrint, a: Tensor, b: Tensor, chosen: Tensor) -> bool:
     """Whether ``a`` (of ``p``) and ``b`` (of ``q``, the replay) differ in a bit of a row of a
-    sample not ``chosen`` (for "whole", anywhere)."""
+    sample not ``chosen`` (for "whole", anywhere). On the host, rows of kept samples are compared run
+    by run of consecutive samples (``torch.equal`` on their bits: no temporary the size of the input,
+    the perturbed rows never read); on a device, all rows at once (one synchronisation)."""
     if p.kind == "whole":
         return a.shape != b.shape or not torch.equal(_bits(a), _bits(b))
     if p.kind == "rows":
         if a.shape != b.shape:
             return True
-        changed = (_bits(a) != _bits(b)).reshape(a.shape[0], -1).any(1)
+        a, b = _bits(a), _bits(b)
+        if a.device.type == "cpu":
+            return not all(torch.equal(a[start:stop], b[start:stop]) for start, stop in _kept_runs(chosen))
+        changed = (a != b).reshape(a.shape[0], -1).any(1)
         return bool(changed[~chosen.to(changed.device)].any())
     keep_a, keep_b = ~chosen.to(a.device)[p.samples], ~chosen.to(b.device)[q.samples]
     a, b = a[keep_a], b[keep_b]
