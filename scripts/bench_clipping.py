@@ -205,8 +205,11 @@ def make_steps(name: str, only: str | None = None) -> dict:
         model = fedpriv_model(name)
         bk = BookKeeping(model, clip_norm=CLIP, noise_multiplier=sigma, mode=mode, replay_every=every)
 
-        def bk_step(model=model, bk=bk):
-            bk.backward(per_sample_loss(model(x), y))
+        def bk_step(model=model, bk=bk, label=label):
+            logits = model(x)
+            REPLAYED.setdefault(label, []).append(bk.replay_pending)
+            bk.backward(per_sample_loss(logits, y))
+            del logits
             sgd([p for p in model.parameters() if p.requires_grad], batch)
         steps[label] = bk_step
 
@@ -229,6 +232,8 @@ def make_steps(name: str, only: str | None = None) -> dict:
 
 #: mode -> why it could not run (its error), filled by make_steps and the first timed step
 REFUSED: dict[str, str] = {}
+#: BK mode -> for each of its steps (warm-up included), whether the engine replayed its forward
+REPLAYED: dict[str, list[bool]] = {}
 
 
 def vmap_step(model: nn.Module, x, y, batch: int):
@@ -375,14 +380,26 @@ def main() -> None:
     print(f"{args.model}: {n_params:,} parameters, {args.steps} round-robin steps after {args.warmup} warm-up, "
           f"{args.threads} threads, torch {torch.__version__}")
     print(f"{'mode':24s} {'median s':>9s} {'ratio':>6s} {'peak RSS MB':>12s} {'mem ratio':>9s}")
+    notes = []
     for mode, ts in times.items():
         med = statistics.median(ts)
         mem = memory.get(mode)
         row = {"mode": mode, "median_s": med, "ratio": med / base, "peak_rss_mb": mem,
-               "memory_ratio": (mem / base_mem) if mem and base_mem else None}
+               "memory_ratio": (mem / base_mem) if mem and base_mem else None, "times_s": ts}
+        replayed = REPLAYED.get(mode, [])[args.warmup:args.warmup + len(ts)]
+        if any(replayed):  # the timed steps the forward replay ran on, and the medians of both kinds
+            row["replayed"] = replayed
+            again = [t for t, r in zip(ts, replayed) if r]
+            plain = [t for t, r in zip(ts, replayed) if not r]
+            which = ", ".join(str(i) for i, r in enumerate(replayed) if r)
+            others = f"; the others {statistics.median(plain):.4f} s ({statistics.median(plain) / base:.2f})"
+            notes.append(f"{mode}: {len(again)} of {len(ts)} timed steps replayed (timed steps {which}), median "
+                         f"{statistics.median(again):.4f} s" + (others if plain else ""))
         rows.append(row)
         mem_text = f"{mem:12.0f} {row['memory_ratio']:9.2f}" if mem and base_mem else f"{'-':>12s} {'-':>9s}"
         print(f"{mode:24s} {med:9.4f} {med / base:6.2f} {mem_text}")
+    for note in notes:
+        print(note)
     for mode, why in REFUSED.items():
         print(f"{mode:24s} refused: {why}")
     if args.json:

@@ -25,8 +25,8 @@ One step, given the per-sample losses ``ℓ_i`` of a batch-first forward:
 
 Which inputs are per sample is *proven*, never guessed from a shape, that no sample's loss
 depends on another sample's rows, and (by a forward replay with some samples perturbed, on a
-schedule: ``replay_every``) that no row of a hooked call, nor of the model's return value,
-depends on another sample, by
+schedule: ``replay_every``, and at each new shape of the arguments) that no row of a hooked call,
+nor of the model's return value, depends on another sample, by
 :mod:`fedpriv.clipping.provenance` (its docstring states what is proven and under which
 assumptions). A shared call's output is returned with a new leading
 batch dim (an ``expand`` view), so each sample gets its own part of the gradient.
@@ -55,9 +55,9 @@ from fedpriv.keystream import GaussianKeystream
 from fedpriv.precision import as_fp32, exact_fp32
 from fedpriv.clipping.provenance import (FLAT_LISTENERS, CallPrint, Provenance, UnsupportedLayerError,
                                          ambiguous_batch_dim, call_print, check_data_independent, check_separable,
-                                         choose_perturbed, declared_rows, expand_rows, output_mismatch, output_prints,
-                                         perturb_samples, perturbed, replay_error, replay_mismatch,
-                                         rows_within, separability_probe)
+                                         choose_perturbed, declared_rows, expand_rows, map_tensors, output_mismatch,
+                                         output_prints, perturb_samples, perturbed, replay_error, replay_mismatch,
+                                         rows_within, same_values, separability_probe, value_print)
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule
 from fedpriv.clipping.subclass_rules import subclass_rule
 
@@ -114,12 +114,14 @@ class _Forward:
     rng: tuple[Tensor, list[tuple[int, Tensor]]]  # torch's CPU state, (device, state) per CUDA device
     batch: int
     prints: list[tuple[CallPrint, Optional[str]]]  # with the expansion the engine applied ("shared", "broadcast")
-    # the model's return value as compared (output_prints); None: it is the last call's output, unchanged (a
-    # registered layer's, compared by that call's input, so the replay may end before that call)
+    shapes: tuple = ()  # the shapes of the tensors in its arguments (each new one is replayed: _signature)
+    # the model's return value as compared (output_prints); None: it is the last call's output with the values
+    # that call computed (a registered layer's, compared by that call's input, so the replay may end before it)
     output: Optional[list[CallPrint]] = None
-    # while the forward runs: the last hooked call's output, its version and whether it may end the replay,
-    # and the samples of the rows of each flat_positions it made (dropped when it returns)
-    last: Optional[tuple[Tensor, int, bool]] = None
+    # while the forward runs: the last hooked call's output, the value_print of it taken when the call returned
+    # (None where that call was not the one predicted last) and whether it may end the replay; the samples of
+    # the rows of each flat_positions it made (both dropped when it returns)
+    last: Optional[tuple[Tensor, Optional[tuple[Tensor, Optional[Tensor]]], bool]] = None
     flat: list[Tensor] = field(default_factory=list)
 
 
@@ -172,6 +174,26 @@ def _first_tensor(args: tuple, kwargs: dict) -> Optional[Tensor]:
     return None
 
 
+def _signature(args: tuple, kwargs: dict) -> tuple:
+    """The shapes of every tensor in a forward's arguments (in their tuples, lists and dicts too),
+    by position and keyword: a forward whose signature no replay has seen is replayed."""
+    shapes: list = []
+    for key, value in list(enumerate(args)) + list(kwargs.items()):
+        map_tensors(value, lambda t, key=key: shapes.append((key, tuple(t.shape))))
+    return tuple(shapes)
+
+
+def _drop_saved(tensor: Tensor) -> None:
+    """The forward replay's autograd saves nothing (its graph is never differentiated): each of its
+    activations is freed when the forward no longer needs it, as without grad."""
+    return None
+
+
+def _no_saved(_: None) -> Tensor:
+    raise RuntimeError("the forward replay keeps no tensor for a backward: a forward that differentiates "
+                       "inside itself cannot be replayed")
+
+
 class BookKeeping:
     """Per-sample (or per-group) clipping and Gaussian noise for ``model`` with the BK algorithm.
 
@@ -203,12 +225,16 @@ class BookKeeping:
     on exit.
 
     ``backward`` replays the step's forward with a random half of the samples perturbed (the RNG
-    restored) and refuses a model whose hooked calls' rows, or its return value's, of the other
-    samples change: a model that mixes samples in its forward (:mod:`fedpriv.clipping.provenance`, 4). It does so on the
-    first ``REPLAY_FIRST`` (4) steps of the engine and on every ``replay_every``-th step after
-    (default 8; 1: every step, one more forward per step, about +25% of a step on the LSTM and the
-    transformer); a step with one sample is not replayed (nothing to compare). Every hooked call
-    must be made inside the model's forward (the replay runs that forward again).
+    restored; every batch-first tensor argument, also inside tuples, lists and dicts) and refuses a
+    model whose hooked calls' rows, or its return value's, of the other samples change: a model that
+    mixes samples in its forward (:mod:`fedpriv.clipping.provenance`, 4). It does so on the first
+    ``REPLAY_FIRST`` (4) steps of the engine, on every ``replay_every``-th step after (default 8; 1:
+    every step) and on every step whose arguments have shapes no replay has seen; a step with one
+    sample is not replayed (nothing to compare). A replay is one more forward with grad enabled that
+    saves nothing for a backward, ending before the last layer where the model returns that layer's
+    output holding, by value, what the layer computed (docs/BENCHMARKS.md gives its cost). Every
+    hooked call must be made inside the model's forward (the replay runs that forward again); the
+    model may itself be one registered layer (a bare ``nn.Linear``; refusals name it ``<model>``).
 
     Every forward with grad enabled since the last ``backward`` counts (two passes of the model
     in one loss are both clipped together); recorded tensors are dropped by ``backward``, by
@@ -250,13 +276,20 @@ class BookKeeping:
         self._replaying: Optional[_Replaying] = None
         self._open: Optional[_Forward] = None  # the recorded forward now running (its return value is kept)
         self._replay_draws = torch.Generator().manual_seed(0x4E9A7)  # which samples, and how, a replay perturbs
+        self._replayed_shapes: set[tuple] = set()  # the _signature of every forward replayed so far
+        self._last_call: Optional[tuple[int, str]] = None  # (index, path) of the call whose output the last
+        # recorded forward returned: its output's values are printed when it returns (value_print)
+        self._directions: dict[tuple, Tensor] = {}  # value_print's secret directions, by (length, dtype, device)
+        self._check_stream = GaussianKeystream()  # their source (a key of its own: the noise stream is untouched)
         managed, to_prepare = self._inspect(model)
         # profiler labels (scripts/profile_bk.py): "bk.<phase>.<layer kind>"
         self._kind = {id(p): type(module).__name__ for _, module, _ in reversed(managed)
                       for p in module.parameters(recurse=False)}
         self._undo: list[Callable[[], None]] = [rule.prepare(module) for module, rule in to_prepare]
-        self._handles = [model.register_forward_pre_hook(self._on_root, with_kwargs=True),
-                         model.register_forward_hook(self._off_root, always_call=True)]
+        self._by_path = {path: module for path, module, _ in managed}
+        # the root's pre-hook first and its hook last, so that where the model is itself a hooked layer (a bare
+        # nn.Linear) its own call is made inside the model's forward
+        self._handles = [model.register_forward_pre_hook(self._on_root, with_kwargs=True)]
         self._recorded: list[nn.Module] = []
         for path, module, rule in managed:
             hook = self._make_hook(path, rule, f"bk.hooks.{type(module).__name__}")
@@ -264,6 +297,7 @@ class BookKeeping:
             self._handles.append(module.register_forward_pre_hook(self._make_pre_hook(path), with_kwargs=True))
             _RECORDERS[module] = hook
             self._recorded.append(module)
+        self._handles.append(model.register_forward_hook(self._off_root, always_call=True))
         FLAT_LISTENERS.add(self)
 
     # ------------------------------------------------------------------ set-up
@@ -271,11 +305,13 @@ class BookKeeping:
     @staticmethod
     def _inspect(model: nn.Module) -> tuple[list[tuple[str, nn.Module, LayerRule]],
                                             list[tuple[nn.Module, LayerRule]]]:
-        """Modules owning trainable parameters, each with its rule, and the modules (trainable
-        or not) whose rule has a ``prepare`` step; raise for anything unsupported. Changes nothing."""
+        """Modules owning trainable parameters, each with its rule and path (``<model>`` for the model
+        itself), and the modules (trainable or not) whose rule has a ``prepare`` step; raise for anything
+        unsupported. Changes nothing."""
         managed, to_prepare = [], []
         for path, module in model.named_modules():
-            where = f"{path or '<model>'} ({type(module).__name__})"
+            path = path or "<model>"
+            where = f"{path} ({type(module).__name__})"
             if type(module).__module__.startswith("transformers."):
                 # lazy: transformers is an optional extra: its layers' rules are registered by importing
                 # hf_rules, done here the first time a model has one of its classes (never at import)
@@ -327,8 +363,7 @@ class BookKeeping:
             replayed = self._replayed
         finally:
             self._replayed = None
-        modules = dict(self.model.named_modules())
-        check_data_independent(made, replayed, modules)
+        check_data_independent(made, replayed, self._by_path)
         self._independent.update(path for path, _ in made)
 
     def _make_hook(self, path: str, rule: LayerRule, label: str):
@@ -372,9 +407,16 @@ class BookKeeping:
 
     @property
     def replay_due(self) -> bool:
-        """Whether the next step's forward is replayed (:meth:`_forward_replay`): the first
-        ``REPLAY_FIRST`` steps of this engine and every ``replay_every``-th step (counted from 0)."""
+        """Whether the next step's forward is replayed by the schedule (:meth:`_forward_replay`): the
+        first ``REPLAY_FIRST`` steps of this engine and every ``replay_every``-th step (counted from 0).
+        A forward whose arguments' shapes no replay has seen yet is replayed too (a model that mixes only
+        at some batch size, the last short batch of an epoch, say, cannot wait for the schedule)."""
         return self._steps < REPLAY_FIRST or self._steps % self.replay_every == 0
+
+    @property
+    def replay_pending(self) -> bool:
+        """Whether the forward(s) run since the last backward will be replayed by the next one."""
+        return bool(self._forwards)
 
     @property
     def recorded_calls(self) -> int:
@@ -399,10 +441,12 @@ class BookKeeping:
             self.clear()  # a new batch size: the pending calls belong to an abandoned forward
         proof.set_batch(x)
         self._in_forward = True
-        if x.shape[0] > 1 and self.replay_due:  # the forward replay's starting point: arguments, RNG states
+        shapes = _signature(args, kwargs)
+        if x.shape[0] > 1 and (self.replay_due or shapes not in self._replayed_shapes):
+            # the forward replay's starting point: arguments, RNG states
             devices = sorted({p.device.index or 0 for p in self.model.parameters() if p.device.type == "cuda"})
             rng = (torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in devices])
-            self._forwards.append(_Forward(args, dict(kwargs), rng, x.shape[0], []))
+            self._forwards.append(_Forward(args, dict(kwargs), rng, x.shape[0], [], shapes))
             self._open = self._forwards[-1]
         new_args = tuple(proof.trace_input(a) for a in args)
         new_kwargs = {k: proof.trace_input(v) for k, v in kwargs.items()}
@@ -413,15 +457,31 @@ class BookKeeping:
         """The model's forward has returned (or raised): a recorded forward to replay keeps what the
         replay compares of its return value (:func:`~fedpriv.clipping.provenance.output_prints`),
         unless that is the last hooked call's output (or a view within its rows,
-        :func:`~fedpriv.clipping.provenance.rows_within`), unchanged, which may end the replay early."""
+        :func:`~fedpriv.clipping.provenance.rows_within`) holding, by value, what that call computed
+        (:func:`~fedpriv.clipping.provenance.value_print` when the call returned and now, so a write
+        through ``.data`` or numpy, which no version counter sees, is seen): the replay may then end
+        before that call. Which call that is, is learnt from the previous recorded forward (the first
+        is replayed whole)."""
         self._in_forward = False
         forward, self._open = self._open, None
         if forward is None:
             return
         last, flat = forward.last, forward.flat
         forward.last, forward.flat = None, []
-        if not (last is not None and last[2] and rows_within(output, last[0]) and output._version == last[1]):
-            forward.output = output_prints(output, forward.batch, flat)
+        if last is not None and last[2] and rows_within(output, last[0]):
+            self._last_call = (len(forward.prints) - 1, forward.prints[-1][0].path)
+            if last[1] is not None and same_values(last[1], value_print(last[0], self._direction(last[0]))):
+                return
+        forward.output = output_prints(output, forward.batch, flat)
+
+    def _direction(self, t: Tensor) -> Optional[Tensor]:
+        """:func:`~fedpriv.clipping.provenance.value_print`'s secret direction for ``t`` (None: not float)."""
+        if not t.is_floating_point() or not t.dim():
+            return None
+        key = (t.shape[-1], t.dtype, t.device)
+        if key not in self._directions:
+            self._directions[key] = self._check_stream.normal((t.shape[-1],)).to(t.dtype).to(t.device)
+        return self._directions[key]
 
     def _on_forward(self, path: str, rule: LayerRule, module: nn.Module, args: tuple,
                     kwargs: dict, output: Any, recorded: bool = False) -> Optional[Tensor]:
@@ -476,7 +536,9 @@ class BookKeeping:
         trusted = type(module) in RULES and not recorded
         forward = self._forwards[-1]
         forward.prints.append((call_print(path, kind, x, None if trusted else output, rows), expand))
-        forward.last = (output, output._version, trusted and expand is None)
+        may_end = trusted and expand is None
+        predicted = may_end and self._last_call == (len(forward.prints) - 1, path)
+        forward.last = (output, value_print(output, self._direction(output)) if predicted else None, may_end)
 
     def _replay_call(self, path: str, module: nn.Module, x: Tensor, output: Tensor,
                      recorded: bool) -> Optional[Tensor]:
@@ -518,10 +580,10 @@ class BookKeeping:
         raise _ReplayMismatch()
 
     def _replay_last(self, path: str, module: nn.Module, x: Optional[Tensor]) -> None:
-        """Before the replay's last call: if the original forward returned that call's output
-        unchanged and compared only its input (a registered layer, which computes row i of its
-        output from input row i alone), compare that input now and end the replay without
-        computing the output."""
+        """Before the replay's last call: if the original forward returned that call's output with
+        the values the call computed (:meth:`_off_root`) and compared only its input (a registered
+        layer, which computes row i of its output from input row i alone), compare that input now and
+        end the replay without computing the output."""
         state = self._replaying
         if state.mismatch is not None:  # a mismatch the model caught: end the replay again
             raise _ReplayMismatch()
@@ -541,7 +603,11 @@ class BookKeeping:
         """Run each forward of this step again with some samples perturbed (torch's RNG streams
         restored to where the forward started, so dropout draws the same masks; restored again
         afterwards) and fail if any hooked call's rows of the other samples changed at all, or its
-        shared input or output did (:func:`~fedpriv.clipping.provenance.replay_mismatch`)."""
+        shared input or output did (:func:`~fedpriv.clipping.provenance.replay_mismatch`). Grad is
+        enabled, as in the forward, but autograd saves nothing (:func:`_drop_saved`): the replay's
+        activations are freed as the forward goes, not held for a backward that never comes (a
+        forward that differentiates inside itself fails here, and is refused). A forward replayed
+        without a mismatch marks its arguments' shapes as seen."""
         if not forwards:
             return
         if outside is not None:
@@ -555,8 +621,9 @@ class BookKeeping:
             cpu, cuda = forward.rng
             state = self._replaying = _Replaying(forward, chosen)
             output, ended = None, False
-            try:
-                with torch.random.fork_rng(devices=[d for d, _ in cuda]), torch.enable_grad():
+            try:  # grad enabled as in the forward, its graph never differentiated: nothing saved (_drop_saved)
+                with torch.random.fork_rng(devices=[d for d, _ in cuda]), torch.enable_grad(), \
+                        torch.autograd.graph.saved_tensors_hooks(_drop_saved, _no_saved):
                     torch.set_rng_state(cpu)
                     for device, rng in cuda:
                         torch.cuda.set_rng_state(rng, device)
@@ -584,8 +651,8 @@ class BookKeeping:
                     raise replay_error("the model's output", self.model, chosen, problem)
             if done != len(forward.prints):
                 path = forward.prints[done][0].path
-                module = dict(self.model.named_modules())[path]
-                raise replay_error(path, module, chosen, "the sequence of layer calls changed")
+                raise replay_error(path, self._by_path[path], chosen, "the sequence of layer calls changed")
+            self._replayed_shapes.add(forward.shapes)
 
     # ------------------------------------------------------------------ backward side
 

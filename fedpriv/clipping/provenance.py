@@ -37,7 +37,8 @@ What it proves, for every hooked module call of one step:
    dependence only: a batch-centred input, or a detached batch statistic added between two layers,
    passes both. The engine runs the step's forward again, with autograd on and torch's RNG streams
    reset to where the forward started (dropout draws the same masks), on arguments whose rows of a
-   random half of the samples are :func:`perturbed` (:func:`perturb_samples`; at least one
+   random half of the samples are :func:`perturbed` (:func:`perturb_samples`: every tensor whose dim
+   0 is the batch, the argument itself or inside its tuples, lists and dicts; at least one sample
    perturbed, one kept), and fails if any hooked call's input rows of a kept sample differ in one
    bit — for flattened positions, the rows of kept samples, in order; for a shared call, its whole
    input — or its output rows, for a call whose output is not computed by a registered layer's own
@@ -47,11 +48,15 @@ What it proves, for every hooked module call of one step:
    value, what the per-sample loss is computed from, is (:func:`output_prints`: each tensor in it,
    by rows, flattened positions, or whole), so mixing after the last hooked call is seen; only where
    the model returns its last call's output itself, or a view within its rows (:func:`rows_within`),
-   unchanged (no in-place change), and that call is a registered layer's, its compared input
+   holding the values that call computed, and that call is a registered layer's, its compared input
    suffices and the replay ends before that call (a language model's output layer, its largest
-   product, is not computed again). A flattened output (rows of :func:`flat_positions`, through a
-   frozen head, say) is attributed to its rows' samples. It runs on an engine's first steps and on
-   every ``replay_every``-th step after (the engine's schedule).
+   product, is not computed again). "Holding the values" is judged by value, not by autograd's
+   version counter (which a write through ``.data`` or numpy does not bump): :func:`value_print` of
+   that output when the call returns and when the model does must agree (the call is the one whose
+   output the previous replayed forward returned; the first replayed forward is replayed whole). A
+   flattened output (rows of :func:`flat_positions`, through a frozen head, say) is attributed to its
+   rows' samples. It runs on an engine's first steps, on every ``replay_every``-th step after (the
+   engine's schedule), and at each shape of the model's arguments not replayed before.
 
 Assumptions: dim 0 of the model's input is the batch; a shared input that depends on the samples
 changes under the replay's perturbation (integer inputs resampled from their own values, float
@@ -63,10 +68,16 @@ structure does not change between backwards without an ambiguous batch dim (the 
 is then not repeated); and a dependence across samples smaller than the check's float32 tolerance
 (1e-3 relative, on per-row fingerprints) goes unnoticed. Of the forward replay: a forward that mixes
 samples does so at the replayed steps too (between two replays its mixing is assumed the same as at
-the next one; ``replay_every=1`` replays every step); a kept row that depends on a perturbed sample
-changes in some bit (a dependence the perturbation leaves unchanged, or one on kept samples only,
-is seen only at a replay whose random half separates them); the forward reads no state that earlier
-batches wrote other than the parameters; a registered rule's module computes its output row by row;
+the next one, or at the first replay of its arguments' shapes; ``replay_every=1`` replays every
+step); a kept row that depends on a perturbed sample changes in some bit (a dependence the
+perturbation leaves unchanged, or one on kept samples only, is seen only at a replay whose random
+half separates them); per-sample data reaches the forward only through its arguments, as tensors or
+inside tuples, lists and dicts (data held by the module, a global, or another kind of object is not
+perturbed); a write behind autograd into the returned last-layer output that leaves its
+:func:`value_print` unchanged (every row's wrapping bit sum and every secret projection) goes
+unnoticed; the forward reads no state that earlier batches wrote other than the parameters, and
+does not differentiate inside itself (the replay saves nothing for a backward: such a forward is
+refused); a registered rule's module computes its output row by row;
 and the per-sample loss is formed from the model's return value row by row (the engine cannot run
 the caller's loss computation again: 3 sees a backward dependence there on the first backward only,
 and a detached statistic over the batch inside the loss computation goes unnoticed).
@@ -74,10 +85,12 @@ and a detached statistic over the batch inside the loss computation goes unnotic
 
 from __future__ import annotations
 
+import copy
 import math
 import weakref
+from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -498,27 +511,82 @@ def choose_perturbed(batch: int, generator: torch.Generator) -> Tensor:
     return chosen
 
 
+def map_tensors(value: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """``value`` with ``fn`` applied to every tensor in it: itself, or inside its tuples (named ones
+    too), lists and dicts (or other mutable mappings), at any depth, each container rebuilt as a new
+    one of its type (the caller's is never changed); anything else is returned as it is."""
+    if isinstance(value, Tensor):
+        return fn(value)
+    if isinstance(value, (tuple, list)):
+        items = [map_tensors(v, fn) for v in value]
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+            return type(value)(*items)
+        return type(value)(items) if type(value) in (tuple, list) else _rebuilt(value, items)
+    if isinstance(value, (dict, MutableMapping)):
+        new = copy.copy(value)
+        for key in list(value.keys()):
+            new[key] = map_tensors(value[key], fn)
+        return new
+    return value
+
+
+def _rebuilt(value: Any, items: list) -> Any:
+    """A tuple or list subclass rebuilt with ``items`` (its plain base where its constructor differs)."""
+    try:
+        return type(value)(items)
+    except TypeError:
+        return (tuple if isinstance(value, tuple) else list)(items)
+
+
 def perturb_samples(value: Any, chosen: Tensor, generator: torch.Generator) -> Any:
     """A model argument with the rows of the ``chosen`` samples replaced as :func:`perturbed`
-    would (a tensor whose dim 0 is the batch), other rows and arguments unchanged; a float tensor is
-    returned as a leaf that requires grad (as the engine traces the model's float inputs)."""
-    if not isinstance(value, Tensor) or value.dim() == 0:
-        return value
-    if value.shape[0] == chosen.shape[0] and value.numel():
-        mask = chosen.to(value.device).view((-1,) + (1,) * (value.dim() - 1))
-        value = torch.where(mask, perturbed(value, generator), value.detach())
-    return value.detach().requires_grad_(True) if value.is_floating_point() else value
+    would in every tensor whose dim 0 is the batch, whether the argument itself or inside its tuples,
+    lists and dicts (:func:`map_tensors`); other rows and tensors unchanged. The argument itself, a
+    float tensor, is returned as a leaf that requires grad (as the engine traces the model's float
+    inputs); a tensor inside a container keeps whether it required grad."""
+    if isinstance(value, Tensor):
+        if value.dim() == 0:
+            return value
+        value = _perturb_rows(value, chosen, generator)
+        return value.requires_grad_(True) if value.is_floating_point() else value
+    return map_tensors(value, lambda t: _perturb_rows(t, chosen, generator).requires_grad_(
+        t.requires_grad and (t.is_floating_point() or t.is_complex())))
+
+
+def _perturb_rows(value: Tensor, chosen: Tensor, generator: torch.Generator) -> Tensor:
+    """``value`` (detached) with the rows of the ``chosen`` samples :func:`perturbed` where its dim 0
+    is the batch."""
+    if value.dim() == 0 or value.shape[0] != chosen.shape[0] or not value.numel():
+        return value.detach()
+    mask = chosen.to(value.device).view((-1,) + (1,) * (value.dim() - 1))
+    return torch.where(mask, perturbed(value, generator), value.detach())
+
+
+def _kept_runs(chosen: Tensor) -> list[tuple[int, int]]:
+    """The samples not ``chosen``, as ranges ``[start, stop)`` of consecutive rows."""
+    runs: list[tuple[int, int]] = []
+    for i in torch.nonzero(~chosen.cpu())[:, 0].tolist():
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def _rows_differ(p: CallPrint, q: CallPrint, a: Tensor, b: Tensor, chosen: Tensor) -> bool:
     """Whether ``a`` (of ``p``) and ``b`` (of ``q``, the replay) differ in a bit of a row of a
-    sample not ``chosen`` (for "whole", anywhere)."""
+    sample not ``chosen`` (for "whole", anywhere). On the host, rows of kept samples are compared run
+    by run of consecutive samples (``torch.equal`` on their bits: no temporary the size of the input,
+    the perturbed rows never read); on a device, all rows at once (one synchronisation)."""
     if p.kind == "whole":
         return a.shape != b.shape or not torch.equal(_bits(a), _bits(b))
     if p.kind == "rows":
         if a.shape != b.shape:
             return True
-        changed = (_bits(a) != _bits(b)).reshape(a.shape[0], -1).any(1)
+        a, b = _bits(a), _bits(b)
+        if a.device.type == "cpu":
+            return not all(torch.equal(a[start:stop], b[start:stop]) for start, stop in _kept_runs(chosen))
+        changed = (a != b).reshape(a.shape[0], -1).any(1)
         return bool(changed[~chosen.to(changed.device)].any())
     keep_a, keep_b = ~chosen.to(a.device)[p.samples], ~chosen.to(b.device)[q.samples]
     a, b = a[keep_a], b[keep_b]
@@ -581,6 +649,28 @@ def output_prints(output: Any, batch: int, flat: Sequence[Tensor], copy: bool = 
         if copy:
             prints[-1].input = prints[-1].input.clone()
     return prints
+
+
+def value_print(t: Tensor, direction: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+    """What shows whether ``t``'s values changed between two moments, by value (an autograd version
+    counter misses a write through ``.data`` or numpy): per row of dim 0, the wrapping integer sum of its
+    elements' bits, which any one changed element changes, as does moving a row to another; and for a
+    float tensor the projection of each of its last-dim rows on ``direction`` (a secret random vector of
+    that length), which a change of several elements that keeps those sums (a permutation within a
+    row, say) moves. Two passes over ``t``; compare with :func:`same_values`."""
+    t = t.detach()
+    bits = _bits(t).reshape(t.shape[0] if t.dim() else 1, -1)  # (a non-contiguous tensor is copied)
+    sums = bits.sum(1, dtype=torch.int64 if bits.element_size() == 8 else torch.int32)  # modular: in any order
+    if direction is None or not t.dim() or not t.shape[-1]:
+        return sums, None
+    return sums, t.reshape(-1, t.shape[-1]) @ direction
+
+
+def same_values(a: tuple[Tensor, Optional[Tensor]], b: tuple[Tensor, Optional[Tensor]]) -> bool:
+    """Whether two :func:`value_print` of one tensor agree in every bit."""
+    if not torch.equal(a[0], b[0]) or (a[1] is None) != (b[1] is None):
+        return False
+    return a[1] is None or (a[1].shape == b[1].shape and torch.equal(_bits(a[1]), _bits(b[1])))
 
 
 def output_mismatch(original: Sequence[CallPrint], again: Sequence[CallPrint], chosen: Tensor) -> Optional[str]:
