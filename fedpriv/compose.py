@@ -104,15 +104,22 @@ def compose_config(overrides: Sequence[str], run_dir: str | os.PathLike | None =
     return plain
 
 
-def deployment_config(run_config: Mapping[str, object]) -> dict:
-    """The resolved config of a deployed run (server and clients compose the same one) from a
-    Flower run config: ``experiment`` (a configs/experiment name, or empty for the default),
-    ``overrides`` (Hydra overrides as one shell-quoted string, e.g. ``"rounds=2
-    privacy.target_epsilon=4"``) and ``run-dir``; ``backend=deployment`` is implied."""
+def deployment_overrides(run_config: Mapping[str, object]) -> list[str]:
+    """The Hydra overrides of a deployed run, from a Flower run config: ``experiment`` (a
+    configs/experiment name, or empty for the default), ``overrides`` (Hydra overrides as one
+    shell-quoted string, e.g. ``"rounds=2 privacy.target_epsilon=4"``), then ``backend=deployment``
+    — its command line, as ``python -m fedpriv.simulate`` would read it (:func:`check_overrides`)."""
     experiment = str(run_config.get("experiment") or "")
     overrides = [f"+experiment={experiment}"] if experiment else []
-    overrides += shlex.split(str(run_config.get("overrides") or "")) + ["backend=deployment"]
-    return compose_config(overrides, run_dir=str(run_config.get("run-dir") or "outputs/deployment"))
+    return overrides + shlex.split(str(run_config.get("overrides") or "")) + ["backend=deployment"]
+
+
+def deployment_config(run_config: Mapping[str, object]) -> dict:
+    """The resolved config of a deployed run (server and clients compose the same one) from a
+    Flower run config (:func:`deployment_overrides`; ``run-dir``: where its outputs go). The
+    deployed server checks its overrides first (``server.deploy.server_config``)."""
+    return compose_config(deployment_overrides(run_config),
+                          run_dir=str(run_config.get("run-dir") or "outputs/deployment"))
 
 
 def group_options(group: str) -> list[str]:

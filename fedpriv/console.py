@@ -1,5 +1,5 @@
 """How fedpriv's log records read on the console (``configs/hydra/job_logging/fedpriv.yaml``, and
-the ``python -m fedpriv.accounting`` calculator).
+the ``python -m fedpriv.accounting`` calculator and ``python -m fedpriv.plan``: :func:`console_logging`).
 
 Informational lines (the ``verbose=true`` round lines) are printed as they are; a warning reads
 ``warning: <message>`` and an error ``error: <message>``, like the one-line errors the CLIs print.
@@ -97,6 +97,19 @@ def console_handler(stream=None, level: int = logging.NOTSET) -> logging.Handler
     handler.setFormatter(ConsoleFormatter())
     handler.setLevel(level)
     return handler
+
+
+def console_logging() -> None:
+    """The console of a CLI that prints only its result (``python -m fedpriv.accounting``,
+    ``python -m fedpriv.plan``): when nothing has configured logging yet, warnings and errors of
+    every logger print on stderr as ``warning: ...`` / ``error: ...`` (:class:`ConsoleFormatter`) —
+    fedpriv's own (a tree sensitivity bound used instead of the exact value) and dp_accounting's on
+    absl's logger (a negative Renyi divergence), whose level is left as it is. Without it, absl's
+    first log call would give the root logger Python's default ``WARNING:name:`` handler.
+    dp_accounting's notes of RDP orders that do not converge (~30 per calibration) are dropped
+    where they are logged (:data:`fedpriv.accounting.accountant.EXCLUDED_ORDER_NOTE`)."""
+    if not logging.root.handlers:
+        logging.root.addHandler(console_handler(sys.stderr))
 
 
 def fail(message: str) -> NoReturn:

@@ -6,18 +6,22 @@ Flower run config: ``experiment`` (a configs/experiment name, or empty for the d
 metrics.jsonl, privacy.json and checkpoints go; absolute, since the ServerApp does not run in the
 app's directory). ``backend=deployment`` is added: it waits for ``backend.num_supernodes`` nodes
 and, only where ``backend.round_timeout`` is set, bounds every round by it (by default a round waits
-for every node's reply: how long a node takes depends on its users' data, docs/PRIVACY.md).
+for every node's reply: how long a node takes depends on its users' data, docs/PRIVACY.md). The
+overrides are checked as ``python -m fedpriv.simulate`` checks its command line (:func:`server_config`):
+a refused one fails the run with the same one-line message.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedpriv.compose import deployment_config
+from fedpriv.compose import check_overrides, deployment_config, deployment_overrides
 from fedpriv.console import format_result
+from fedpriv.plan import preflight_sweep
 from fedpriv.replies import RoundFn
 from fedpriv.runner import RunSession, prepare, train
 from server.app import round_fn_for
@@ -33,11 +37,21 @@ def deployment_round_fn(session: RunSession, grid: Grid) -> RoundFn:
                         node_wait=float(backend.node_wait_timeout), skip_rounds=int(backend.skip_rounds))
 
 
+def server_config(run_config: Mapping[str, object]) -> dict:
+    """The deployed run's config (:func:`fedpriv.compose.deployment_config`), after the checks
+    ``python -m fedpriv.simulate`` makes of its command line, by the same functions
+    (:func:`fedpriv.compose.check_overrides`, :func:`fedpriv.plan.preflight_sweep`): a key given
+    twice, a fixed noise multiplier beside a target epsilon, and a setting typed beside
+    ``plan=auto`` that the plan replaces (``mechanism=tree``) are refused (``ConfigError``, one
+    line: the run fails with it) instead of silently dropped."""
+    preflight_sweep(check_overrides(deployment_overrides(run_config)))
+    return deployment_config(run_config)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
     # logs are streamed line by line: no progress bar, one structured line per round
-    session = prepare({**deployment_config(context.run_config), "progress": False, "verbose": True})
+    session = prepare({**server_config(context.run_config), "progress": False, "verbose": True})
     summary = train(session, deployment_round_fn(session, grid))
     print(format_result(summary), flush=True)
     print(f"outputs in {session.spec.run_dir}", flush=True)

@@ -128,6 +128,59 @@ def test_deployments_default_to_secure_mode(tmp_path):
     assert secure_mode(False, "deployment") is False and secure_mode(True, "local") is True
 
 
+def _deployed_server(tmp_path: Path, overrides: str) -> None:
+    """The deployed ServerApp's ``main`` on the Flower run config ``scripts/deploy_local.sh`` would
+    pass (experiment smoke, ``overrides``), up to where its round needs a grid (none here)."""
+    from types import SimpleNamespace
+
+    from server.deploy import main
+
+    main(None, SimpleNamespace(run_config={"experiment": "smoke", "overrides": overrides,
+                                           "run-dir": str(tmp_path / "r")}))
+
+
+def test_a_deployed_run_refuses_a_setting_typed_beside_plan_auto_that_the_plan_replaces(tmp_path):
+    """Issue 52: a deployment with ``overrides="plan=auto mechanism=tree"`` ran the plan's bandmf
+    and dropped mechanism=tree without a word; the ServerApp now fails the run with the one line
+    ``python -m fedpriv.simulate`` gives for the same settings, before its run directory is made."""
+    from fedpriv.compose import check_overrides, deployment_config
+    from fedpriv.errors import ConfigError
+    from fedpriv.plan import preflight_sweep
+
+    planned = "plan=auto plan.client_updates=1600"
+    with pytest.raises(ConfigError) as simulated:  # what python -m fedpriv.simulate checks of its command line
+        preflight_sweep(check_overrides(["+experiment=smoke", *planned.split(), "mechanism=tree"]))
+    with pytest.raises(ConfigError) as deployed:
+        _deployed_server(tmp_path, f"{planned} mechanism=tree")
+    assert str(deployed.value) == str(simulated.value)
+    assert "mechanism=tree (planned: bandmf)" in str(deployed.value) and "\n" not in str(deployed.value)
+    assert not (tmp_path / "r").exists()
+    # the plan alone passes, as composed for the clients
+    from server.deploy import server_config
+
+    run_config = {"experiment": "smoke", "overrides": planned, "run-dir": str(tmp_path / "r")}
+    assert server_config(run_config) == deployment_config(run_config)
+
+
+def test_the_deployed_server_leaves_dp_accountings_warnings_on(tmp_path, monkeypatch, caplog):
+    """Issue 52: the ServerApp raised absl's logger to ERROR to hide dp_accounting's notes of
+    excluded RDP orders (now dropped where they are logged), hiding its other warnings too."""
+    import logging
+
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    from fedpriv.errors import ConfigError
+
+    monkeypatch.setattr(logging.getLogger("absl"), "level", logging.NOTSET)  # restored after
+    with pytest.raises(ConfigError, match="rounds"):
+        _deployed_server(tmp_path, "rounds=two")  # the server's setup ran, then its config was refused
+    with caplog.at_level(logging.WARNING):
+        rdp.compute_epsilon([2.0], [-1.0], 1e-5)
+    assert [r.getMessage() for r in caplog.records if r.name == "absl"] == [
+        "Negative Renyi divergence of -1.0, probably caused by numerical instability from extreme DpEvents. "
+        "Returning an epsilon of zero."]
+
+
 # slow (~100 s, a 45 s round timeout waited out): its round logic is pinned in process by
 # tests/test_bad_updates.py::test_a_node_that_stops_replying_times_out_once_and_is_skipped, a real
 # deployment by test_deployed_run_over_tls_equals_in_process_run

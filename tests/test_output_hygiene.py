@@ -169,6 +169,33 @@ def test_accounting_cli_prints_only_the_result():
     assert json.loads(lines[0])["epsilon"] <= 8
 
 
+# dp_accounting's warning when an RDP value is negative (numerically unstable events): kept on the console
+NEGATIVE_RDP = ("from dp_accounting.rdp import rdp_privacy_accountant as rdp\n"
+                "rdp.compute_epsilon([2.0], [-1.0], 1e-5)\n")
+
+
+def test_the_plan_cli_prints_no_absl_line_and_keeps_dp_accountings_other_warnings():
+    """Issue 52: ``python -m fedpriv.plan`` silenced absl's logger wholesale to hide dp_accounting's
+    notes of excluded RDP orders, hiding its other warnings too. The notes are dropped where they are
+    logged (the smoke plan's calibrations log dozens); a negative Renyi divergence still reads
+    ``warning: ...`` on stderr after the CLI has run. Before: nothing reached stderr."""
+    code = ("import runpy, sys\n"
+            "from fedpriv.accounting import accountant\n"
+            "dropped = []\n"
+            "kept = accountant.EXCLUDED_ORDER_NOTE.filter\n"
+            "accountant.EXCLUDED_ORDER_NOTE.filter = lambda record: kept(record) or dropped.append(record)\n"
+            "sys.argv = ['fedpriv.plan', '+experiment=smoke', 'plan.client_updates=400']\n"
+            "runpy.run_module('fedpriv.plan', run_name='__main__', alter_sys=True)\n"
+            "print('dropped', len(dropped))\n" + NEGATIVE_RDP)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("plan: cohort 8 x 50 rounds"), proc.stdout
+    assert proc.stderr.splitlines() == ["warning: Negative Renyi divergence of -1.0, probably caused by numerical "
+                                        "instability from extreme DpEvents. Returning an epsilon of zero."], proc.stderr
+    assert int(proc.stdout.split("dropped ")[1]) > 0, proc.stdout  # the notes were logged, and dropped
+
+
 def test_accounting_cli_plural(capsys):
     from fedpriv.accounting.__main__ import main
 

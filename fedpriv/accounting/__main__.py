@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import sys
 from typing import Any, Callable, Sequence
 
 from fedpriv.console import OneLineParser as _Parser
-from fedpriv.console import console_handler, fail as _fail
+from fedpriv.console import console_logging, fail as _fail
 from fedpriv.errors import ConfigError
 
 
@@ -150,19 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def quiet_logging() -> None:
-    """Only the result on the console (dp_accounting's notes of RDP orders that do not converge,
-    ~30 per calibration, are dropped where they are logged: :mod:`fedpriv.accounting.accountant`).
-    absl's first log call would give the root logger Python's default ``WARNING:name:`` handler;
-    instead (when nothing has configured logging yet) fedpriv's own warnings, e.g. a tree
-    sensitivity bound used instead of the exact value, and dp_accounting's other warnings print on
-    stderr as ``warning: ...``."""
-    if not logging.root.handlers:
-        logging.root.addHandler(console_handler(sys.stderr))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    quiet_logging()
+    console_logging()  # only the result on stdout; warnings as warning: lines
     args = build_parser().parse_args(argv)
     from fedpriv.accounting.calculator import result  # lazy: torch (samplers, mechanisms), after the parse
 

@@ -9,16 +9,17 @@ Nothing is written and no key is drawn (:func:`fedpriv.plan.preflight`); the dat
 for the checks a run makes (the cohort against the population, Book-Keeping's support of the model).
 Bad input: one ``error:`` line, exit 2, as ``python -m fedpriv.simulate`` words it (the same checks
 of the command line, and a setting typed beside ``plan=auto`` that the plan would replace). A plan
-that cannot train (under one full-size server step in all) is printed with a ``warning:`` line.
+that cannot train (under one full-size server step in all) is printed with a ``warning:`` line, as
+are dp_accounting's warnings (:func:`fedpriv.console.console_logging`; its notes of excluded RDP
+orders are dropped where they are logged, :mod:`fedpriv.accounting.accountant`).
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from fedpriv.compose import check_overrides
-from fedpriv.console import fail
+from fedpriv.console import console_logging, fail
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.plan.auto import cannot_train, overrides
 from fedpriv.plan.run_plan import preflight
@@ -44,6 +45,7 @@ def lines(plan) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    console_logging()  # dp_accounting's warnings as warning: lines (its excluded-order notes are dropped)
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args
     args = [a for a in args if a != "--json"]
@@ -52,7 +54,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not any(a.lstrip("+~").startswith("plan=") for a in args):
         args.append("plan=auto")
-    logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting: per-order RDP convergence notes
     try:
         members = check_overrides(args, multirun=True)
         if len(members) > 1:
