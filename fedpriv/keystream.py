@@ -135,6 +135,13 @@ def _host_array(flat: Tensor) -> Optional[np.ndarray]:
     return None
 
 
+def stream_key(key: bytes | None = None) -> bytes:
+    """The 256-bit key :class:`GaussianKeystream` ``(key)`` reads under: fresh from the OS CSPRNG for
+    ``None``; ``key`` itself when it has 32 bytes; else (at least 16) its SHAKE-256 hash to 32. For a
+    caller that derives other keyed streams from the same key (with labels of their own)."""
+    return secrets.token_bytes(KEY_BYTES) if key is None else _as_key(key)
+
+
 def _as_key(key: bytes) -> bytes:
     if isinstance(key, torch.Generator) or isinstance(key, int):
         raise TypeError("a noise key is bytes (at least 16): a seeded torch.Generator or an integer seed is not a "
@@ -159,7 +166,7 @@ class GaussianKeystream:
     """
 
     def __init__(self, key: bytes | None = None, wide_tail: bool = False) -> None:
-        self._key = secrets.token_bytes(KEY_BYTES) if key is None else _as_key(key)
+        self._key = stream_key(key)
         self.wide_tail = wide_tail
         self.blocks_drawn = 0
 

@@ -666,3 +666,132 @@ def test_the_replay_keeps_no_activation_for_a_backward() -> None:
     for step in range(2):
         bk.backward(lm_loss(model, tokens(5, 8, VOCAB, seed=step)))
     assert len(runs) == 2 and packed == []
+
+
+# ----------------------------------------------------------------------------- issue 52: the replay's draws are keyed
+
+
+class Recording(nn.Module):
+    """Float features and token ids in; keeps every forward's arguments (the original, then the replay)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.a = nn.Embedding(VOCAB, 6), nn.Linear(6, 3)
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        self.seen.append((x.detach().clone(), ids.clone()))
+        return self.a(x + self.emb(ids).mean(1))
+
+
+BATCH = 16
+
+
+def replay_inputs(noise_key: bytes | None, steps: int = 4,
+                  global_seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """For each of ``steps`` replayed steps on one fixed batch: (the original x, the replay's x, the
+    original ids, the replay's ids)."""
+    torch.manual_seed(0)
+    model = Recording()
+    bk = BookKeeping(model, clip_norm=1.0, noise_key=noise_key)
+    x, ids = torch.randn(BATCH, 6, generator=torch.Generator().manual_seed(3)), tokens(BATCH, 4, VOCAB, seed=3)
+    out = []
+    for _ in range(steps):
+        model.seen = []
+        torch.manual_seed(global_seed)
+        bk.backward(model(x, ids).pow(2).sum(1))
+        (x0, i0), (x1, i1) = model.seen
+        out.append((x0, x1, i0, i1))
+    bk.detach()
+    return out
+
+
+def chosen_of(x0: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
+    return (x0 != x1).any(1)
+
+
+def test_the_replays_draws_come_from_the_engines_key() -> None:
+    """Which samples a replay perturbs, and the values, follow the engine's key: the same research
+    key replays them (whatever torch's global RNG), another key or a fresh (secure) key draws others,
+    and no two replays of one engine share draws. Kept rows stay bit-identical; token ids are
+    resampled from the batch's own ids."""
+    research = replay_inputs(b"\x01" * 32)
+    assert all(torch.equal(a, b) for step, again in zip(research, replay_inputs(b"\x01" * 32, global_seed=7))
+               for a, b in zip(step, again))
+    for other in (replay_inputs(b"\x02" * 32), replay_inputs(None), replay_inputs(None)):
+        for (x0, x1, _, _), (y0, y1, _, _) in zip(research, other):
+            assert torch.equal(x0, y0) and not torch.equal(x1, y1)
+        assert [chosen_of(s[0], s[1]).tolist() for s in research] != [chosen_of(s[0], s[1]).tolist() for s in other]
+    chosen = [chosen_of(x0, x1) for x0, x1, _, _ in research]
+    assert len({tuple(c.tolist()) for c in chosen}) == len(chosen)  # each replay draws afresh
+    for (x0, x1, i0, i1), c in zip(research, chosen):
+        assert 0 < int(c.sum()) < BATCH
+        assert torch.equal(x1[~c], x0[~c]) and torch.equal(i1[~c], i0[~c])
+        assert set(i1.unique().tolist()) <= set(i0.unique().tolist())
+    assert not all(torch.equal(i1[c], i0[c]) for (_, _, i0, i1), c in zip(research, chosen))
+
+
+def old_seeded_replay(x: torch.Tensor, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The replay's x on each step as the seeded generator (``manual_seed(0x4E9A7)``) drew it before."""
+    g, out = torch.Generator().manual_seed(0x4E9A7), []
+    for _ in range(steps):
+        chosen = torch.rand(x.shape[0], generator=g) < 0.5
+        if not chosen.any():
+            chosen[int(torch.randint(x.shape[0], (1,), generator=g))] = True
+        if chosen.all():
+            chosen[int(torch.randint(x.shape[0], (1,), generator=g))] = False
+        new_x = x + torch.randn(x.shape, generator=g, dtype=x.dtype)
+        torch.randint(0, ids.numel(), tuple(ids.shape), generator=g)  # the ids' draw
+        out.append(torch.where(chosen[:, None], new_x, x))
+    return out
+
+
+@pytest.mark.parametrize("noise_key", [None, b"\x01" * 32])
+def test_the_replays_draws_are_not_a_seeded_generators_and_leave_torchs_rng_alone(noise_key) -> None:
+    """A model that knew the old public seed predicted every replay's input exactly; the keyed draws
+    match none of those predictions, and a replayed step leaves torch's global RNG as it was."""
+    steps = replay_inputs(noise_key, steps=4)
+    x, ids = steps[0][0], steps[0][2]
+    for (_, x1, _, _), predicted in zip(steps, old_seeded_replay(x, ids, 4)):
+        assert not torch.equal(x1, predicted)
+        assert not torch.equal(chosen_of(x, x1), chosen_of(x, predicted))
+    model = Recording()
+    bk = BookKeeping(model, clip_norm=1.0, noise_key=noise_key)
+    state = torch.get_rng_state()
+    bk.backward(model(x, ids).pow(2).sum(1))
+    assert len(model.seen) == 2 and torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int64,
+                                   torch.int32, torch.bool])
+def test_keyed_perturbation_keeps_each_dtypes_meaning(dtype) -> None:
+    """:func:`perturb_samples` with keyed draws: shape and dtype kept, the kept samples' rows bit for
+    bit; a float row moves by unit noise, an integer or bool row takes values the tensor already
+    holds (token ids stay in range); about half the samples chosen, at least one of each kind."""
+    from fedpriv.clipping.provenance import KeyedDraws, perturb_samples
+
+    key = b"\x05" * 32
+    g = torch.Generator().manual_seed(0)
+    if dtype.is_floating_point:
+        value = torch.randn(400, 8, generator=g).to(dtype)
+    elif dtype == torch.bool:
+        value = torch.rand(400, 8, generator=g) < 0.3
+    else:
+        value = torch.randint(3, 11, (400, 8), generator=g).to(dtype)
+    draws = KeyedDraws(key, "test", 0)
+    chosen = draws.chosen(400)
+    assert 0.4 < float(chosen.double().mean()) < 0.6
+    new = perturb_samples({"v": value}, chosen, draws)["v"]
+    assert new.dtype == dtype and new.shape == value.shape
+    assert torch.equal(new[~chosen], value[~chosen])
+    if dtype.is_floating_point:
+        assert bool((new[chosen] != value[chosen]).any(1).all())
+        assert 0.8 < float((new[chosen] - value[chosen]).double().std()) < 1.2
+    else:
+        assert set(new[chosen].unique().tolist()) <= set(value.unique().tolist())
+        assert not torch.equal(new[chosen], value[chosen])
+    again = KeyedDraws(key, "test", 0)
+    assert torch.equal(again.chosen(400), chosen)
+    assert torch.equal(perturb_samples({"v": value}, chosen, again)["v"], new)
+    for index in range(200):  # a batch of two: one perturbed, one kept
+        assert int(KeyedDraws(key, "test", index).chosen(2).sum()) == 1

@@ -172,15 +172,10 @@ SEEDED_NOT_SECRET = {
     ("fedpriv/randomness.py", "_order_generator"): "the minibatch order of plain local SGD (no guarantee uses it)",
     ("fedpriv/clipping/provenance.py", "separability_probe"): "fixed probe weights of a structural check",
     ("fedpriv/clipping/provenance.py", "_directions"): "fixed projection directions of the same check",
-    ("fedpriv/clipping/engine.py", "_check_independent"): "perturbed inputs of a structural check (a replay "
-                                                           "whose outputs are compared, never used or released)",
     ("fedpriv/task.py", "_model"): "the public initial weights (the seed is in the public config)",
     ("fedpriv/public/teacher.py", "train_teacher"): "training on public data",
     ("fedpriv/public/pretrain.py", "pretrain"): "the batch order of pre-training on public data",
     ("fedpriv/clipping/subclass_rules.py", "_scale_in_mode"): "fixed probe inputs of a structural check",
-    ("fedpriv/clipping/engine.py", "__init__"): "which samples the forward replay perturbs, and how: a "
-                                                "structural check whose outputs are compared, never used "
-                                                "or released",
     ("fedpriv/models/tiny_hf.py", "write_model_dir"): "the random initial weights of a model directory a "
                                                       "user is given to start from (public)",
     ("fedpriv/accounting/monte_carlo.py", "generator"): "the Monte-Carlo accountant's own samples of the "

@@ -51,13 +51,14 @@ from torch.profiler import record_function
 
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
-from fedpriv.keystream import GaussianKeystream
+from fedpriv.keystream import GaussianKeystream, stream_key
 from fedpriv.precision import as_fp32, exact_fp32
-from fedpriv.clipping.provenance import (FLAT_LISTENERS, CallPrint, Provenance, UnsupportedLayerError,
+from fedpriv.randomness import KEY_BYTES, keystream
+from fedpriv.clipping.provenance import (FLAT_LISTENERS, CallPrint, KeyedDraws, Provenance, UnsupportedLayerError,
                                          ambiguous_batch_dim, call_print, check_data_independent, check_separable,
-                                         choose_perturbed, declared_rows, expand_rows, map_tensors, output_mismatch,
-                                         output_prints, perturb_samples, perturbed, replay_error, replay_mismatch,
-                                         rows_within, same_values, separability_probe, value_print)
+                                         declared_rows, expand_rows, map_tensors, output_mismatch, output_prints,
+                                         perturb_samples, perturbed, replay_error, replay_mismatch, rows_within,
+                                         same_values, separability_probe, value_print)
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule
 from fedpriv.clipping.subclass_rules import subclass_rule
 
@@ -225,16 +226,19 @@ class BookKeeping:
     on exit.
 
     ``backward`` replays the step's forward with a random half of the samples perturbed (the RNG
-    restored; every batch-first tensor argument, also inside tuples, lists and dicts) and refuses a
-    model whose hooked calls' rows, or its return value's, of the other samples change: a model that
-    mixes samples in its forward (:mod:`fedpriv.clipping.provenance`, 4). It does so on the first
-    ``REPLAY_FIRST`` (4) steps of the engine, on every ``replay_every``-th step after (default 8; 1:
-    every step) and on every step whose arguments have shapes no replay has seen; a step with one
-    sample is not replayed (nothing to compare). A replay is one more forward with grad enabled that
-    saves nothing for a backward, ending before the last layer where the model returns that layer's
-    output holding, by value, what the layer computed (docs/BENCHMARKS.md gives its cost). Every
-    hooked call must be made inside the model's forward (the replay runs that forward again); the
-    model may itself be one registered layer (a bare ``nn.Linear``; refusals name it ``<model>``).
+    restored; every batch-first tensor argument, also inside tuples, lists and dicts; which samples,
+    and how, drawn from keyed streams under a key derived from the engine's key, so a model cannot
+    predict them and the same ``noise_key`` replays them:
+    :class:`~fedpriv.clipping.provenance.KeyedDraws`) and refuses a model whose hooked calls' rows,
+    or its return value's, of the other samples change: a model that mixes samples in its forward
+    (:mod:`fedpriv.clipping.provenance`, 4). It does so on the first ``REPLAY_FIRST`` (4) steps of
+    the engine, on every ``replay_every``-th step after (default 8; 1: every step) and on every step
+    whose arguments have shapes no replay has seen; a step with one sample is not replayed (nothing
+    to compare). A replay is one more forward with grad enabled that saves nothing for a backward,
+    ending before the last layer where the model returns that layer's output holding, by value, what
+    the layer computed (docs/BENCHMARKS.md gives its cost). Every hooked call must be made inside
+    the model's forward (the replay runs that forward again); the model may itself be one registered
+    layer (a bare ``nn.Linear``; refusals name it ``<model>``).
 
     Every forward with grad enabled since the last ``backward`` counts (two passes of the model
     in one loss are both clipped together); recorded tensors are dropped by ``backward``, by
@@ -257,7 +261,12 @@ class BookKeeping:
         self.noise_multiplier = float(noise_multiplier)
         self.mode = mode
         self.replay_every = replay_every
-        self.noise = GaussianKeystream(noise_key)
+        key = stream_key(noise_key)  # the noise's key: fresh OS entropy, or the caller's (research)
+        self.noise = GaussianKeystream(key)
+        # the perturbed replays' key (KeyedDraws): another function of the same key (SHAKE-256 under a label
+        # of its own, where the noise is ChaCha20 under the key), so a research key reproduces the replays
+        self._draws_key = keystream(key, "bk-perturbed-replays", (), KEY_BYTES)
+        self._draws_made = 0  # KeyedDraws made so far: each replay's index
         self.last_norms: Optional[Tensor] = None
         self.last_scales: Optional[Tensor] = None
         self.last_methods: dict[str, str] = {}
@@ -275,7 +284,6 @@ class BookKeeping:
         self._outside: Optional[str] = None  # a hooked call made outside the model's forward
         self._replaying: Optional[_Replaying] = None
         self._open: Optional[_Forward] = None  # the recorded forward now running (its return value is kept)
-        self._replay_draws = torch.Generator().manual_seed(0x4E9A7)  # which samples, and how, a replay perturbs
         self._replayed_shapes: set[tuple] = set()  # the _signature of every forward replayed so far
         self._last_call: Optional[tuple[int, str]] = None  # (index, path) of the call whose output the last
         # recorded forward returned: its output's values are printed when it returns (value_print)
@@ -346,15 +354,21 @@ class BookKeeping:
             managed.append((path, module, rule))
         return managed, to_prepare
 
+    def _draws(self, label: str) -> KeyedDraws:
+        """The next replay's random choices: keyed by the engine's key (:class:`KeyedDraws`), never a
+        seeded generator a model could predict; indexed by a count, so no two replays share draws."""
+        self._draws_made += 1
+        return KeyedDraws(self._draws_key, label, self._draws_made)
+
     def _check_independent(self, made: list[tuple[str, Tensor]], call_args: tuple[tuple, dict]) -> None:
         """Replay the model's forward on perturbed arguments (no autograd, the RNG streams
         restored afterwards) and fail if a shared input made in the forward changed
         (:func:`~fedpriv.clipping.provenance.check_data_independent`). Once per call path (the
         model's structure is assumed not to change between backwards, as for separability)."""
         args, kwargs = call_args
-        generator = torch.Generator().manual_seed(0x1D)
-        args2 = tuple(perturbed(a, generator) for a in args)
-        kwargs2 = {k: perturbed(v, generator) for k, v in kwargs.items()}
+        draws = self._draws("bk-independence-check")
+        args2 = tuple(perturbed(a, draws) for a in args)
+        kwargs2 = {k: perturbed(v, draws) for k, v in kwargs.items()}
         devices = [d.index for d in {p.device for p in self.model.parameters()} if d.type == "cuda"]
         self._replayed = {}
         try:
@@ -615,9 +629,10 @@ class BookKeeping:
                 f"{outside} was called outside the model's forward, which the forward replay (the proof that no "
                 "row mixes samples) cannot run again; call it inside the model's forward")
         for forward in forwards:
-            chosen = choose_perturbed(forward.batch, self._replay_draws)
-            args = tuple(perturb_samples(a, chosen, self._replay_draws) for a in forward.args)
-            kwargs = {k: perturb_samples(v, chosen, self._replay_draws) for k, v in forward.kwargs.items()}
+            draws = self._draws("bk-forward-replay")
+            chosen = draws.chosen(forward.batch)
+            args = tuple(perturb_samples(a, chosen, draws) for a in forward.args)
+            kwargs = {k: perturb_samples(v, chosen, draws) for k, v in forward.kwargs.items()}
             cpu, cuda = forward.rng
             state = self._replaying = _Replaying(forward, chosen)
             output, ended = None, False

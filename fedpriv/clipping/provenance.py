@@ -37,13 +37,14 @@ What it proves, for every hooked module call of one step:
    dependence only: a batch-centred input, or a detached batch statistic added between two layers,
    passes both. The engine runs the step's forward again, with autograd on and torch's RNG streams
    reset to where the forward started (dropout draws the same masks), on arguments whose rows of a
-   random half of the samples are :func:`perturbed` (:func:`perturb_samples`: every tensor whose dim
-   0 is the batch, the argument itself or inside its tuples, lists and dicts; at least one sample
-   perturbed, one kept), and fails if any hooked call's input rows of a kept sample differ in one
-   bit — for flattened positions, the rows of kept samples, in order; for a shared call, its whole
-   input — or its output rows, for a call whose output is not computed by a registered layer's own
-   forward (a subclass accepted by its computation, a :func:`record_call` product), or if the
-   sequence of calls changes. The output of a registered layer type (``RULES``) is not compared:
+   random half of the samples are :func:`perturbed` (:func:`perturb_samples`: every tensor whose
+   dim 0 is the batch, the argument itself or inside its tuples, lists and dicts; at least one
+   sample perturbed, one kept; which, and how, drawn under the engine's key: :class:`KeyedDraws`),
+   and fails if any hooked call's input rows of a kept sample differ in one bit — for flattened
+   positions, the rows of kept samples, in order; for a shared call, its whole input — or its
+   output rows, for a call whose output is not computed by a registered layer's own forward (a
+   subclass accepted by its computation, a :func:`record_call` product), or if the sequence of
+   calls changes. The output of a registered layer type (``RULES``) is not compared:
    its forward computes output row i from input row i and the parameters alone. The model's return
    value, what the per-sample loss is computed from, is (:func:`output_prints`: each tensor in it,
    by rows, flattened positions, or whole), so mixing after the last hooked call is seen; only where
@@ -92,11 +93,14 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from fedpriv.clipping.rules import LayerRule
 from fedpriv.errors import ConfigError
+from fedpriv.keystream import GaussianKeystream
+from fedpriv.randomness import KEY_BYTES, keystream, uint64s
 
 # the attached engines (``flattened(rows)`` is called for each :func:`flat_positions`; their forward
 # replay attributes a model output with that many rows to those samples)
@@ -345,19 +349,76 @@ class Provenance:
 # Independence of shared inputs from the samples
 
 
-def perturbed(value: Any, generator: torch.Generator) -> Any:
-    """Another valid input of the same shape: an integer tensor's entries resampled from its own
-    values (indices stay in range), a float tensor plus unit noise; other arguments unchanged."""
+class KeyedDraws:
+    """The random choices of one perturbed replay (which samples, and how), read from keyed streams
+    under ``SHAKE-256(key ‖ label ‖ index)`` (:func:`fedpriv.randomness.keystream`), never from a
+    seeded ``torch.Generator`` or torch's global RNG (neither is touched): without ``key`` a model
+    cannot predict which rows are perturbed, nor the values. ``key`` (32 bytes) is the engine's,
+    ``label`` names the check, ``index`` counts the engine's draws (no two share a stream).
+
+    * :meth:`chosen`: each sample with probability ½ (the top bit of a 64-bit word), then one
+      kept or perturbed sample flipped where all, or none, were chosen;
+    * :meth:`normal`: standard normals (the ChaCha20 Gaussian keystream of
+      :class:`~fedpriv.keystream.GaussianKeystream`, float32, cast to the tensor's dtype);
+    * :meth:`indices`: uniform in ``[0, high)`` (a 64-bit word mod ``high``: bias below ``high/2⁶⁴``).
+
+    Each call reads on in its own stream, so the draws depend only on the key, the index and the
+    sequence of calls (the same research key replays them).
+    """
+
+    def __init__(self, key: bytes, label: str, index: int) -> None:
+        self._key = keystream(key, label, (index,), KEY_BYTES)
+        self._normals = GaussianKeystream(keystream(self._key, "normal", (), KEY_BYTES))
+        self._words = 0  # word draws so far (:meth:`_uint64s`)
+
+    def _uint64s(self, n: int) -> np.ndarray:
+        self._words += 1
+        return uint64s(self._key, "words", (self._words,), n)
+
+    def chosen(self, batch: int) -> Tensor:
+        """Which samples a replay perturbs, [batch] bool: each with probability ½, at least one
+        perturbed and one kept where ``batch > 1`` (a batch of one has nothing to compare: never
+        replayed)."""
+        words = self._uint64s(batch + 2)
+        chosen = torch.from_numpy((words[:batch] >> np.uint64(63)).astype(bool))
+        flip = (words[batch:] % np.uint64(batch)).astype(np.int64)
+        if not chosen.any():
+            chosen[int(flip[0])] = True
+        if chosen.all() and batch > 1:
+            chosen[int(flip[1])] = False
+        return chosen
+
+    def normal(self, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+        """Standard normals of ``shape`` in ``dtype`` (host)."""
+        return self._normals.normal(tuple(shape), dtype)
+
+    def indices(self, high: int, shape: Sequence[int]) -> Tensor:
+        """Uniform integers in ``[0, high)`` of ``shape`` (int64, host)."""
+        n = math.prod(shape)
+        words = self._uint64s(n) % np.uint64(high)
+        return torch.from_numpy(words.astype(np.int64)).view(tuple(shape))
+
+
+def perturbed(value: Any, draws: KeyedDraws, rows: Optional[Tensor] = None) -> Any:
+    """Another valid input of the same shape: an integer (or bool, or complex) tensor's entries
+    resampled from its own values (indices stay in range; where that changed nothing, its values
+    rolled by one along the last dim), a float tensor plus unit noise in its dtype; other arguments
+    unchanged. ``rows`` (int64 indices into dim 0): only those rows are drawn and replaced, the
+    others kept bit for bit (an integer tensor's rows still draw from all its values)."""
     if not isinstance(value, Tensor) or value.dim() == 0 or value.numel() == 0:
         return value
+    value = value.detach()
+    where = None if rows is None else rows.to(value.device)
+    part = value if where is None else value.index_select(0, where)
     if value.is_floating_point():
-        return value.detach() + torch.randn(value.shape, generator=generator, dtype=value.dtype).to(value.device)
-    flat = value.detach().reshape(-1)
-    picks = torch.randint(0, flat.numel(), tuple(value.shape), generator=generator).to(value.device)
-    resampled = flat[picks]
-    if torch.equal(resampled, value) and flat.numel() > 1:
-        resampled = value.detach().roll(1, dims=-1)
-    return resampled
+        new = part + draws.normal(part.shape, value.dtype).to(value.device)
+    else:
+        flat = value.reshape(-1)
+        new = flat[draws.indices(flat.numel(), part.shape).to(value.device)]
+        if torch.equal(new, part) and flat.numel() > 1:
+            rolled = value.roll(1, dims=-1)
+            new = rolled if where is None else rolled.index_select(0, where)
+    return new if where is None else value.index_copy(0, where, new)
 
 
 def check_data_independent(made: Sequence[tuple[str, Tensor]], replayed: dict[str, list[Tensor]],
@@ -500,17 +561,6 @@ def call_print(path: str, kind: str, x: Tensor, output: Optional[Tensor], sample
     return CallPrint(path, kind, x.detach(), output, samples)
 
 
-def choose_perturbed(batch: int, generator: torch.Generator) -> Tensor:
-    """Which samples a replay perturbs, [batch] bool: each with probability ½, at least one
-    perturbed and one kept (a batch of one has nothing to compare: never replayed)."""
-    chosen = torch.rand(batch, generator=generator) < 0.5
-    if not chosen.any():
-        chosen[int(torch.randint(batch, (1,), generator=generator))] = True
-    if chosen.all():
-        chosen[int(torch.randint(batch, (1,), generator=generator))] = False
-    return chosen
-
-
 def map_tensors(value: Any, fn: Callable[[Tensor], Any]) -> Any:
     """``value`` with ``fn`` applied to every tensor in it: itself, or inside its tuples (named ones
     too), lists and dicts (or other mutable mappings), at any depth, each container rebuilt as a new
@@ -538,28 +588,27 @@ def _rebuilt(value: Any, items: list) -> Any:
         return (tuple if isinstance(value, tuple) else list)(items)
 
 
-def perturb_samples(value: Any, chosen: Tensor, generator: torch.Generator) -> Any:
+def perturb_samples(value: Any, chosen: Tensor, draws: KeyedDraws) -> Any:
     """A model argument with the rows of the ``chosen`` samples replaced as :func:`perturbed`
     would in every tensor whose dim 0 is the batch, whether the argument itself or inside its tuples,
     lists and dicts (:func:`map_tensors`); other rows and tensors unchanged. The argument itself, a
     float tensor, is returned as a leaf that requires grad (as the engine traces the model's float
     inputs); a tensor inside a container keeps whether it required grad."""
+    rows = torch.nonzero(chosen)[:, 0]
     if isinstance(value, Tensor):
         if value.dim() == 0:
             return value
-        value = _perturb_rows(value, chosen, generator)
+        value = _perturb_rows(value, rows, chosen.shape[0], draws)
         return value.requires_grad_(True) if value.is_floating_point() else value
-    return map_tensors(value, lambda t: _perturb_rows(t, chosen, generator).requires_grad_(
+    return map_tensors(value, lambda t: _perturb_rows(t, rows, chosen.shape[0], draws).requires_grad_(
         t.requires_grad and (t.is_floating_point() or t.is_complex())))
 
 
-def _perturb_rows(value: Tensor, chosen: Tensor, generator: torch.Generator) -> Tensor:
-    """``value`` (detached) with the rows of the ``chosen`` samples :func:`perturbed` where its dim 0
-    is the batch."""
-    if value.dim() == 0 or value.shape[0] != chosen.shape[0] or not value.numel():
+def _perturb_rows(value: Tensor, rows: Tensor, batch: int, draws: KeyedDraws) -> Tensor:
+    """``value`` (detached) with rows ``rows`` :func:`perturbed` where its dim 0 is the batch."""
+    if value.dim() == 0 or value.shape[0] != batch or not value.numel():
         return value.detach()
-    mask = chosen.to(value.device).view((-1,) + (1,) * (value.dim() - 1))
-    return torch.where(mask, perturbed(value, generator), value.detach())
+    return perturbed(value, draws, rows)
 
 
 def _kept_runs(chosen: Tensor) -> list[tuple[int, int]]:
