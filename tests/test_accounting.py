@@ -540,3 +540,80 @@ def test_dp_accountings_note_of_an_excluded_rdp_order_is_dropped_and_epsilon_is_
     assert eps == pytest.approx(float(rdp.compute_epsilon(orders, 3 * per_round, 1e-3)[0]), rel=1e-12)
     logging.getLogger("absl").warning("another warning of dp_accounting")  # kept
     assert [r.getMessage() for r in caplog.records if r.name == "absl"] == ["another warning of dp_accounting"]
+
+
+# ---------------------------------------------------------------- a negative RDP order (issue 52: fail closed)
+# At extreme events dp_accounting's RDP of the Poisson-sampled Gaussian cancels to a *negative*
+# value at some orders, and its conversion reads such an order as epsilon 0 (delta 0): the minimum
+# over orders is then 0 for a release that is not free.
+
+def _sampled(rate: float, sigma: float, count: int) -> dp_accounting.DpEvent:
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), count)
+
+
+TINY = (1e-4, 1e6, 1000)  # rate, noise, rounds: 32 of the default orders negative
+COUNTED = (1e-6, 1e6, 10 ** 24)  # the cancellation times a count: exact arithmetic gives epsilon >= 4.3 at 1e-5
+
+
+@pytest.mark.parametrize("rate,sigma,count", [TINY, COUNTED])
+def test_a_negative_rdp_order_is_refused_never_read_as_epsilon_zero(rate, sigma, count):
+    from fedpriv.accounting.accountant import SelfComposition
+
+    event = _sampled(rate, sigma, count)
+    theirs = RdpAccountant().compose(event)
+    assert theirs.rdp.min() < 0 and theirs.get_epsilon(1e-5) == 0  # the trigger, as dp_accounting reads it
+    with pytest.raises(ConfigError, match=r"below floating-point resolution .*; the pld accountant supports it"):
+        compute_epsilon(event, 1e-5, RDP)
+    with pytest.raises(ConfigError, match="below floating-point resolution"):  # the ledger's per-round path
+        SelfComposition(event.event, 1e-5, RDP, ADD_REMOVE).epsilon(count)
+    if count == TINY[2]:  # a run's ledger refuses before round 1
+        with pytest.raises(ConfigError, match="below floating-point resolution"):
+            PrivacyLedger(GaussianMechanism(sigma, clip_norm=1.0), _poisson(rate, 10 ** 6), delta=1e-5)
+    assert compute_epsilon(dp_accounting.NoOpDpEvent(), 1e-5, RDP) == 0.0  # nothing released is still 0
+    healthy = _sampled(0.01, 1.0, 1000)
+    assert compute_epsilon(healthy, 1e-5, RDP) == RdpAccountant().compose(healthy).get_epsilon(1e-5)
+
+
+def test_cli_delta_refuses_a_negative_rdp_order(capsys):
+    """dp_accounting's delta path read the negative orders of COUNTED as delta 0."""
+    rate, sigma, count = COUNTED
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["delta", "--epsilon", "1", "--noise-multiplier", repr(sigma), "--sampling-rate", repr(rate),
+                  "--rounds", str(count), "--json"])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1
+    assert captured.err.startswith("error: ") and "below floating-point resolution" in captured.err
+
+
+def test_calibration_never_takes_a_negative_rdp_order_as_fitting():
+    """Searching upward, calibration reached sigma ~2.2e5, whose RDP reads as epsilon 0 (exact
+    arithmetic: >= 21.7 against the target 1), and returned it; now such a sigma does not fit and
+    the search says why it found none."""
+    with pytest.raises(ConfigError, match=r"calibrating to target epsilon 1\.0 .*below floating-point resolution"):
+        calibrate_noise_multiplier(lambda s: _sampled(1e-4, s, 10 ** 20), 1.0, 1e-5)
+
+
+def test_calibration_steps_over_an_unresolved_noise_soundly():
+    """A sigma inside the bracket whose event cannot be resolved (here: sigma in (1.5, 3) stands for
+    an extreme event) is not private enough, never epsilon 0: the answer is a sigma whose epsilon
+    was computed within the target."""
+    target = compute_epsilon(_sampled(0.01, 4.0, 1000), 1e-5, RDP)
+
+    def make_event(sigma: float) -> dp_accounting.DpEvent:
+        return _sampled(*TINY) if 1.5 < sigma < 3.0 else _sampled(0.01, sigma, 1000)
+
+    sigma = calibrate_noise_multiplier(make_event, target, 1e-5)
+    assert sigma == pytest.approx(4.0, rel=2e-4) and compute_epsilon(make_event(sigma), 1e-5, RDP) <= target
+
+
+def test_ddgauss_refuses_a_negative_rdp_order():
+    """The distributed discrete Gaussian's own Zhu-Wang bound cancels below zero at tiny rates too;
+    it used to convert to epsilon 0."""
+    from fedpriv.accounting.ddgauss import DistributedDiscreteGaussian
+
+    ddg = DistributedDiscreteGaussian(clip=1.0, granularity=1e-3, local_std=1.0, shares=100, dim=1024)
+    assert ddg.epsilon(1e-5, 100, 1e-2) > 0
+    with pytest.raises(ConfigError, match="distributed discrete Gaussian is below floating-point resolution"):
+        ddg.epsilon(1e-5, 100, 1e-9)

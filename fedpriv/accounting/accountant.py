@@ -14,7 +14,11 @@ that event to ``dp_accounting``:
   excluded order (large ε: above 25 in a grid of rates up to 0.5, noise 0.2 to 5 and up to 1,000
   rounds, where it was up to 2.7× looser than those orders' exact RDP gives). That note is dropped
   at its source (:data:`EXCLUDED_ORDER_NOTE`, on absl's logger); dp_accounting's other warnings
-  are kept.
+  are kept. An RDP vector with a *negative* entry (floating-point cancellation at extreme events,
+  which dp_accounting would convert to ε = 0, δ = 0) is refused instead
+  (:mod:`fedpriv.accounting.rdp_conversion` says why dropping those orders is not sound either):
+  every RDP conversion here goes through :func:`accountant_epsilon`, :func:`accountant_delta` or
+  that module, never ``get_epsilon``/``get_delta`` of an RDP accountant.
 * ``"pld"``: ``PLDAccountant`` with ``value_discretization_interval=1e-4`` (pessimistic
   discretisation, so still an upper bound). Calibration searches on coarser (also pessimistic)
   discretisations first and only checks its answer at 1e-4, so it needs few fine evaluations.
@@ -37,12 +41,12 @@ from typing import Callable
 import dp_accounting
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
-from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon as rdp_epsilon
 from scipy import optimize
 
 from fedpriv.accounting import monte_carlo
 from fedpriv.accounting.ddgauss import DistributedDiscreteGaussianDpEvent
 from fedpriv.accounting.monte_carlo import MC, MonteCarloDpEvent, MonteCarloSettings
+from fedpriv.accounting.rdp_conversion import RdpBelowResolution, delta_from_rdp, epsilon_from_rdp
 from fedpriv.errors import ConfigError
 
 RDP = "rdp"
@@ -215,6 +219,37 @@ def _ddgauss_epsilon(event: DistributedDiscreteGaussianDpEvent, delta: float, ac
     return event.epsilon(delta)
 
 
+def _below_resolution(err: RdpBelowResolution, event: dp_accounting.DpEvent,
+                      relation: Relation) -> RdpBelowResolution:
+    """``err`` with the accountant that can account ``event`` instead, if there is one."""
+    return RdpBelowResolution(f"{err}{_alternative_hint(event, RDP, relation)}")
+
+
+def accountant_epsilon(composed: dp_accounting.PrivacyAccountant, event: dp_accounting.DpEvent, delta: float,
+                       relation: Relation = ADD_OR_REMOVE_ONE) -> float:
+    """ε at ``delta`` of an accountant that has composed ``event``: an RDP accountant's through
+    :func:`~fedpriv.accounting.rdp_conversion.epsilon_from_rdp` (a negative RDP value raises
+    :class:`RdpBelowResolution`, never ε = 0), any other's ``get_epsilon``."""
+    if not isinstance(composed, RdpAccountant):
+        return float(composed.get_epsilon(delta))
+    try:
+        return epsilon_from_rdp(composed.orders, composed.rdp, delta, describe_event(event))
+    except RdpBelowResolution as err:
+        raise _below_resolution(err, event, relation) from None
+
+
+def accountant_delta(composed: dp_accounting.PrivacyAccountant, event: dp_accounting.DpEvent, epsilon: float,
+                     relation: Relation = ADD_OR_REMOVE_ONE) -> float:
+    """δ at ``epsilon`` of an accountant that has composed ``event``; as :func:`accountant_epsilon`
+    (a negative RDP value raises, never δ = 0)."""
+    if not isinstance(composed, RdpAccountant):
+        return float(composed.get_delta(epsilon))
+    try:
+        return delta_from_rdp(composed.orders, composed.rdp, epsilon, describe_event(event))
+    except RdpBelowResolution as err:
+        raise _below_resolution(err, event, relation) from None
+
+
 def _monte_carlo_event(event: dp_accounting.DpEvent, accountant: str, relation: Relation) -> bool:
     """Whether ``event`` goes to the Monte-Carlo accountant; ConfigError for a pair that cannot be
     accounted (a balls-in-bins event elsewhere, another event there, replace-one neighbouring)."""
@@ -241,7 +276,9 @@ def compute_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str 
     event's noise multiplier is per unit of sensitivity *under that relation*. A
     ``NonPrivateDpEvent`` anywhere gives ``math.inf``. Raises ``ConfigError`` if the accountant
     cannot interpret the event (e.g. ``SampledWithoutReplacementDpEvent`` under PLD).
-    ``monte_carlo_settings``: the mc accountant's (default ``MonteCarloSettings()``).
+    ``monte_carlo_settings``: the mc accountant's (default ``MonteCarloSettings()``). An RDP vector
+    below floating-point resolution (a negative order) raises :class:`RdpBelowResolution` (a
+    ``ConfigError``), never ε = 0; a ``NoOpDpEvent`` is exactly 0.
     """
     check_delta(delta)
     check_accountant(accountant)
@@ -262,12 +299,13 @@ def compute_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str 
             f"{PLD_MEMORY_LIMIT / 2**30:.0f} GB: noise this small makes its privacy-loss grid huge); use the rdp "
             "accountant")
     try:
-        eps = float(make_accountant(accountant, relation, discretization).compose(event).get_epsilon(delta))
+        composed = make_accountant(accountant, relation, discretization).compose(event)
     except (dp_accounting.UnsupportedEventError, ValueError, NotImplementedError) as err:
         raise ConfigError(
             f"the {accountant} accountant cannot account {describe_event(event)} under "
             f"{relation_name(relation)} neighbouring ({_dp_accounting_reason(err)})"
             f"{_alternative_hint(event, accountant, relation)}") from err
+    eps = accountant_epsilon(composed, event, delta, relation)
     if math.isnan(eps) or eps < 0:
         raise ConfigError(f"the {accountant} accountant returned epsilon={eps} for {describe_event(event)}")
     return eps
@@ -311,9 +349,12 @@ class SelfComposition:
     def _compute(self, count: int) -> float:
         if count == 0:
             return 0.0
-        if self._rdp is not None and self._orders is not None:
-            return float(rdp_epsilon(self._orders, count * self._rdp, self.delta)[0])
         composed = dp_accounting.SelfComposedDpEvent(self.event, count)
+        if self._rdp is not None and self._orders is not None:
+            try:
+                return epsilon_from_rdp(self._orders, count * self._rdp, self.delta, describe_event(composed))
+            except RdpBelowResolution as err:
+                raise _below_resolution(err, composed, self.relation) from None
         if not self._plds:
             return compute_epsilon(composed, self.delta, self.accountant, self.relation)
         if (need := pld_bytes(composed)) > PLD_MEMORY_LIMIT:
@@ -351,7 +392,10 @@ def calibrate_noise_multiplier(make_event: EventMaker, target_epsilon: float, de
     ``make_event`` should be the mechanism's own
     ``lambda s: mechanism.dp_event(sampler, rounds, noise_multiplier=s)``.
     Raises ``ConfigError`` if even σ = 1e6 does not reach the target (e.g. below RDP's floor set by
-    its largest order) or if the event cannot be accounted.
+    its largest order) or if the event cannot be accounted. A σ whose RDP is below floating-point
+    resolution (:class:`RdpBelowResolution`) has no known ε and is taken as *not* fitting, so the
+    result is always a σ whose ε was computed to be ≤ target; if the search ends without one for
+    that reason, that error is raised.
 
     The mc accountant searches its own public grid of σ instead (:func:`monte_carlo.calibrate`:
     every grid point is a candidate its confidence is shared over); ``rtol`` does not apply, and
@@ -378,6 +422,7 @@ def _calibrate(make_event: EventMaker, target_epsilon: float, delta: float, acco
     """One search of :func:`calibrate_noise_multiplier` at one PLD discretization, bracketing from
     ``start`` by factors ``step``, ``step²``, … ."""
     memo: dict[float, float] = {}
+    unresolved: list[RdpBelowResolution] = []
 
     def gap(sigma: float) -> float:
         if sigma not in memo:
@@ -386,17 +431,28 @@ def _calibrate(make_event: EventMaker, target_epsilon: float, delta: float, acco
                                               discretization) - target_epsilon
             except AccountingTooCostly:  # such small noise is far above any budget PLD is used for
                 memo[sigma] = math.inf
+            except RdpBelowResolution as err:  # no ε known there: never taken as fitting
+                unresolved.append(err)
+                memo[sigma] = math.inf
         return memo[sigma]
 
     def fits(sigma: float) -> bool:
         return gap(sigma) <= 0
 
-    lo, hi = _bracket(fits, target_epsilon, delta, accountant, start, step)
+    try:
+        lo, hi = _bracket(fits, target_epsilon, delta, accountant, start, step)
+    except ConfigError as err:
+        if unresolved:  # the search went past the noise the rdp accountant resolves: say so
+            raise RdpBelowResolution(f"calibrating to target epsilon {target_epsilon} at delta {delta}: "
+                                     f"{unresolved[0]}") from err
+        raise
     if fits(lo):  # only when even MIN_NOISE_MULTIPLIER/2 is within budget
         return lo
-    if not math.isfinite(gap(lo)):
+    if not math.isfinite(gap(lo)) or unresolved:
         return _bisect(fits, lo, hi, rtol)
     candidate = float(optimize.brentq(gap, lo, hi, xtol=1e-12, rtol=rtol / 4))
+    if unresolved:  # an unresolved σ inside the bracket (an infinite gap): Brent's answer is not trusted
+        return _bisect(fits, lo, hi, rtol)
     for _ in range(4):
         if candidate >= hi:
             return hi

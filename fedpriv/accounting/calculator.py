@@ -23,8 +23,8 @@ from typing import Any, Callable
 import dp_accounting
 
 from fedpriv.accounting import monte_carlo
-from fedpriv.accounting.accountant import (RDP, calibrate_noise_multiplier, check_delta, check_epsilon,
-                                           compute_epsilon, make_accountant, relation_name)
+from fedpriv.accounting.accountant import (RDP, accountant_delta, calibrate_noise_multiplier, check_delta,
+                                           check_epsilon, compute_epsilon, make_accountant, relation_name)
 from fedpriv.accounting.monte_carlo import MC, BallsInBinsDpEvent, MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.errors import ConfigError
@@ -407,7 +407,9 @@ def _delta(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
         compute_epsilon(event, 0.5, args.accountant, relation)  # raises: balls-in-bins needs mc
     accountant = make_accountant(args.accountant, relation)
     try:
-        out["delta"] = float(accountant.compose(event).get_delta(args.epsilon))
+        out["delta"] = accountant_delta(accountant.compose(event), event, args.epsilon, relation)  # rdp: never 0
+    except ConfigError:  # from fedpriv (an rdp vector below resolution): its own message
+        raise
     except (dp_accounting.UnsupportedEventError, ValueError, NotImplementedError) as err:
         raise ConfigError(f"the {args.accountant} accountant cannot account this event ({err})") from err
     return out

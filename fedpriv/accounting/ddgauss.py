@@ -23,7 +23,9 @@ coordinate; secure aggregation reveals only the sum (mod the field). In the scal
 * **Poisson sampling** of the users with probability ``q`` amplifies it by the general upper bound
   of Zhu and Wang, "Poisson Subsampled Rényi Differential Privacy" (ICML 2019, Theorem 5), for
   integer α ≥ 2 (:func:`poisson_subsampled_rdp`); rounds compose additively in RDP, and ε at δ is
-  dp_accounting's RDP conversion (``rdp_privacy_accountant.compute_epsilon``).
+  dp_accounting's RDP conversion (through :func:`~fedpriv.accounting.rdp_conversion.epsilon_from_rdp`,
+  which refuses an order whose computed bound is negative: floating-point cancellation at tiny q,
+  which the conversion would read as ε = 0).
 
 ``n`` must be a number of shares the round is *guaranteed* to sum: fewer shares are less noise.
 fedpriv's runs (:mod:`fedpriv.mechanisms.ddgauss`) take the shares from a fixed set of *parties*
@@ -47,6 +49,8 @@ import attr
 import dp_accounting
 import numpy as np
 from scipy import special
+
+from fedpriv.accounting.rdp_conversion import epsilon_from_rdp
 
 #: the integer RDP orders the amplification bound is evaluated at (Theorem 5 needs integers ≥ 2)
 ORDERS: tuple[int, ...] = tuple(range(2, 129)) + (192, 256)
@@ -173,14 +177,13 @@ class DistributedDiscreteGaussian:
         """ε at ``delta`` after ``rounds`` rounds, each on a Poisson sample of rate ``q`` of the
         users (q = 1: every round sees every user), by RDP composition and dp_accounting's
         RDP → (ε, δ) conversion."""
-        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon  # lazy: its submodule, used here only
-
         if rounds < 1 or not 0 < delta < 1:
             raise ValueError(f"need rounds >= 1 and 0 < delta < 1 (got {rounds}, {delta})")
         curve = self.rdp_curve()
         table = {order: curve(order) for order in range(2, max(orders) + 1)}  # each order's ε once
         rdp = [rounds * poisson_subsampled_rdp(order, q, table.__getitem__) for order in orders]
-        return float(compute_epsilon(list(orders), rdp, delta)[0])
+        return epsilon_from_rdp(list(orders), rdp, delta, "the distributed discrete Gaussian",
+                                " (it is accounted by RDP only)")
 
 
 def granularity_for_bits(clip: float, local_std: float, shares: int, dim: int, bits: int, k: float = 4.0,
