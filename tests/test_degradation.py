@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 
-import pytest
 
 from fedpriv.degradation import NOISE, STEP, TOO_FEW, UNKNOWN, VOCAB, RunFacts, degradation
 
