@@ -392,9 +392,9 @@ def main() -> None:
             again = [t for t, r in zip(ts, replayed) if r]
             plain = [t for t, r in zip(ts, replayed) if not r]
             which = ", ".join(str(i) for i, r in enumerate(replayed) if r)
-            others = f"; the others {statistics.median(plain):.4f} s ({statistics.median(plain) / base:.2f})"
+            others = f"; the others {statistics.median(plain):.4f} s ({statistics.median(plain) / base:.2f})" if plain else ""
             notes.append(f"{mode}: {len(again)} of {len(ts)} timed steps replayed (timed steps {which}), median "
-                         f"{statistics.median(again):.4f} s" + (others if plain else ""))
+                         f"{statistics.median(again):.4f} s ({statistics.median(again) / base:.2f})" + others)
         rows.append(row)
         mem_text = f"{mem:12.0f} {row['memory_ratio']:9.2f}" if mem and base_mem else f"{'-':>12s} {'-':>9s}"
         print(f"{mode:24s} {med:9.4f} {med / base:6.2f} {mem_text}")
