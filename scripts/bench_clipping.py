@@ -392,7 +392,8 @@ def main() -> None:
             again = [t for t, r in zip(ts, replayed) if r]
             plain = [t for t, r in zip(ts, replayed) if not r]
             which = ", ".join(str(i) for i, r in enumerate(replayed) if r)
-            others = f"; the others {statistics.median(plain):.4f} s ({statistics.median(plain) / base:.2f})" if plain else ""
+            others = (f"; the others {statistics.median(plain):.4f} s ({statistics.median(plain) / base:.2f})"
+                      if plain else "")
             notes.append(f"{mode}: {len(again)} of {len(ts)} timed steps replayed (timed steps {which}), median "
                          f"{statistics.median(again):.4f} s ({statistics.median(again) / base:.2f})" + others)
         rows.append(row)
