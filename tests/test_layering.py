@@ -178,6 +178,8 @@ def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
 # patterns are full-match regular expressions on dotted module names. A CLI importer is exempt:
 # it is the top floor.
 _PKG = r"(\..+)?"
+# read by more than one data source: word-count files, TFF's word rows, the lazy per-user reader
+SHARED_TEXT_READING = r"fedpriv\.(text\.vocabulary|data\.word_rows|data\.lazy_users)"
 FOUNDATIONS = (r"fedpriv\.(schema(\..+)?|research_key|content_digest|cache|randomness|keystream|rundir|atomic|devices"
                r"|allocator|errors|precision)")
 NEVER = [
@@ -192,6 +194,8 @@ NEVER = [
     (r"fedpriv\.(models|data)" + _PKG, r"fedpriv\.(compose|runner)", "reaches",
      "a model or dataset never reaches up to the composer or the runner"),
     (r".*", "CLI", "imports", "CLIs live on the top floor: nothing imports one"),
+    (SHARED_TEXT_READING, r"fedpriv\.data\.(?!federated$|word_rows$|lazy_users$).+", "imports",
+     "the pieces every federated text source shares (issue 53) know no source"),
 ]
 
 
@@ -283,6 +287,11 @@ def test_graph_checks_see_what_they_guard():
     assert upward_imports(planted) == ["fedpriv.models.lstm (parts) imports fedpriv.task (the round)",
                                        "fedpriv.task (the round) imports fedpriv.runner (run composition)"]
     assert floor_of("fedpriv.schema.sections") == "foundations" and floor_of("server.app") == "entry points"
+    for shared in ("fedpriv.text.vocabulary", "fedpriv.data.word_rows", "fedpriv.data.lazy_users"):
+        assert floor_of(shared) == "parts" and shared in graph
+    assert {"fedpriv.data.word_rows", "fedpriv.data.lazy_users"} <= graph["fedpriv.data.stackoverflow"]
+    assert any(b.startswith("fedpriv.data.word_rows imports fedpriv.data.stackoverflow:") for b in never_violations(
+        {**graph, "fedpriv.data.word_rows": graph["fedpriv.data.word_rows"] | {"fedpriv.data.stackoverflow"}}))
     assert _is_cli("fedpriv.simulate") and _is_cli("fedpriv.audit.__main__") and not _is_cli("fedpriv.runner")
 
 

@@ -188,7 +188,7 @@ def test_client_metadata_gives_same_users(tmp_path: Path) -> None:
 def test_lazy_users_sequence_and_pickle(db: Path) -> None:
     users = load(db).users
     assert isinstance(users, SqliteUsers) and isinstance(users, Sequence)
-    assert users._conn is None  # nothing read until indexed
+    assert users._opened is None  # nothing read until indexed
     assert len(users) == 3
     np.testing.assert_array_equal(users[-1], users[2])
     np.testing.assert_array_equal(users[np.int64(1)], users[1])
@@ -197,7 +197,7 @@ def test_lazy_users_sequence_and_pickle(db: Path) -> None:
     users[0][0, 0] = -1  # callers get copies: the cache is unharmed
     assert users[0][0, 0] == BOS
     clone = pickle.loads(pickle.dumps(users))
-    assert clone._conn is None
+    assert clone._opened is None
     for u in range(len(users)):
         np.testing.assert_array_equal(clone[u], users[u])
     assert [len(u) for u in users] == [1, 2, 5]

@@ -161,7 +161,7 @@ def test_the_data_file_is_never_written(tmp_path: Path, cache: Path) -> None:
     for _ in range(2):  # the pass, then the cached map
         data = _load(path)
         _ = [data.users[u] for u in range(len(data.users))]
-        data.users._conn.close()
+        data.users._opened.close()
     assert (path.read_bytes(), os.stat(path).st_mtime_ns, sorted(p.name for p in path.parent.iterdir())) == before
 
 

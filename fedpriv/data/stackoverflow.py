@@ -37,27 +37,27 @@ file here.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 import logging
-import operator
 import os
 from pathlib import Path
 import sqlite3
-import threading
 from typing import Optional
 import warnings
 
 import numpy as np
 
-from fedpriv.data import stackoverflow_rowmap
+from fedpriv.data import stackoverflow_rowmap, word_rows
 from fedpriv.data.federated import FederatedDataset, Vocabulary
+from fedpriv.data.lazy_users import LazyUsers
 from fedpriv.data.stackoverflow_writer import VOCAB_FILE_NAME, write_tiny_dataset
 from fedpriv.data.tf_example import decode_example
 from fedpriv.errors import ConfigError
 from fedpriv.schema import LOCATION, TextPipeline, register_option
+from fedpriv.text.vocabulary import read_word_counts
 
 logger = logging.getLogger(__name__)
 
@@ -66,48 +66,19 @@ _TRAIN, _TEST = "train", "test"
 _TEST_FETCH_CHUNK = 500  # rowids per ``IN (...)`` query, below SQLite's bound-parameter limit
 
 # ---------------------------------------------------------------------------------------------
-# Vocabulary and sentence ids
+# Vocabulary and sentence ids (the shared pieces: fedpriv.text.vocabulary, fedpriv.data.word_rows)
 # ---------------------------------------------------------------------------------------------
 
 
-def load_word_counts(path: str | os.PathLike) -> list[str]:
-    """Words of TFF's ``stackoverflow.word_count`` (``word<TAB>count`` lines), in file order.
-
-    The file lists words most frequent first, so its first V words are the standard vocabulary.
-    A file that does not parse is refused (:class:`ConfigError` naming the file and the line), so
-    that a damaged or foreign file never becomes a vocabulary: text that is not UTF-8, a line
-    that is not a word and a non-negative integer count, a word listed twice, no word at all.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(_missing_vocab_message(path))
-    words: list[str] = []
-    seen: set[str] = set()
-    with path.open(encoding="utf-8") as f:
-        try:
-            for number, line in enumerate(f, 1):
-                fields = line.split()
-                if not fields:
-                    continue
-                if len(fields) != 2 or not (fields[1].isascii() and fields[1].isdigit()):
-                    raise ConfigError(f"{path} is not a word-count file: line {number} is not 'word<TAB>count' "
-                                      f"(TFF's {VOCAB_FILE_NAME}; a damaged download? get it again)")
-                if fields[0] in seen:
-                    raise ConfigError(f"{path} is not a word-count file: line {number} repeats the word "
-                                      f"{fields[0]!r}")
-                seen.add(fields[0])
-                words.append(fields[0])
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path} is not a word-count file: it is not UTF-8 text (TFF's {VOCAB_FILE_NAME}; "
-                              "a damaged download? get it again)") from None
-    if not words:
-        raise ConfigError(f"{path} is not a word-count file: it lists no word")
-    return words
+_VOCAB_ORIGIN = (f"TFF's {VOCAB_FILE_NAME}, from the TensorFlow Federated datasets storage, "
+                 "storage.googleapis.com/tff-datasets-public")
 
 
-def _word_lookup(vocab: Vocabulary) -> dict[bytes, int]:
-    """Maps each vocabulary word, as raw bytes, to its id."""
-    return {w.encode("utf-8", "surrogateescape"): i + 1 for i, w in enumerate(vocab.words or ())}
+def load_word_counts(path: str | os.PathLike, size: int | None = None) -> list[str]:
+    """The first ``size`` words (all for None) of TFF's ``stackoverflow.word_count`` at ``path``, the
+    file ``data.vocab_path`` names (or the one beside the sqlite file): :func:`read_word_counts`, whose
+    one-line refusals name ``data.vocab_path`` and TFF's file."""
+    return read_word_counts(path, size, "data.vocab_path", origin=_VOCAB_ORIGIN)
 
 
 class _BadExample(ConfigError):
@@ -126,21 +97,9 @@ def _sentence_words(blob: bytes) -> list[bytes]:
     return tokens[0].split()
 
 
-def _sentence_ids(
-    words: Sequence[bytes], lookup: Mapping[bytes, int], vocab: Vocabulary, seq_len: int
-) -> list[int]:
-    """``[BOS] + ids(words[:seq_len]) + [EOS]``, truncated then padded to ``seq_len + 1``."""
-    ids = [vocab.bos_id, *(lookup.get(w, vocab.oov_id) for w in words[:seq_len]), vocab.eos_id]
-    ids = ids[: seq_len + 1]
-    return ids + [vocab.pad_id] * (seq_len + 1 - len(ids))
-
-
-def _rows(
-    blobs: Iterable[bytes], lookup: Mapping[bytes, int], vocab: Vocabulary, seq_len: int
-) -> np.ndarray:
-    """One int64 row of ``seq_len + 1`` ids per serialized example."""
-    ids = [_sentence_ids(_sentence_words(b), lookup, vocab, seq_len) for b in blobs]
-    return np.array(ids, dtype=np.int64).reshape(len(ids), seq_len + 1)
+def _rows(blobs: Iterable[bytes], lookup: Mapping[bytes, int], vocab: Vocabulary, seq_len: int) -> np.ndarray:
+    """One int64 row of ``seq_len + 1`` ids per serialized example (:func:`word_rows.sentence_rows`)."""
+    return word_rows.sentence_rows((_sentence_words(b) for b in blobs), lookup, vocab, seq_len)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,13 +186,14 @@ def _client_blobs(conn: sqlite3.Connection, client_id: str, limit: int) -> list[
     return [row[0] for row in conn.execute(query, (_TRAIN, client_id, limit))]
 
 
-class SqliteUsers(Sequence[np.ndarray]):
+class SqliteUsers(LazyUsers):
     """The train users of a StackOverflow sqlite file, each read and preprocessed on demand.
 
     ``users[i]`` is ``client_ids[i]``'s first ``max_sentences`` train sentences in file (rowid) order,
     as an int64 array ``[n, seq_len + 1]`` (a fresh copy each time). Each process opens its own
     read-only connection on first use (also after fork or unpickling); pickles carry only the path,
-    the ids, the vocabulary and ``runs``. A small LRU cache keeps the last ``cache_size`` users.
+    the ids, the vocabulary and ``runs``. A small LRU cache keeps the last ``cache_size`` users
+    (:class:`~fedpriv.data.lazy_users.LazyUsers`).
 
     ``runs``: ``(offsets, starts, ends)`` int64 arrays from a row map
     (:meth:`fedpriv.data.stackoverflow_rowmap.RowMap.user_runs`): user ``i``'s rows lie in the rowid
@@ -258,59 +218,26 @@ class SqliteUsers(Sequence[np.ndarray]):
         self.vocab = vocab
         self.seq_len = seq_len
         self.max_sentences = max_sentences
-        self.cache_size = cache_size
         self.runs = runs
-        self._lookup = _word_lookup(vocab)
-        self._reset_process_state()
-
-    def _reset_process_state(self) -> None:
-        self._pid = os.getpid()
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        for key in ("_pid", "_conn", "_lock", "_cache"):
-            del state[key]
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._reset_process_state()
+        self._lookup = word_rows.word_lookup(vocab, bytes)
+        super().__init__(cache_size)
 
     def __len__(self) -> int:
         return len(self.client_ids)
 
-    def __getitem__(self, index: int) -> np.ndarray:  # type: ignore[override]
-        i = operator.index(index)
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"user index {i} out of range for {len(self)} users")
-        i %= len(self)
-        if self._pid != os.getpid():
-            self._reset_process_state()
-        with self._lock:
-            rows = self._cache.get(i)
-            if rows is None:
-                rows = self._read(i)
-                self._cache[i] = rows
-                if len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
-            else:
-                self._cache.move_to_end(i)
-        return rows.copy()
+    def _open(self) -> sqlite3.Connection:
+        return _connect(self.path)
 
     def _read(self, i: int) -> np.ndarray:
         with _reading(self.path):  # a damaged page of this user's rows: one line, mid-run too
-            if self._conn is None:
-                self._conn = _connect(self.path)
+            conn = self._handle()
             if self.runs is None:
-                blobs = _client_blobs(self._conn, self.client_ids[i], self.max_sentences)
+                blobs = _client_blobs(conn, self.client_ids[i], self.max_sentences)
             else:
                 offsets, starts, ends = self.runs
                 lo, hi = int(offsets[i]), int(offsets[i + 1])
                 blobs = stackoverflow_rowmap.read_user(
-                    self._conn, self.client_ids[i], starts[lo:hi], ends[lo:hi], self.max_sentences)
+                    conn, self.client_ids[i], starts[lo:hi], ends[lo:hi], self.max_sentences)
             return _rows(blobs, self._lookup, self.vocab, self.seq_len)
 
     def __repr__(self) -> str:
@@ -340,9 +267,7 @@ def _missing_data_message(path: Path) -> str:
 
 def _missing_vocab_message(path: Path) -> str:
     return (
-        f"StackOverflow vocabulary not found at {path}: download TFF's {VOCAB_FILE_NAME} "
-        "(from the TensorFlow Federated datasets storage, storage.googleapis.com/tff-datasets-public) "
-        "and put it beside "
+        f"StackOverflow vocabulary not found at {path}: download {_VOCAB_ORIGIN}, and put it beside "
         f"stackoverflow.sqlite or set data.vocab_path=/path/to/{VOCAB_FILE_NAME}"
     )
 
@@ -398,10 +323,10 @@ def _vocabulary_words(
     """(top words, where they came from): ``vocab_path``, else the word-count file beside ``db``,
     else (only with ``allow_private_vocab``) counts over the private train split."""
     if vocab_path is not None:
-        return load_word_counts(vocab_path)[:vocab_size], str(vocab_path)
+        return load_word_counts(vocab_path, vocab_size), str(vocab_path)
     beside = db.with_name(VOCAB_FILE_NAME)
     if beside.is_file():
-        return load_word_counts(beside)[:vocab_size], str(beside)
+        return load_word_counts(beside, vocab_size), str(beside)
     if not allow_private_vocab:
         raise ConfigError(_missing_vocab_message(beside))
     _warn_private_vocab()
@@ -427,8 +352,7 @@ def _test_blobs(
     else:
         query = "SELECT rowid FROM examples WHERE split_name = ? ORDER BY rowid"
         rowids = np.fromiter((row[0] for row in conn.execute(query, (_TEST,))), dtype=np.int64)
-        if len(rowids) > limit:
-            rowids = np.sort(np.random.default_rng(seed).choice(rowids, size=limit, replace=False))
+        rowids = rowids[word_rows.test_subset(len(rowids), limit, seed)]  # rowid order: a sorted subset
     blobs: list[bytes] = []
     for start in range(0, len(rowids), _TEST_FETCH_CHUNK):
         chunk = rowids[start : start + _TEST_FETCH_CHUNK].tolist()
@@ -513,7 +437,7 @@ def load_stackoverflow(
             conn, db, vocab_path, vocab_size, client_ids, max_sentences_per_user, allow_private_vocab
         )
         vocab = Vocabulary.of_words(words)
-        test = _rows(test_blobs, _word_lookup(vocab), vocab, seq_len)
+        test = _rows(test_blobs, word_rows.word_lookup(vocab, bytes), vocab, seq_len)
     runs = None if rowmap is None else rowmap.user_runs(client_ids)
     users = SqliteUsers(db, client_ids, vocab, seq_len, max_sentences_per_user, runs=runs)
     return FederatedDataset(

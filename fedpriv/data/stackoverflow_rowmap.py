@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from fedpriv.cache import cache_root, load_entry, save_entry
+from fedpriv.data.word_rows import test_subset
 
 logger = logging.getLogger(__name__)
 advice = logging.getLogger("fedpriv.advice")  # fedpriv.console.ADVICE_LOGGER: on stderr, never among results
@@ -121,10 +122,7 @@ class RowMap:
         run are not read here: the caller's read of the rows checks them (``split_name = 'test'``)."""
         cum = np.concatenate([[0], np.cumsum(self.test_counts)]).astype(np.int64)
         n = int(cum[-1])
-        if n > limit:  # Generator.choice(a, ...) is a[choice(len(a), ...)]: draw positions
-            positions = np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False))
-        else:
-            positions = np.arange(n, dtype=np.int64)
+        positions = test_subset(n, limit, seed)  # positions among the test rows: the scan's draw
         runs = np.searchsorted(cum, positions, side="right") - 1
         within = positions - cum[runs]
         rowids = self.test_starts[runs] + within

@@ -1,9 +1,13 @@
-"""Token-id layout of every dataset and tokenizer."""
+"""Token-id layout of every dataset and tokenizer, and the word-count files word vocabularies come from."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+import os
+from pathlib import Path
+
+from fedpriv.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -30,3 +34,50 @@ class Vocabulary:
         if self.oov_id is not None:
             ids.append(self.oov_id)
         return tuple(ids)
+
+
+WORD_COUNT_ORIGIN = "word<TAB>count lines, most frequent first, counted on public text"
+
+
+def read_word_counts(
+    path: str | os.PathLike, size: int | None, key: str, *, origin: str = WORD_COUNT_ORIGIN
+) -> list[str]:
+    """The first ``size`` words (all for None) of a word-count file, in file order.
+
+    The format is TFF's (its ``stackoverflow.word_count``): one ``word<TAB>count`` line per word,
+    most frequent first, so the first V words are the V-word vocabulary; blank lines are skipped.
+    The whole file is checked, not only its first ``size`` lines, so that a damaged or foreign file
+    never becomes a vocabulary: a missing file, text that is not UTF-8, a line that is not a word and
+    a non-negative integer count, a word listed twice, or no word at all is one :class:`ConfigError`
+    line naming the config ``key`` that gave ``path`` (e.g. ``data.vocab_path``) and the file;
+    ``origin`` says what the right file is and where it comes from.
+    """
+    if size is not None and size < 1:
+        raise ValueError(f"size must be >= 1 or None, got {size}")
+    path = Path(path)
+    where = f"{key}={path}"
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise ConfigError(f"{where} {what}: it must be a word-count file ({origin})")
+    damaged = f"({origin}; a damaged copy? get it again)"
+    words: list[str] = []
+    seen: set[str] = set()
+    with path.open(encoding="utf-8") as f:
+        try:
+            for number, line in enumerate(f, 1):
+                fields = line.split()
+                if not fields:
+                    continue
+                if len(fields) != 2 or not (fields[1].isascii() and fields[1].isdigit()):
+                    raise ConfigError(f"{where} is not a word-count file: line {number} is not 'word<TAB>count' "
+                                      f"{damaged}")
+                if fields[0] in seen:
+                    raise ConfigError(f"{where} is not a word-count file: line {number} repeats the word "
+                                      f"{fields[0]!r}")
+                seen.add(fields[0])
+                words.append(fields[0])
+        except UnicodeDecodeError:
+            raise ConfigError(f"{where} is not a word-count file: it is not UTF-8 text {damaged}") from None
+    if not words:
+        raise ConfigError(f"{where} is not a word-count file: it lists no word")
+    return words[:size]
