@@ -51,8 +51,10 @@ def file_digest(path: str | os.PathLike) -> str:
     return digest
 
 
-def _files(path: str) -> tuple[Path, list[Path]] | None:
-    """The root and the sorted files that ``path`` names (a file, a directory, or a glob)."""
+def files_of(path: str) -> tuple[Path, list[Path]] | None:
+    """The root and the sorted files that ``path`` names (a file; a directory: every file under it,
+    recursively; or a glob), or None where it names none. The one expansion of a path into files:
+    what the research key hashes is what ``data=files`` reads (:mod:`fedpriv.data.files_source`)."""
     p = Path(path).expanduser()
     if p.is_file():
         return p.parent, [p]
@@ -69,7 +71,7 @@ def identity(path: str | None) -> dict | None:
     ``{"missing": true}``: the run that reads it fails with its own message)."""
     if path is None:
         return None
-    found = _files(str(path))
+    found = files_of(str(path))
     if found is None:
         return {"missing": True}
     root, files = found

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
 from fedpriv.schema.sections import missing_path_message
 
@@ -82,15 +84,30 @@ def _documents_from_files(path: str | Path, text_field: str) -> Iterator[str]:
                 yield record[text_field]
 
 
+def datasets_module():
+    """Hugging Face ``datasets``, imported offline: ``HF_DATASETS_OFFLINE`` and ``HF_HUB_OFFLINE`` are
+    set to 1 and ``HF_HOME`` (unless set) to ``$FEDPRIV_CACHE/hf`` before the import (``datasets``
+    reads them once, at import), and its offline flag is set after it too (where it was imported
+    before). Readers still pass their own ``cache_dir``: nothing is downloaded, nothing is written
+    under the user's home."""
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("HF_HOME", str(cache_root() / "hf"))
+    import datasets  # lazy: ~1.3 s to import, the readers that use it only
+    import huggingface_hub.constants  # lazy: comes with datasets
+
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    return datasets
+
+
 def _documents_from_c4(path: str | Path | None) -> Iterator[str]:
     """The ``text`` of each record of local C4 shards, read with ``datasets``' local JSON builder
     (never the hub: without a path this is a :class:`ConfigError`)."""
     if not path:
         raise ConfigError(missing_path_message("c4"))
     files = [str(f) for f in _files(path)]
-    import datasets  # lazy: ~1.3 s to import, the C4 reader only
-
-    stream = datasets.load_dataset("json", data_files=files, split="train", streaming=True)
+    stream = datasets_module().load_dataset("json", data_files=files, split="train", streaming=True)
     for record in stream:
         yield record["text"]
 
