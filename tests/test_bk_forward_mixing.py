@@ -834,7 +834,9 @@ class LastCallMix(nn.Module):
     a forward hook on ``b`` registered before BookKeeping attaches, writing through ``.data``; ``global``
     the same hook registered for every module (``register_module_forward_hook``, by the test); ``forward``
     ``b.forward`` replaced on the instance (its type still nn.Linear); ``weight`` b's weight shifted by a batch
-    statistic for the call, then restored; ``first`` the ``hook`` on ``a`` instead (a layer that is not the last)."""
+    statistic for the call, then restored; ``first`` the ``hook`` on ``a`` instead (a layer that is not the last);
+    ``oneshot`` the hook registered by the forward itself, outside the replay, removing itself when run; ``mode``
+    the mixing done by a torch function mode around b's call, outside the replay."""
 
     def __init__(self, how: str, k: float = 3.0) -> None:
         super().__init__()
@@ -853,6 +855,17 @@ class LastCallMix(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.a(x))
+        if self.how == "oneshot" and not in_replay():
+            handles = []
+
+            def once(m: nn.Module, a: tuple, y: torch.Tensor) -> None:
+                mix_rows(m, a, y, self.k)
+                handles[0].remove()
+
+            handles.append(self.b.register_forward_hook(once, prepend=True))
+        if self.how == "mode" and not in_replay():
+            with MixingMode(self.k):
+                return self.b(h)
         if self.how != "weight" or x.shape[0] != 8:
             return self.b(h)
         shift = self.k * x.detach().mean(0)[:3, None].expand(3, 9).clone()
@@ -860,6 +873,18 @@ class LastCallMix(nn.Module):
         y = self.b(h)
         self.b.weight.data -= shift
         return y
+
+
+class MixingMode(torch.overrides.TorchFunctionMode):
+    """Adds the batch mean to every row of what ``F.linear`` returns, at batch 8."""
+
+    def __init__(self, k: float) -> None:
+        super().__init__()
+        self.k = k
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out + self.k * out.detach().mean(0) if func is F.linear and out.shape[0] == 8 else out
 
 
 def mix_rows(module: nn.Module, args: tuple, y: torch.Tensor, k: float = 3.0) -> None:
@@ -891,7 +916,8 @@ def small_then_large(model: nn.Module, steps: int = 1) -> BookKeeping:
 
 
 @pytest.mark.parametrize("how, where", [("hook", "the model's output"), ("global", "the model's output"),
-                                        ("forward", "the model's output"), ("weight", "b"), ("first", "b")])
+                                        ("forward", "the model's output"), ("weight", "b"), ("first", "b"),
+                                        ("oneshot", "the model's output"), ("mode", "the model's output")])
 def test_mixing_inside_the_last_layers_call_is_refused(how: str, where: str) -> None:
     """Review H2: the replay ended before the last layer trusting what its call returned; a foreign hook, an
     instance forward or a shifted weight mixed samples there (accepted with ``replay_every=1``, a replaced
