@@ -13,7 +13,11 @@ exceeds 2C) and is refused now; shipped models keep the bound.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import copy
+import dataclasses
+import re
+import types
 from typing import Callable
 
 import pytest
@@ -140,6 +144,20 @@ def replace_one_ratio(model: nn.Module, loss_fn: Callable, batch: tuple, other: 
 def no_replay(monkeypatch) -> None:
     """What the engine accepted before the forward replay (to measure why it must refuse)."""
     monkeypatch.setattr(_Engine, "_forward_replay", lambda self, *a, **k: None, raising=False)
+
+
+def linear_calls(monkeypatch, layer: nn.Linear) -> list:
+    """A list that grows by one at each computation of ``layer`` (``F.linear`` with its weight), counted
+    without a hook on it (a hook of its own would keep the replay from ending before it)."""
+    calls, linear = [], F.linear
+
+    def counted(x, weight, *rest, **kw):
+        if weight is layer.weight:
+            calls.append(1)
+        return linear(x, weight, *rest, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", counted)
+    return calls
 
 
 def step_twice(model: MixesLater) -> BookKeeping:
@@ -409,13 +427,12 @@ class ViewOfLast(nn.Module):
 
 
 @pytest.mark.parametrize("mixing", [False, True])
-def test_a_view_within_the_last_layers_rows_ends_the_replay_early_unless_changed(mixing: bool) -> None:
+def test_a_view_within_the_last_layers_rows_ends_the_replay_early_unless_changed(monkeypatch, mixing: bool) -> None:
     """Its input compared, the last layer is not computed again (one call of ``b`` per step) from the
     second replayed step on (the first learns which call's output the model returns); a view
     changed in place is compared (refused)."""
     model = ViewOfLast(mixing=False)
-    calls = []
-    model.b.register_forward_hook(lambda *_: calls.append(1))
+    calls = linear_calls(monkeypatch, model.b)
     bk = BookKeeping(model, clip_norm=1.0)
     bk.backward(class_loss(model, *data(seed=1)))
     assert len(calls) == 2
@@ -495,15 +512,14 @@ def test_a_write_behind_autograd_goes_unseen_by_the_version_counter() -> None:
 
 @pytest.mark.parametrize("how", ["data", "numpy"])
 @pytest.mark.parametrize("later", [False, True])
-def test_a_write_behind_autograd_after_the_last_layer_is_refused(how: str, later: bool) -> None:
+def test_a_write_behind_autograd_after_the_last_layer_is_refused(monkeypatch, how: str, later: bool) -> None:
     """``client.bk_replay_every=1``, no state: from the first step, or from the third (after two
     steps whose replay ended before the last layer, its output's values printed and found unchanged)."""
     torch.manual_seed(0)
     model = WritesBehind(how, mixing=not later)
     bk = BookKeeping(model, clip_norm=1.0, replay_every=1)
     if later:
-        calls = []
-        model.b.register_forward_hook(lambda *_: calls.append(1))
+        calls = linear_calls(monkeypatch, model.b)
         for seed in range(2):
             bk.backward(class_loss(model, *data(seed=seed)))
         assert len(calls) == 3  # the first replay runs the last layer again; the second ends before it
@@ -513,7 +529,7 @@ def test_a_write_behind_autograd_after_the_last_layer_is_refused(how: str, later
 
 
 class InContainer(nn.Module):
-    """Takes per-sample data ``z`` inside a list, a dict or a namedtuple besides ``x``; ``mixing``:
+    """Takes per-sample data ``z`` inside a list, a dict, a namedtuple or a dataclass besides ``x``; ``mixing``:
     adds z's batch mean to every row (issue 52, 1b), else z's own row."""
 
     def __init__(self, mixing: bool) -> None:
@@ -529,7 +545,15 @@ class InContainer(nn.Module):
 Extra = collections.namedtuple("Extra", ["z", "tag"])
 
 
+@dataclasses.dataclass
+class ExtraData:
+    z: torch.Tensor
+    tag: str = "tag"
+
+
 def wrap(kind: str, z: torch.Tensor):
+    if kind == "dataclass":
+        return ExtraData(z)
     return [z] if kind == "list" else {"z": z} if kind == "dict" else Extra(z, "tag")
 
 
@@ -542,7 +566,7 @@ def container_data(seed: int = 0, scale: float = 1.0) -> tuple:
     return x, scale * torch.randn(8, 6, generator=torch.Generator().manual_seed(seed + 100)), y
 
 
-@pytest.mark.parametrize("kind", ["list", "dict", "namedtuple"])
+@pytest.mark.parametrize("kind", ["list", "dict", "namedtuple", "dataclass"])
 def test_per_sample_data_inside_a_container_is_perturbed_and_its_mixing_refused(kind: str) -> None:
     model = InContainer(mixing=True)
     bk = BookKeeping(model, clip_norm=1.0, replay_every=1)
@@ -551,7 +575,7 @@ def test_per_sample_data_inside_a_container_is_perturbed_and_its_mixing_refused(
     assert all(p.grad is None for p in model.parameters())
 
 
-@pytest.mark.parametrize("kind", ["list", "dict", "namedtuple"])
+@pytest.mark.parametrize("kind", ["list", "dict", "namedtuple", "dataclass"])
 def test_per_sample_data_inside_a_container_without_mixing_keeps_the_bound(kind: str) -> None:
     torch.manual_seed(0)
     ratio = replace_one_ratio(InContainer(mixing=False), container_loss(kind), container_data(),
@@ -795,3 +819,347 @@ def test_keyed_perturbation_keeps_each_dtypes_meaning(dtype) -> None:
     assert torch.equal(perturb_samples({"v": value}, chosen, again)["v"], new)
     for index in range(200):  # a batch of two: one perturbed, one kept
         assert int(KeyedDraws(key, "test", index).chosen(2).sum()) == 1
+
+
+# ----------------------------------------------------------------------------- issue 52 review: the replay's early end
+
+
+def in_replay() -> bool:
+    """What a stateless model can read to know it is being replayed: the replay runs under saved-tensor hooks."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+class LastCallMix(nn.Module):
+    """Mixes samples inside its last layer's call (issue 52 review, H2), at batch 8 only (stateless): ``hook``
+    a forward hook on ``b`` registered before BookKeeping attaches, writing through ``.data``; ``global``
+    the same hook registered for every module (``register_module_forward_hook``, by the test); ``forward``
+    ``b.forward`` replaced on the instance (its type still nn.Linear); ``weight`` b's weight shifted by a batch
+    statistic for the call, then restored; ``first`` the ``hook`` on ``a`` instead (a layer that is not the last);
+    ``oneshot`` the hook registered by the forward itself, outside the replay, removing itself when run; ``mode``
+    the mixing done by a torch function mode around b's call, outside the replay."""
+
+    def __init__(self, how: str, k: float = 3.0) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 9), nn.Linear(9, 3)
+        self.how, self.k = how, k
+        if how in ("hook", "first"):
+            (self.b if how == "hook" else self.a).register_forward_hook(lambda m, a, y: mix_rows(m, a, y, k))
+        if how == "forward":
+            layer = self.b
+
+            def forward(h: torch.Tensor) -> torch.Tensor:
+                y = F.linear(h, layer.weight, layer.bias)
+                return y + k * y.detach().mean(0) if h.shape[0] == 8 else y
+
+            self.b.forward = forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if self.how == "oneshot" and not in_replay():
+            handles = []
+
+            def once(m: nn.Module, a: tuple, y: torch.Tensor) -> None:
+                mix_rows(m, a, y, self.k)
+                handles[0].remove()
+
+            handles.append(self.b.register_forward_hook(once, prepend=True))
+        if self.how == "mode" and not in_replay():
+            with MixingMode(self.k):
+                return self.b(h)
+        if self.how != "weight" or x.shape[0] != 8:
+            return self.b(h)
+        shift = self.k * x.detach().mean(0)[:3, None].expand(3, 9).clone()
+        self.b.weight.data += shift
+        y = self.b(h)
+        self.b.weight.data -= shift
+        return y
+
+
+class MixingMode(torch.overrides.TorchFunctionMode):
+    """Adds the batch mean to every row of what ``F.linear`` returns, at batch 8."""
+
+    def __init__(self, k: float) -> None:
+        super().__init__()
+        self.k = k
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out + self.k * out.detach().mean(0) if func is F.linear and out.shape[0] == 8 else out
+
+
+def mix_rows(module: nn.Module, args: tuple, y: torch.Tensor, k: float = 3.0) -> None:
+    """A forward hook adding the batch mean of the call's output to every row, behind autograd, at batch 8."""
+    if y.shape[0] == 8:
+        y.data += k * y.data.mean(0)
+
+
+class EpsFromBatch(nn.Module):
+    """A LayerNorm as the last layer whose ``eps`` is set from a batch statistic before its call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.n = nn.Linear(6, 9), nn.LayerNorm(9)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.n.eps = 1e-5 if x.shape[0] != 8 else float(x.detach().abs().mean())
+        return self.n(self.a(x))[:, :3]
+
+
+def small_then_large(model: nn.Module, steps: int = 1) -> BookKeeping:
+    """``replay_every=1``: steps at batch 4 (replayed whole; the first learns which call the model returns), then
+    the step at batch 8, whose replay would end before that call. Returns the engine after the large step."""
+    bk = BookKeeping(model, clip_norm=1.0, replay_every=1)
+    for seed in range(steps):
+        bk.backward(class_loss(model, *data(b=4, seed=seed)))
+    bk.backward(class_loss(model, *data(b=8, seed=9)))
+    return bk
+
+
+@pytest.mark.parametrize("how, where", [("hook", "the model's output"), ("global", "the model's output"),
+                                        ("forward", "the model's output"), ("weight", "b"), ("first", "b"),
+                                        ("oneshot", "the model's output"), ("mode", "the model's output")])
+def test_mixing_inside_the_last_layers_call_is_refused(how: str, where: str) -> None:
+    """Review H2: the replay ended before the last layer trusting what its call returned; a foreign hook, an
+    instance forward or a shifted weight mixed samples there (accepted with ``replay_every=1``, a replaced
+    sample moved the clipped sum by 1.6-2.6x 2C). Now the early end needs the call to have run only its
+    registered forward (else the replay runs to the end and compares the output) and its parameters to print
+    the same in the replay; mixing in a hook on a layer that is not the last shows in the next call's input."""
+    torch.manual_seed(0)
+    model = LastCallMix(how)
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, a, y: mix_rows(m, a, y) if m is model.b else None) if how == "global" else None
+    try:
+        with pytest.raises(UnsupportedLayerError, match=rf"^{re.escape(where)} \((LastCallMix|Linear)\): .*" + MIXING):
+            small_then_large(model)
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+@pytest.mark.parametrize("how", ["hook", "forward", "weight"])
+def test_without_the_call_checks_mixing_inside_the_last_call_breaks_the_bound(monkeypatch, how: str) -> None:
+    """Why they must be refused (sigma = 0): trusting the last call (as before the review) a replaced sample moves
+    the clipped sum by more than 2C (1.6x for the hook and the instance forward, 2.6x for the weight). Step 1 at
+    batch 4, then the measured step at batch 8, with sample 0 replaced by an outlier."""
+    monkeypatch.setattr(_Engine, "_only_own_code", lambda self, *a: True)
+    monkeypatch.setattr("fedpriv.clipping.engine.same_state", lambda *a: True)
+    torch.manual_seed(0)
+    model, (x, y) = LastCallMix(how, k=30.0), data()
+    other = torch.cat([data(seed=5, scale=30.0)[0][:1], x[1:]])
+    sums = []
+    for batch in (x, other):
+        m = copy.deepcopy(model)
+        bk = BookKeeping(m, clip_norm=1e-3, replay_every=1)
+        bk.backward(class_loss(m, *data(b=4, seed=1)))
+        bk.backward(class_loss(m, batch, y))
+        sums.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+    ratio = float((sums[0] - sums[1]).norm()) / (2 * 1e-3)
+    assert ratio > 1.5, ratio
+
+
+def test_a_last_layer_attribute_set_from_the_batch_is_refused() -> None:
+    torch.manual_seed(0)
+    with pytest.raises(UnsupportedLayerError,
+                       match=r"^n \(LayerNorm\): in a forward replay .* attributes at this call differ.*mixes samples"):
+        small_then_large(EpsFromBatch())
+
+
+def test_a_hook_on_the_last_layer_keeps_the_model_accepted_with_the_layer_replayed(monkeypatch) -> None:
+    """A foreign hook that mixes nothing: accepted; the replay cannot end before the hooked layer (two computations
+    of it per step), where without the hook it ends there (one)."""
+    torch.manual_seed(0)
+    for hooked, per_step in ((True, 2), (False, 1)):
+        model = LastCallMix("none")
+        if hooked:
+            model.b.register_forward_hook(lambda m, a, y: None)
+        calls = linear_calls(monkeypatch, model.b)
+        bk = small_then_large(model, steps=2)
+        calls.clear()
+        bk.backward(class_loss(model, *data(b=8, seed=3)))
+        assert len(calls) == per_step
+        bk.detach()
+    ratio = replace_one_ratio(model, class_loss, data(), data(seed=5, scale=30.0), clip=1e-3)  # still hooked
+    assert 0.5 < ratio <= 1 + 1e-4, ratio
+
+
+class EndsItself(nn.Module):
+    """Mixes after its last layer and, in the replay, ends it itself after that layer's call by raising the
+    engine's own exception (issue 52 review, M1)."""
+
+    def __init__(self, raises: type) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 9), nn.Linear(9, 3)
+        self.raises = raises
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b(torch.tanh(self.a(x)))
+        if in_replay():
+            raise self.raises()
+        return y + 3 * y.detach().mean(0)
+
+
+@pytest.mark.parametrize("name", ["_ReplayDone", "_ReplayMismatch"])
+def test_a_model_that_ends_the_replay_itself_is_refused(name: str) -> None:
+    from fedpriv.clipping import engine
+
+    model = EndsItself(getattr(engine, name))
+    bk = BookKeeping(model, clip_norm=1.0, replay_every=1)
+    with pytest.raises(UnsupportedLayerError, match=rf"^the model's forward raised {name} .* in the forward replay"):
+        bk.backward(class_loss(model, *data()))
+    assert all(p.grad is None for p in model.parameters())
+
+
+@dataclasses.dataclass
+class Out:
+    logits: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    logits: torch.Tensor
+
+
+class ReadOnly(collections.abc.Mapping):
+    """A mapping that is not a dict."""
+
+    def __init__(self, **items) -> None:
+        self._items = items
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+OUTPUTS: dict[str, Callable] = {
+    "dataclass": Out, "frozen": Frozen, "mapping": lambda y: ReadOnly(logits=y),
+    "nested": lambda y: {"out": (Out(y), None)}, "namespace": lambda y: types.SimpleNamespace(logits=y)}
+
+
+def logits_of(out) -> torch.Tensor:
+    if isinstance(out, dict):
+        out = out["out"][0]
+    return out["logits"] if isinstance(out, ReadOnly) else out.logits
+
+
+class Wrapped(nn.Module):
+    """Returns its logits inside another kind of object (``kind`` in OUTPUTS), with ``mixing`` a batch mean added
+    after the last layer."""
+
+    def __init__(self, kind: str, mixing: bool) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 9), nn.Linear(9, 3)
+        self.kind, self.mixing = kind, mixing
+
+    def forward(self, x: torch.Tensor):
+        y = self.b(torch.tanh(self.a(x)))
+        return OUTPUTS[self.kind](y + 3 * y.detach().mean(0) if self.mixing else y)
+
+
+def wrapped_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits_of(model(x)), y, reduction="none")
+
+
+@pytest.mark.parametrize("kind", ["dataclass", "frozen", "mapping", "nested"])
+def test_mixing_in_an_output_of_any_container_is_refused(kind: str) -> None:
+    """Review M2: a dataclass (or non-dict mapping) output was not compared at all; now every tensor found as
+    the perturbation finds them (map_tensors) is."""
+    model = Wrapped(kind, mixing=True)
+    bk = BookKeeping(model, clip_norm=1.0, replay_every=1)
+    with pytest.raises(UnsupportedLayerError, match=r"^the model's output \(Wrapped\): .*" + MIXING):
+        bk.backward(wrapped_loss(model, *data()))
+
+
+@pytest.mark.parametrize("kind", ["dataclass", "frozen", "mapping", "nested"])
+def test_an_output_of_any_container_without_mixing_keeps_the_bound(kind: str) -> None:
+    torch.manual_seed(0)
+    ratio = replace_one_ratio(Wrapped(kind, mixing=False), wrapped_loss, data(), data(seed=5, scale=30.0), clip=1e-3)
+    assert 0.5 < ratio <= 1 + 1e-4, ratio
+
+
+def test_an_output_holding_no_tensor_the_replay_can_find_is_refused() -> None:
+    model = Wrapped("namespace", mixing=False)
+    bk = BookKeeping(model, clip_norm=1.0)
+    with pytest.raises(UnsupportedLayerError, match=r"^the model's output: no tensor was found"):
+        bk.backward(wrapped_loss(model, *data()))
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_value_print_sees_a_change_keeping_a_rows_bit_sum_in_half_precision(dtype) -> None:
+    """Review L1: the secret projection in the tensor's own 8- or 11-bit mantissa lost one logit doubled and
+    another halved (a row's bit sum kept) in 31 of 200 bfloat16 rows; it is computed in float32 now."""
+    from fedpriv.clipping.provenance import same_values, value_print
+
+    g = torch.Generator().manual_seed(0)
+    t = (3 * torch.randn(16, 1000, generator=g)).to(dtype)
+    direction = BookKeeping(nn.Linear(2, 2), clip_norm=1.0)._direction(t)
+    base, step = value_print(t, direction), 1 << (7 if dtype == torch.bfloat16 else 10)  # one more exponent: x2
+    missed = 0
+    for k in range(200):
+        u = t.clone()
+        bits = u.view(torch.int16)
+        a, b = torch.randperm(1000, generator=g)[:2].tolist()
+        bits[k % 16, a] += step
+        bits[k % 16, b] -= step
+        missed += same_values(base, value_print(u, direction))
+    assert missed == 0
+
+
+def test_the_value_prints_projection_is_widened_in_chunks(monkeypatch) -> None:
+    from fedpriv.clipping import provenance
+
+    g = torch.Generator().manual_seed(0)
+    t, direction = torch.randn(50, 40, generator=g).to(torch.bfloat16), torch.randn(40, generator=g)
+    whole = provenance.value_print(t, direction)[1]
+    monkeypatch.setattr(provenance, "_PROJECTED", 100)  # two rows at a time
+    chunked = provenance.value_print(t, direction)[1]
+    assert chunked.dtype == torch.float32 and torch.allclose(chunked, whole)
+    assert torch.allclose(chunked.double(), t.double() @ direction.double(), rtol=1e-5, atol=1e-5)
+
+
+class DifferentiatesInside(nn.Module):
+    """Takes a derivative inside its forward (``torch.autograd.grad``; no parameter in it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 9), nn.Linear(9, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        (slope,) = torch.autograd.grad(torch.tanh(x).sum(), x, create_graph=True)
+        return self.b(torch.tanh(self.a(x * slope)))
+
+
+def test_a_forward_that_differentiates_inside_itself_is_refused_on_a_replayed_step() -> None:
+    """PRIVACY.md's claim (issue 52 review, unpinned 2): the replay saves nothing for a backward, so such a forward
+    cannot run there; refused at the first (replayed) step, nothing written."""
+    model = DifferentiatesInside()
+    x, y = data()
+    F.cross_entropy(model(x.requires_grad_()), y).backward()  # a valid forward outside the engine
+    model.zero_grad(set_to_none=True)
+    bk = BookKeeping(model, clip_norm=1.0)
+    with pytest.raises(UnsupportedLayerError, match=r"^the model's forward raised RuntimeError \(.*differentiates "
+                                                    r"inside itself cannot be replayed"):
+        bk.backward(class_loss(model, *data()))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_each_new_sequence_length_is_replayed_once() -> None:
+    """PRIVACY.md's claim (issue 52 review, unpinned 3): at one batch size, steps 0-3 by the schedule, then the
+    first step of each new sequence length (never a length seen before)."""
+    torch.manual_seed(0)
+    model = TransformerLanguageModel(VOCAB, d_model=16, num_layers=1, num_heads=2, ff_dim=32, max_len=16)
+    calls = []
+    model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    bk = BookKeeping(model, clip_norm=1e-2)
+    replayed = []
+    for step, length in enumerate([9, 9, 9, 9, 9, 6, 6, 7, 9, 7]):
+        loss = lm_loss(model, tokens(4, length, VOCAB, seed=step))
+        before = len(calls)
+        bk.backward(loss)
+        replayed.append(len(calls) > before)
+    assert replayed == [True] * 4 + [False, True, False, True, True, False]

@@ -45,9 +45,11 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules import module as torch_module
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.autograd.graph import get_gradient_edge
 from torch.profiler import record_function
+from torch.utils.hooks import RemovableHandle
 
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
@@ -58,13 +60,14 @@ from fedpriv.clipping.provenance import (FLAT_LISTENERS, CallPrint, KeyedDraws, 
                                          ambiguous_batch_dim, call_print, check_data_independent, check_separable,
                                          declared_rows, expand_rows, map_tensors, output_mismatch, output_prints,
                                          perturb_samples, perturbed, replay_error, replay_mismatch, rows_within,
-                                         same_values, separability_probe, value_print)
-from fedpriv.clipping.rules import HINTS, RULES, LayerRule
+                                         same_state, same_values, separability_probe, state_print, value_print)
+from fedpriv.clipping.rules import FORWARDS, HINTS, RULES, LayerRule
 from fedpriv.clipping.subclass_rules import subclass_rule
 
 MODES = ("ghost", "instantiate", "mixopt")
 REPLAY_FIRST = 4  # the forward replay runs on an engine's first steps ...
 REPLAY_EVERY = 8  # ... and on every REPLAY_EVERY-th after (``replay_every``; 1: every step)
+_MODULE_CALL = {name: getattr(nn.Module, name) for name in ("__call__", "_wrapped_call_impl", "_call_impl")}
 _INSTANTIATE_BUDGET = 1 << 24  # floats of per-unit gradients held at once on the grouped path
 _KEEP_BUDGET = 1 << 25  # elements of per-unit gradients kept for the clipped sums (128 MB in float32)
 
@@ -106,6 +109,17 @@ class _Call:
 
 
 @dataclass
+class _LastCall:
+    """The last hooked call of a forward to replay, while it runs: its output, whether the replay may end before
+    it (a registered layer's own call on batch rows) and, where it is the call predicted last and only its
+    registered forward ran, the value_print of its output when it returned and its module's state_print."""
+
+    output: Tensor
+    may_end: bool
+    proof: Optional[tuple[tuple[Tensor, Optional[Tensor]], list]] = None
+
+
+@dataclass
 class _Forward:
     """One forward of the model to replay (:meth:`BookKeeping._forward_replay`): its arguments, the
     RNG states it started from, the batch, and what each hooked call of it computed, in order."""
@@ -116,13 +130,19 @@ class _Forward:
     batch: int
     prints: list[tuple[CallPrint, Optional[str]]]  # with the expansion the engine applied ("shared", "broadcast")
     shapes: tuple = ()  # the shapes of the tensors in its arguments (each new one is replayed: _signature)
-    # the model's return value as compared (output_prints); None: it is the last call's output with the values
-    # that call computed (a registered layer's, compared by that call's input, so the replay may end before it)
+    # the model's return value as compared (output_prints); None where ``state`` is set (or the model's forward
+    # hook never ran: refused)
     output: Optional[list[CallPrint]] = None
-    # while the forward runs: the last hooked call's output, the value_print of it taken when the call returned
-    # (None where that call was not the one predicted last) and whether it may end the replay; the samples of
-    # the rows of each flat_positions it made (both dropped when it returns)
-    last: Optional[tuple[Tensor, Optional[tuple[Tensor, Optional[Tensor]]], bool]] = None
+    # where the model returned its last call's output with the values that call computed, and only that
+    # registered layer's own forward ran in the call: the state_print of its module at the call (the replay then
+    # ends before that call, comparing its input and this: :meth:`BookKeeping._replay_last`)
+    state: Optional[list] = None
+    # while the forward runs: torch's hook count when it started; whether the call predicted last may still be
+    # proven to run only its registered forward (:meth:`BookKeeping._only_own_code`); the last hooked call; the
+    # samples of the rows of each flat_positions it made (dropped when it returns)
+    hooks: int = 0
+    clean: bool = False
+    last: Optional[_LastCall] = None
     flat: list[Tensor] = field(default_factory=list)
 
 
@@ -137,6 +157,7 @@ class _Replaying:
     next: int = 0
     flat: list[Tensor] = field(default_factory=list)
     mismatch: Optional[tuple[str, nn.Module, str]] = None
+    ended: bool = False  # the engine ended it (_replay_last): a _ReplayDone it did not raise is the model's own
 
 
 class _ReplayMismatch(BaseException):
@@ -146,8 +167,9 @@ class _ReplayMismatch(BaseException):
 
 class _ReplayDone(BaseException):
     """Ends a replay before its last call when that call's output is the model's return value,
-    unchanged, and of a registered layer whose input was compared (the output layer of a language
-    model, its largest product, is not computed again)."""
+    unchanged, of a registered layer that ran only its own forward, and its input and module state were
+    compared (the output layer of a language model, its largest product, is not computed again). Trusted
+    only where the engine raised it (``_Replaying.ended``); the model raising it is refused."""
 
 
 _RECORDERS: "weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]]" = weakref.WeakKeyDictionary()
@@ -226,9 +248,9 @@ class BookKeeping:
     on exit.
 
     ``backward`` replays the step's forward with a random half of the samples perturbed (the RNG
-    restored; every batch-first tensor argument, also inside tuples, lists and dicts; which samples,
-    and how, drawn from keyed streams under a key derived from the engine's key, so a model cannot
-    predict them and the same ``noise_key`` replays them:
+    restored; every batch-first tensor argument, also inside tuples, lists, mappings and dataclasses;
+    which samples, and how, drawn from keyed streams under a key derived from the engine's key, so a
+    model cannot predict them and the same ``noise_key`` replays them:
     :class:`~fedpriv.clipping.provenance.KeyedDraws`) and refuses a model whose hooked calls' rows,
     or its return value's, of the other samples change: a model that mixes samples in its forward
     (:mod:`fedpriv.clipping.provenance`, 4). It does so on the first ``REPLAY_FIRST`` (4) steps of
@@ -236,8 +258,10 @@ class BookKeeping:
     whose arguments have shapes no replay has seen; a step with one sample is not replayed (nothing
     to compare). A replay is one more forward with grad enabled that saves nothing for a backward,
     ending before the last layer where the model returns that layer's output holding, by value, what
-    the layer computed (docs/BENCHMARKS.md gives its cost). Every hooked call must be made inside
-    the model's forward (the replay runs that forward again); the model may itself be one registered
+    the layer computed, that call ran nothing but the layer's registered forward, and its module's
+    parameters, buffers and attributes print the same in the replay (docs/BENCHMARKS.md gives its
+    cost). Every hooked call must be made inside the model's forward (the replay runs that forward
+    again); the model may itself be one registered
     layer (a bare ``nn.Linear``; refusals name it ``<model>``).
 
     Every forward with grad enabled since the last ``backward`` counts (two passes of the model
@@ -306,6 +330,7 @@ class BookKeeping:
             _RECORDERS[module] = hook
             self._recorded.append(module)
         self._handles.append(model.register_forward_hook(self._off_root, always_call=True))
+        self._own = {handle.id for handle in self._handles}  # this engine's hooks (any other is foreign code)
         FLAT_LISTENERS.add(self)
 
     # ------------------------------------------------------------------ set-up
@@ -388,9 +413,34 @@ class BookKeeping:
 
     def _make_pre_hook(self, path: str):
         def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if self._replaying is not None and torch.is_grad_enabled():  # (a no-grad call is not recorded)
-                self._replay_last(path, module, _first_tensor(args, kwargs))
+            # (a no-grad call is not recorded; a plain step, neither replayed nor recorded for a replay: nothing)
+            if self._replaying is not None:
+                if torch.is_grad_enabled():
+                    self._replay_last(path, module, _first_tensor(args, kwargs))
+            elif (forward := self._open) is not None and forward.clean and torch.is_grad_enabled() \
+                    and self._last_call == (len(forward.prints), path):  # the call predicted last
+                forward.clean = self._only_own_code(module, _first_tensor(args, kwargs))
         return pre_hook
+
+    def _only_own_code(self, module: nn.Module, x: Optional[Tensor] = None) -> bool:
+        """Whether a call of ``module`` made now runs nothing between this engine's pre-hook and hook but its
+        registered type's forward (``FORWARDS``): no forward hook or pre-hook but this engine's, no global module
+        hook, no torch function or dispatch mode, nothing of torch's call path (``forward``, ``__call__``,
+        ``_call_impl``, a compiled call) replaced on the instance or the class, and plain tensors (no subclass's
+        ``__torch_function__``) as its input ``x``, parameters and buffers. Checked where the forward starts and
+        at the call's pre-hook and hook, with no hook registered in between (torch's hook count), so that no hook
+        registered earlier can have hidden another (torch runs the hooks a call started with)."""
+        kind = type(module)
+        if (torch_module._global_forward_pre_hooks or torch_module._global_forward_hooks
+                or not self._own.issuperset(module._forward_pre_hooks)
+                or not self._own.issuperset(module._forward_hooks)
+                or torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()
+                or kind.forward is not FORWARDS.get(kind) or "forward" in vars(module)
+                or getattr(module, "_compiled_call_impl", None) is not None
+                or any(name in vars(module) or getattr(kind, name) is not fn for name, fn in _MODULE_CALL.items())):
+            return False
+        tensors = [t for t in (*module._parameters.values(), *module._buffers.values(), x) if t is not None]
+        return all(type(t) in (Tensor, nn.Parameter) for t in tensors)
 
     def detach(self) -> None:
         """Remove all hooks, undo every module's ``prepare`` step, drop recorded tensors."""
@@ -460,7 +510,10 @@ class BookKeeping:
             # the forward replay's starting point: arguments, RNG states
             devices = sorted({p.device.index or 0 for p in self.model.parameters() if p.device.type == "cuda"})
             rng = (torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in devices])
-            self._forwards.append(_Forward(args, dict(kwargs), rng, x.shape[0], [], shapes))
+            predicted = self._by_path.get(self._last_call[1]) if self._last_call else None
+            self._forwards.append(_Forward(args, dict(kwargs), rng, x.shape[0], [], shapes,
+                                           hooks=RemovableHandle.next_id,
+                                           clean=predicted is not None and self._only_own_code(predicted)))
             self._open = self._forwards[-1]
         new_args = tuple(proof.trace_input(a) for a in args)
         new_kwargs = {k: proof.trace_input(v) for k, v in kwargs.items()}
@@ -473,18 +526,21 @@ class BookKeeping:
         unless that is the last hooked call's output (or a view within its rows,
         :func:`~fedpriv.clipping.provenance.rows_within`) holding, by value, what that call computed
         (:func:`~fedpriv.clipping.provenance.value_print` when the call returned and now, so a write
-        through ``.data`` or numpy, which no version counter sees, is seen): the replay may then end
-        before that call. Which call that is, is learnt from the previous recorded forward (the first
-        is replayed whole)."""
+        through ``.data`` or numpy, which no version counter sees, is seen), and that call ran only its
+        registered layer's forward (:meth:`_only_own_code`): the replay then ends before that call,
+        comparing its input and its module's state (:meth:`_replay_last`). Which call that is, is learnt
+        from the previous recorded forward (the first is replayed whole)."""
         self._in_forward = False
         forward, self._open = self._open, None
         if forward is None:
             return
         last, flat = forward.last, forward.flat
         forward.last, forward.flat = None, []
-        if last is not None and last[2] and rows_within(output, last[0]):
+        if last is not None and last.may_end and rows_within(output, last.output):
             self._last_call = (len(forward.prints) - 1, forward.prints[-1][0].path)
-            if last[1] is not None and same_values(last[1], value_print(last[0], self._direction(last[0]))):
+            now = None if last.proof is None else value_print(last.output, self._direction(last.output))
+            if now is not None and same_values(last.proof[0], now):
+                forward.state = last.proof[1]
                 return
         forward.output = output_prints(output, forward.batch, flat)
 
@@ -492,9 +548,10 @@ class BookKeeping:
         """:func:`~fedpriv.clipping.provenance.value_print`'s secret direction for ``t`` (None: not float)."""
         if not t.is_floating_point() or not t.dim():
             return None
-        key = (t.shape[-1], t.dtype, t.device)
+        wide = torch.promote_types(t.dtype, torch.float32)  # value_print projects in float32 at least
+        key = (t.shape[-1], wide, t.device)
         if key not in self._directions:
-            self._directions[key] = self._check_stream.normal((t.shape[-1],)).to(t.dtype).to(t.device)
+            self._directions[key] = self._check_stream.normal((t.shape[-1],)).to(wide).to(t.device)
         return self._directions[key]
 
     def _on_forward(self, path: str, rule: LayerRule, module: nn.Module, args: tuple,
@@ -551,8 +608,11 @@ class BookKeeping:
         forward = self._forwards[-1]
         forward.prints.append((call_print(path, kind, x, None if trusted else output, rows), expand))
         may_end = trusted and expand is None
-        predicted = may_end and self._last_call == (len(forward.prints) - 1, path)
-        forward.last = (output, value_print(output, self._direction(output)) if predicted else None, may_end)
+        forward.last = _LastCall(output, may_end)
+        if (may_end and forward.clean and self._last_call == (len(forward.prints) - 1, path)
+                and RemovableHandle.next_id == forward.hooks and self._only_own_code(module, x)):
+            # the call predicted last, and nothing but its registered forward ran since the forward started
+            forward.last.proof = (value_print(output, self._direction(output)), state_print(module, self._direction))
 
     def _replay_call(self, path: str, module: nn.Module, x: Tensor, output: Tensor,
                      recorded: bool) -> Optional[Tensor]:
@@ -565,8 +625,10 @@ class BookKeeping:
         if state.next >= len(prints) or prints[state.next][0].path != path:
             self._mismatch(path, module, "the sequence of layer calls changed")
         original, expand = prints[state.next]
-        state.next += 1
         trusted = type(module) in RULES and not recorded
+        if trusted and state.forward.state is not None and state.next == len(prints) - 1:
+            self._replay_last(path, module, x)  # its pre-hook did not end the replay (removed?): end it here
+        state.next += 1
         rows = declared_rows(x)
         again = call_print(path, original.kind, x, None if trusted else output, rows, copy=False)
         if (original.output is None) != (again.output is None):
@@ -595,22 +657,27 @@ class BookKeeping:
 
     def _replay_last(self, path: str, module: nn.Module, x: Optional[Tensor]) -> None:
         """Before the replay's last call: if the original forward returned that call's output with
-        the values the call computed (:meth:`_off_root`) and compared only its input (a registered
-        layer, which computes row i of its output from input row i alone), compare that input now and
-        end the replay without computing the output."""
+        the values the call computed, and only the registered layer's own forward ran in that call
+        (:meth:`_off_root`: it computed row i of its output from input row i and its module's state
+        alone), compare that input's kept rows and the module's state (parameters, buffers, attributes:
+        :func:`~fedpriv.clipping.provenance.state_print`, so a weight shifted by a batch statistic for the
+        call is seen) now, and end the replay without computing the output."""
         state = self._replaying
         if state.mismatch is not None:  # a mismatch the model caught: end the replay again
             raise _ReplayMismatch()
         prints = state.forward.prints
         last = prints[-1][0] if prints else None
-        if (x is None or state.forward.output is not None or state.next != len(prints) - 1 or last.path != path
+        if (x is None or state.forward.state is None or state.next != len(prints) - 1 or last.path != path
                 or last.output is not None):
             return
         original = last
         problem = replay_mismatch(original, call_print(path, original.kind, x, None, declared_rows(x)), state.chosen)
         if problem:
             self._mismatch(path, module, problem)
+        if not same_state(state.forward.state, state_print(module, self._direction)):
+            self._mismatch(path, module, "its parameters, buffers or attributes at this call differ from the forward's")
         state.next += 1
+        state.ended = True
         raise _ReplayDone()
 
     def _forward_replay(self, forwards: list[_Forward], outside: Optional[str]) -> None:
@@ -635,21 +702,18 @@ class BookKeeping:
             kwargs = {k: perturb_samples(v, chosen, draws) for k, v in forward.kwargs.items()}
             cpu, cuda = forward.rng
             state = self._replaying = _Replaying(forward, chosen)
-            output, ended = None, False
+            output = None
             try:  # grad enabled as in the forward, its graph never differentiated: nothing saved (_drop_saved)
                 with torch.random.fork_rng(devices=[d for d, _ in cuda]), torch.enable_grad(), \
                         torch.autograd.graph.saved_tensors_hooks(_drop_saved, _no_saved):
                     torch.set_rng_state(cpu)
                     for device, rng in cuda:
                         torch.cuda.set_rng_state(rng, device)
-                    try:
-                        output = self.model(*args, **kwargs)
-                    except _ReplayDone:
-                        ended = True
-            except _ReplayMismatch:
-                pass  # recorded on the state
-            except Exception as err:  # noqa: BLE001 - refused with the reason, whatever the model raised
-                if state.mismatch is None:
+                    output = self.model(*args, **kwargs)
+            except (_ReplayDone, _ReplayMismatch, Exception) as err:  # noqa: BLE001 - whatever the model raised
+                # the engine's own ends are on the state: any other (the model raising the engine's exceptions
+                # itself, to end the replay early) is the model's forward raising, and refused
+                if state.mismatch is None and not (state.ended and isinstance(err, _ReplayDone)):
                     raise UnsupportedLayerError(
                         f"the model's forward raised {type(err).__name__} ({err}) in the forward replay (the proof "
                         "that no row mixes samples: the same forward with some samples' inputs perturbed); a forward "
@@ -658,15 +722,25 @@ class BookKeeping:
                 self._replaying = None
             if state.mismatch is not None:  # (also where the model caught the exception that ended the replay)
                 raise replay_error(*state.mismatch[:2], chosen, state.mismatch[2])
-            done = state.next
-            if forward.output is not None and not ended:
+            if forward.state is None:  # the return value compared (the replay ends early only where state is set)
+                if not forward.output:
+                    raise UnsupportedLayerError(
+                        "the model's output: " + ("no tensor was found in what the model's forward returned (a tensor, "
+                                                  "or tensors in tuples, lists, mappings or dataclasses)"
+                                                  if forward.output is not None else "the engine's hook did not see it")
+                        + ", so the forward replay cannot compare what the loss is computed from; return those "
+                        "tensors so")
                 problem = output_mismatch(forward.output, output_prints(output, forward.batch, state.flat, copy=False),
                                           chosen)
                 if problem:
                     raise replay_error("the model's output", self.model, chosen, problem)
+            done = state.next
             if done != len(forward.prints):
                 path = forward.prints[done][0].path
                 raise replay_error(path, self._by_path[path], chosen, "the sequence of layer calls changed")
+            if forward.state is not None and not state.ended:
+                path = forward.prints[-1][0].path
+                raise replay_error(path, self._by_path[path], chosen, "the replay did not end before this last call")
             self._replayed_shapes.add(forward.shapes)
 
     # ------------------------------------------------------------------ backward side

@@ -38,8 +38,9 @@ What it proves, for every hooked module call of one step:
    passes both. The engine runs the step's forward again, with autograd on and torch's RNG streams
    reset to where the forward started (dropout draws the same masks), on arguments whose rows of a
    random half of the samples are :func:`perturbed` (:func:`perturb_samples`: every tensor whose
-   dim 0 is the batch, the argument itself or inside its tuples, lists and dicts; at least one
-   sample perturbed, one kept; which, and how, drawn under the engine's key: :class:`KeyedDraws`),
+   dim 0 is the batch, the argument itself or inside its tuples, lists, mappings and dataclasses
+   (:func:`map_tensors`); at least one sample perturbed, one kept; which, and how, drawn under the
+   engine's key: :class:`KeyedDraws`),
    and fails if any hooked call's input rows of a kept sample differ in one bit — for flattened
    positions, the rows of kept samples, in order; for a shared call, its whole input — or its
    output rows, for a call whose output is not computed by a registered layer's own forward (a
@@ -47,11 +48,16 @@ What it proves, for every hooked module call of one step:
    calls changes. The output of a registered layer type (``RULES``) is not compared:
    its forward computes output row i from input row i and the parameters alone. The model's return
    value, what the per-sample loss is computed from, is (:func:`output_prints`: each tensor in it,
-   by rows, flattened positions, or whole), so mixing after the last hooked call is seen; only where
-   the model returns its last call's output itself, or a view within its rows (:func:`rows_within`),
-   holding the values that call computed, and that call is a registered layer's, its compared input
-   suffices and the replay ends before that call (a language model's output layer, its largest
-   product, is not computed again). "Holding the values" is judged by value, not by autograd's
+   found by :func:`map_tensors`, by rows, flattened positions, or whole; a return value holding none
+   is refused), so mixing after the last hooked call is seen; only where the model returns its last
+   call's output itself, or a view within its rows (:func:`rows_within`), holding the values that
+   call computed, that call is a registered layer's and nothing but that layer's registered forward
+   ran in it (no foreign hook, global hook, torch function or dispatch mode, replaced ``forward``,
+   tensor subclass: the engine's ``_only_own_code``), its compared input and its module's state
+   (:func:`state_print`: parameters, buffers, public attributes) suffice and the replay ends before
+   that call (a language model's output layer, its largest product, is not computed again); only the
+   engine ends a replay early (a model raising the engine's exceptions is refused). "Holding the
+   values" is judged by value, not by autograd's
    version counter (which a write through ``.data`` or numpy does not bump): :func:`value_print` of
    that output when the call returns and when the model does must agree (the call is the one whose
    output the previous replayed forward returned; the first replayed forward is replayed whole). A
@@ -73,12 +79,16 @@ the next one, or at the first replay of its arguments' shapes; ``replay_every=1`
 step); a kept row that depends on a perturbed sample changes in some bit (a dependence the
 perturbation leaves unchanged, or one on kept samples only, is seen only at a replay whose random
 half separates them); per-sample data reaches the forward only through its arguments, as tensors or
-inside tuples, lists and dicts (data held by the module, a global, or another kind of object is not
-perturbed); a write behind autograd into the returned last-layer output that leaves its
-:func:`value_print` unchanged (every row's wrapping bit sum and every secret projection) goes
-unnoticed; the forward reads no state that earlier batches wrote other than the parameters, and
-does not differentiate inside itself (the replay saves nothing for a backward: such a forward is
-refused); a registered rule's module computes its output row by row;
+inside tuples, lists, mappings and dataclasses (data held by the module, a global, or another kind
+of object is not perturbed), and the loss only through tensors the return value holds so; a write
+behind autograd into the returned last-layer output that leaves its :func:`value_print` unchanged
+(every row's wrapping bit sum and every secret projection) goes unnoticed; the forward reads no
+state that earlier batches wrote other than the parameters, and does not differentiate inside
+itself (the replay saves nothing for a backward: such a forward is refused); a registered rule's
+module computes its output row by row from its input and :func:`state_print` (an attribute neither
+a tensor nor plain is compared by identity); where the replay ends early, torch itself is not
+changed under the forward (a hook written into torch's private hook dictionaries behind its
+registration API and removed within the call, or a replaced torch function, is not seen);
 and the per-sample loss is formed from the model's return value row by row (the engine cannot run
 the caller's loss computation again: 3 sees a backward dependence there on the first backward only,
 and a detached statistic over the batch inside the loss computation goes unnoticed).
@@ -87,9 +97,10 @@ and a detached statistic over the batch inside the loss computation goes unnotic
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import weakref
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence
 
@@ -563,8 +574,9 @@ def call_print(path: str, kind: str, x: Tensor, output: Optional[Tensor], sample
 
 def map_tensors(value: Any, fn: Callable[[Tensor], Any]) -> Any:
     """``value`` with ``fn`` applied to every tensor in it: itself, or inside its tuples (named ones
-    too), lists and dicts (or other mutable mappings), at any depth, each container rebuilt as a new
-    one of its type (the caller's is never changed); anything else is returned as it is."""
+    too), lists, mappings (dicts, HF ``ModelOutput``) and dataclass instances, at any depth, each
+    container rebuilt as a new one of its type (the caller's is never changed; an immutable mapping
+    that cannot be rebuilt so becomes a dict); anything else is returned as it is, unvisited."""
     if isinstance(value, Tensor):
         return fn(value)
     if isinstance(value, (tuple, list)):
@@ -572,10 +584,22 @@ def map_tensors(value: Any, fn: Callable[[Tensor], Any]) -> Any:
         if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
             return type(value)(*items)
         return type(value)(items) if type(value) in (tuple, list) else _rebuilt(value, items)
-    if isinstance(value, (dict, MutableMapping)):
+    if isinstance(value, Mapping):
+        mapped = {key: map_tensors(value[key], fn) for key in list(value.keys())}
+        if isinstance(value, MutableMapping):
+            new = copy.copy(value)
+            for key, item in mapped.items():
+                new[key] = item
+            return new
+        try:
+            return type(value)(mapped)
+        except TypeError:
+            return mapped
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         new = copy.copy(value)
-        for key in list(value.keys()):
-            new[key] = map_tensors(value[key], fn)
+        for f in dataclasses.fields(value):
+            if hasattr(value, f.name):
+                object.__setattr__(new, f.name, map_tensors(getattr(value, f.name), fn))  # (frozen ones too)
         return new
     return value
 
@@ -656,14 +680,10 @@ def replay_mismatch(original: CallPrint, again: CallPrint, chosen: Tensor) -> Op
 
 
 def _tensors(value: Any) -> list[Tensor]:
-    """The tensors in ``value`` (itself, or in its tuples, lists and dict values, in order)."""
-    if isinstance(value, Tensor):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    return []
+    """The tensors in ``value``, in order, found as :func:`map_tensors` finds them (the perturbation's walk)."""
+    found: list[Tensor] = []
+    map_tensors(value, lambda t: found.append(t) or t)
+    return found
 
 
 def rows_within(t: Any, base: Tensor) -> bool:
@@ -700,19 +720,31 @@ def output_prints(output: Any, batch: int, flat: Sequence[Tensor], copy: bool = 
     return prints
 
 
+_PROJECTED = 1 << 22  # elements of a tensor that value_print widens to its projection dtype at once
+
+
 def value_print(t: Tensor, direction: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
     """What shows whether ``t``'s values changed between two moments, by value (an autograd version
     counter misses a write through ``.data`` or numpy): per row of dim 0, the wrapping integer sum of its
     elements' bits, which any one changed element changes, as does moving a row to another; and for a
     float tensor the projection of each of its last-dim rows on ``direction`` (a secret random vector of
     that length), which a change of several elements that keeps those sums (a permutation within a
-    row, say) moves. Two passes over ``t``; compare with :func:`same_values`."""
+    row, say) moves. The projection is computed in float32 at least (a bfloat16 or float16 tensor is
+    widened exactly, in chunks of rows): in the tensor's own 8- or 11-bit mantissa a change that keeps a
+    row's bit sum was lost to rounding often (one logit doubled, another halved: 31 in 200 rows of 1000
+    bfloat16 logits). Two passes over ``t``; compare with :func:`same_values`."""
     t = t.detach()
     bits = _bits(t).reshape(t.shape[0] if t.dim() else 1, -1)  # (a non-contiguous tensor is copied)
     sums = bits.sum(1, dtype=torch.int64 if bits.element_size() == 8 else torch.int32)  # modular: in any order
     if direction is None or not t.dim() or not t.shape[-1]:
         return sums, None
-    return sums, t.reshape(-1, t.shape[-1]) @ direction
+    rows = t.reshape(-1, t.shape[-1])
+    wide = torch.promote_types(t.dtype, torch.float32)
+    direction = direction.to(wide)
+    if rows.dtype == wide:
+        return sums, rows @ direction
+    step = max(1, _PROJECTED // rows.shape[1])
+    return sums, torch.cat([rows[i:i + step].to(wide) @ direction for i in range(0, rows.shape[0], step)])
 
 
 def same_values(a: tuple[Tensor, Optional[Tensor]], b: tuple[Tensor, Optional[Tensor]]) -> bool:
@@ -720,6 +752,46 @@ def same_values(a: tuple[Tensor, Optional[Tensor]], b: tuple[Tensor, Optional[Te
     if not torch.equal(a[0], b[0]) or (a[1] is None) != (b[1] is None):
         return False
     return a[1] is None or (a[1].shape == b[1].shape and torch.equal(_bits(a[1]), _bits(b[1])))
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+
+
+def _plain(value: Any) -> bool:
+    """A value whose ``repr`` is its meaning (a number, a string, a dtype, tuples and lists of them)."""
+    return isinstance(value, _PLAIN) or (isinstance(value, (tuple, list)) and all(_plain(v) for v in value))
+
+
+def state_print(module: nn.Module, direction: Callable[[Tensor], Optional[Tensor]]) -> list[tuple[str, str, Any]]:
+    """What a registered layer's forward computes its output from besides its input, as it is now: each
+    parameter's and buffer's :func:`value_print` (``direction``: the secret direction for a tensor), and
+    each public attribute (a tensor by its value_print, a number, string or tuple of them by its ``repr``,
+    anything else by identity). Compare two with :func:`same_state`."""
+    out: list[tuple[str, str, Any]] = []
+    for name, t in (*module._parameters.items(), *module._buffers.items()):
+        out.append((name, "tensor", None if t is None else value_print(t, direction(t))))
+    for name, value in vars(module).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, Tensor):
+            out.append((name, "tensor", value_print(value, direction(value))))
+        else:
+            out.append((name, "repr", repr(value)) if _plain(value) else (name, "object", value))
+    return out
+
+
+def same_state(a: Sequence[tuple[str, str, Any]], b: Sequence[tuple[str, str, Any]]) -> bool:
+    """Whether two :func:`state_print` of one module agree (the same names, every tensor's value print in
+    every bit, every plain value's repr, every other attribute the same object)."""
+    if [(name, kind) for name, kind, _ in a] != [(name, kind) for name, kind, _ in b]:
+        return False
+    for (_, kind, u), (_, _, v) in zip(a, b):
+        if kind == "tensor" and not ((u is None and v is None) or (u is not None and v is not None
+                                                                    and same_values(u, v))):
+            return False
+        if (kind == "repr" and u != v) or (kind == "object" and u is not v):
+            return False
+    return True
 
 
 def output_mismatch(original: Sequence[CallPrint], again: Sequence[CallPrint], chosen: Tensor) -> Optional[str]:

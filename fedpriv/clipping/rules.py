@@ -56,11 +56,15 @@ class LayerRule:
 
 RULES: dict[type, LayerRule] = {}
 HINTS: dict[type, str] = {}
+# each registered type's ``forward`` as it was registered (a forward patched on the class later is not the rule's)
+FORWARDS: dict[type, Callable] = {}
 
 
 def register_rule(module_type: type, rule: LayerRule) -> None:
-    """Register (or replace) the rule for modules whose type is exactly ``module_type``."""
+    """Register (or replace) the rule for modules whose type is exactly ``module_type`` (its ``forward``, as it is
+    now, is the one the rule describes)."""
     RULES[module_type] = rule
+    FORWARDS[module_type] = module_type.forward
 
 
 def register_hint(module_type: type, hint: str) -> None:
