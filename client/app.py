@@ -12,12 +12,14 @@ reply carries statistics of the user's data beside the delta only when diagnosti
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,8 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat as compat
 
 from fedpriv.aggregation import RoundAggregate
+from fedpriv.atomic import create_atomic
+from fedpriv.cache import cache_root
 from fedpriv.distributed_dp import DDGaussCodec
 from fedpriv.plan import build_plan
 from fedpriv.schema import as_dict
@@ -39,22 +43,21 @@ from fedpriv.clipping import UnsupportedLayerError
 from fedpriv.codec import decode, refusal_content, train_reply_content
 from fedpriv.config import client_diagnostics_enabled, run_config
 from fedpriv.randomness import ClientRandomness, uint64s
-from fedpriv.research_key import client_randomness
+from fedpriv.research_key import canonical_config, client_randomness
 from fedpriv.schema import RunConfig
 from fedpriv.clients import client_updates, iter_client_updates
-from fedpriv.task import load_task
+from fedpriv.task import Task, load_task
 from fedpriv.allocator import retain_freed_memory
 
 log = logging.getLogger(__name__)
 
 
-def train_reply(spec: RunConfig, msg: Message, rng: ClientRandomness) -> Message:
-    """The reply to one ``train`` message under the experiment's resolved typed config ``spec``."""
-    task = load_task(spec)
-    conf = msg.content["config"]
+def train_reply(spec: RunConfig, task: Task, msg: Message, users: list[int], rng: ClientRandomness) -> Message:
+    """The reply to one ``train`` message under the experiment's resolved typed config ``spec``:
+    the deltas of ``users`` (the message's, validated by :func:`answer_once`)."""
     params = decode(msg.content["arrays"]["params"])
     diagnostics = client_diagnostics_enabled(spec)
-    updates = client_updates(task, params, [int(user) for user in conf["users"]], int(conf["round"]), rng, diagnostics)
+    updates = client_updates(task, params, users, int(msg.content["config"]["round"]), rng, diagnostics)
     return Message(content=train_reply_content(updates), reply_to=msg)
 
 
@@ -68,24 +71,108 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next) -> Message
 
 
 ANSWERED = "fedpriv.answered"  # the node's memory in Flower's Context.state: run id -> the rounds it answered
+STATE_DIR = "state-dir"  # the node setting (Flower node config) naming the node's own state directory
+_DIGEST_TAG = b"fedpriv node memory v1\x00"
 
 
-def answer_once(spec: RunConfig, context: Context, round_idx: int, users: list[int]) -> None:
+def node_state_dir(node_config: Mapping[str, Any]) -> Path:
+    """A deployed node's own state directory: its node config's ``state-dir``
+    (``flower-supernode --node-config 'state-dir="DIR"'``), else ``node-state`` under fedpriv's cache
+    (:func:`fedpriv.cache.cache_root`: ``$FEDPRIV_CACHE``, else ``~/.cache/fedpriv``). Several
+    SuperNodes of one machine user need one each (sharing one, they would refuse each other's rounds).
+    A relative ``state-dir`` is refused (``RuntimeError``): a ClientApp process need not run where
+    the SuperNode was started."""
+    value = node_config.get(STATE_DIR)
+    if value is None or value == "":
+        return cache_root() / "node-state"
+    path = Path(str(value)).expanduser()
+    if not path.is_absolute():
+        raise RuntimeError(f"the node setting {STATE_DIR} must be an absolute path, got {str(value)!r}")
+    return path
+
+
+def config_digest(spec: RunConfig) -> str:
+    """SHA-256 (hex, under a tag of its own) of the run's public config in its canonical form
+    (:func:`fedpriv.research_key.canonical_config`: exactly the values that change what the run
+    computes; its run directory, ``resume`` and other presentation left out, so a resumed run has
+    the digest of the run it resumes)."""
+    text = json.dumps(canonical_config(as_dict(spec)), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(_DIGEST_TAG + text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """The rounds a deployed node answered, on its own disk, beyond one Flower run and one SuperNode
+    process: one file ``answered/<config digest>/round-<t>`` per (run config, round), created
+    before the reply is computed. Creating it is the claim: it is written in full and ``fsync``ed,
+    then published with a hard link that never replaces an existing file
+    (:func:`fedpriv.atomic.create_atomic`), so of two requests for one round, also concurrent ones
+    from two processes, exactly one is answered, and a round is remembered across a power cut."""
+
+    directory: Path
+    digest: str  # :func:`config_digest` of the run's config
+
+    def claim(self, round_idx: int) -> None:
+        """Record round ``round_idx`` (0-based) as answered, or refuse (``RuntimeError``): it was
+        answered before, or it cannot be recorded (nothing is then computed either)."""
+        folder = self.directory / "answered" / self.digest
+        path = folder / f"round-{round_idx + 1}"
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            create_atomic(path, lambda tmp: tmp.write_text(f"{round_idx + 1}\n"), mode=0o600)
+        except FileExistsError:
+            raise RuntimeError(f"the server asked for round {round_idx + 1} again; this node answered it for this "
+                               "run config already (a second answer would release its users again, with fresh "
+                               "noise)") from None
+        except OSError as err:  # fail closed: a round this node cannot remember is not answered
+            log.error("cannot record round %d in %s: %s", round_idx + 1, folder, err)  # the node's own log
+            raise RuntimeError(f"this node cannot record round {round_idx + 1} in its state directory (see its "
+                               "log); it answers no round it cannot remember") from None
+
+
+def requested_users(values: Iterable[Any], population: int, round_idx: int) -> list[int]:
+    """The user ids of a request, each checked before it is used: an integer (a decimal string in
+    SecAgg+'s comma list) with 0 ≤ id < ``population`` (the units of the node's data: an id outside
+    would index another user, e.g. ``-1`` the last), and each at most once (a repeated user would be
+    released more than once in one round). ``RuntimeError`` otherwise; the message names the id the
+    server sent, never the population."""
+    users: list[int] = []
+    for value in values:
+        if isinstance(value, str) and re.fullmatch(r"[0-9]{1,18}", value):
+            user = int(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            user = value
+        else:
+            raise RuntimeError(f"round {round_idx + 1}: the server asked for {str(value)[:40]!r}, not a user id")
+        if not 0 <= user < population:
+            raise RuntimeError(f"round {round_idx + 1}: the server asked for user {user}, not a user of this node's "
+                               "data (ids 0 to the population less one)")
+        users.append(user)
+    if len(set(users)) != len(users):
+        raise RuntimeError(f"round {round_idx + 1}: the server asked for a user more than once; this node "
+                           "computes each user at most once a round")
+    return users
+
+
+def answer_once(spec: RunConfig, context: Context, round_idx: int, values: Iterable[Any], population: int,
+                memory: NodeMemory | None = None) -> list[int]:
     """What a node checks itself before it computes a round, whatever the server asks
-    (``RuntimeError``, which Flower sends back as an error reply, otherwise):
+    (``RuntimeError``, which Flower sends back as an error reply, otherwise); returns the users to
+    compute:
 
-    * each user at most once: a repeated user would be released more than once in one round (under
-      ``client.dp=example``, one noisy release each; in a ``ddgauss`` party's message, its update
-      counted several times against one noise share);
+    * each user a user of its data, at most once (:func:`requested_users`): under
+      ``client.dp=example`` a user asked twice (or as ``-1`` beside the last user) would get two
+      noisy releases in one round; in a ``ddgauss`` party's message, its update counted twice
+      against one noise share;
     * a round of this run (0 ≤ round < ``rounds``), answered at most once: every answer carries fresh
       noise (example-level DP, a party's share), so a round asked again would let the server average
       it away. Within a SecAgg+ round this is its one fit (the masked-vector stage), not the
       protocol's other stages. The rounds answered are kept in ``context.state`` (per Flower run; it
       lives with the node between the messages of a run, also where each message starts a new
-      process) and recorded before the reply is computed."""
-    if len(set(users)) != len(users):
-        raise RuntimeError(f"round {round_idx + 1}: the server asked for a user more than once; this node "
-                           "computes each user at most once a round")
+      process) and, with a ``memory`` (a deployed node in secure mode), on the node's disk under
+      the run config's digest, which a new Flower run or a restarted SuperNode does not reset; both
+      are recorded before the reply is computed."""
+    users = requested_users(values, population, round_idx)
     if not 0 <= round_idx < spec.rounds:
         raise RuntimeError(f"the server asked for round {round_idx + 1}; this run has {spec.rounds} rounds")
     record = context.state.config_records.get(ANSWERED)
@@ -94,22 +181,28 @@ def answer_once(spec: RunConfig, context: Context, round_idx: int, users: list[i
     if round_idx in answered:
         raise RuntimeError(f"the server asked for round {round_idx + 1} again; this node answers each round "
                            "once (a second answer would release its users again, with fresh noise)")
+    if memory is not None:
+        memory.claim(round_idx)
     context.state.config_records[ANSWERED] = ConfigRecord({**(dict(record) if record else {}),
                                                            run: [*answered, round_idx]})
+    return users
 
 
-def reply(spec: RunConfig, msg: Message, rng: ClientRandomness, context: Context) -> Message:
+def reply(spec: RunConfig, msg: Message, rng: ClientRandomness, context: Context,
+          memory: NodeMemory | None = None) -> Message:
     """The reply to a ``train`` message under ``spec``: a clear round's per-user deltas, or under
     ``aggregation=secagg`` the node's clipped sum (or party message) for SecAgg+ (a clear round is
     then an error: the node never sends its users' updates in the clear). Either way the node
-    answers each round once and each user once (:func:`answer_once`)."""
+    answers each round once and each of its users once (:func:`answer_once`, ``memory``: where it
+    remembers the rounds beyond the Flower run), before anything of the request is computed."""
     if spec.aggregation != "secagg":
+        task = load_task(spec)
         conf = msg.content["config"]
-        answer_once(spec, context, int(conf["round"]), [int(user) for user in conf["users"]])
-        return train_reply(spec, msg, rng)
+        users = answer_once(spec, context, int(conf["round"]), conf["users"], len(task.units), memory)
+        return train_reply(spec, task, msg, users, rng)
     if RECORD_KEY_CONFIGS not in msg.content.config_records:
         raise RuntimeError("this run aggregates securely (aggregation=secagg), but the server asked for a clear round")
-    return secure_sum_reply(spec, msg, rng, context)
+    return secure_sum_reply(spec, msg, rng, context, memory)
 
 
 @dataclass(frozen=True)
@@ -168,7 +261,8 @@ def _check_protocol(own: NodePlan, values: Mapping[str, Any] | None) -> None:
                            f"node's weight {SECAGG_WEIGHT}")
 
 
-def secure_sum_reply(spec: RunConfig, msg: Message, rng: ClientRandomness, context: Context) -> Message:
+def secure_sum_reply(spec: RunConfig, msg: Message, rng: ClientRandomness, context: Context,
+                     memory: NodeMemory | None = None) -> Message:
     """``aggregation=secagg``: the reply to SecAgg+'s collect stage (``secaggplus_mod`` masks it).
     Central noise: the node's users' updates, each clipped to the node's own C′, summed in user
     order, one float64 vector. ``mechanism=ddgauss``: the party's message in Z_m
@@ -180,14 +274,15 @@ def secure_sum_reply(spec: RunConfig, msg: Message, rng: ClientRandomness, conte
     _check_protocol(own, context.state.config_records.get(RECORD_KEY_STATE))  # the setup the mod keeps
     fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
     conf = fitins.config
-    users, round_idx = [int(u) for u in str(conf["users"]).split(",") if u], int(conf["round"])
+    round_idx = int(conf["round"])
     if own.codec is not None:  # this node is a party of the distributed discrete Gaussian
         if "ddgauss_round_key" not in conf or not own.codec.matches(str(conf.get("ddgauss_codec", ""))):
             raise RuntimeError("the server's distributed discrete Gaussian is missing or differs from the one this "
                                "node plans from the run's config")
     elif "ddgauss_round_key" in conf:
         raise RuntimeError("the server asked for distributed noise; this run's mechanism adds it at the server")
-    answer_once(spec, context, round_idx, users)
+    users = answer_once(spec, context, round_idx, [u for u in str(conf["users"]).split(",") if u],
+                        len(task.units), memory)
     params = torch.from_numpy(np.asarray(parameters_to_ndarrays(fitins.parameters)[0], dtype=np.float32).copy())
     if rng.research is not None:
         # research mode: Flower's stochastic rounding draws from numpy's global generator; seeded from the

@@ -6,11 +6,14 @@
 # on success, failure or interrupt.
 #
 #   scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--secagg] [--experiment NAME]
-#                           [--round-timeout S] [--timeout S] [-- HYDRA_OVERRIDES...]
+#                           [--round-timeout S] [--timeout S] [--node-state DIR] [-- HYDRA_OVERRIDES...]
 #
 # DIR gets summary.json, metrics.jsonl, privacy.json, config.yaml, checkpoints/ (written by the
-# ServerApp) and logs/ (superlink.log, supernode-K.log, flwr-run.log, pids). Exit 0 iff the run
-# wrote DIR/summary.json with R rounds; 2 on bad arguments; 1 otherwise.
+# ServerApp), logs/ (superlink.log, supernode-K.log, flwr-run.log, pids) and, unless --node-state
+# names another place, node-state/supernode-K (each SuperNode's own memory of the rounds it
+# answered in secure mode: its node config's state-dir). Exit 0 iff the run wrote DIR/summary.json
+# with R rounds; 2 on bad arguments; 1 otherwise. No deadline by default, neither per round nor for
+# the whole run: how long a run takes depends on its data (docs/PRIVACY.md "Late nodes").
 #
 # Flower 1.42 facts this relies on: the SuperLink serves its Fleet, Control and Runtime APIs over
 # HTTP on one --host/--port (health: GET /health); each SuperNode needs its own --port; `flwr run`
@@ -26,11 +29,11 @@ BIN=${FEDPRIV_VENV_BIN:-$ROOT/.venv/bin}
 export PATH="$BIN:$PATH" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \
     FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
 
-usage() { echo "error: $1 (usage: scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--secagg] [--experiment NAME] [--round-timeout S] [--timeout S] [-- OVERRIDES...])" >&2; exit 2; }
+usage() { echo "error: $1 (usage: scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--secagg] [--experiment NAME] [--round-timeout S] [--timeout S] [--node-state DIR] [-- OVERRIDES...])" >&2; exit 2; }
 help() {
     cat <<'USAGE'
 usage: scripts/deploy_local.sh --clients N --rounds R --out DIR [--tls] [--secagg] [--experiment NAME]
-                               [--round-timeout S] [--timeout S] [-- OVERRIDES...]
+                               [--round-timeout S] [--timeout S] [--node-state DIR] [-- OVERRIDES...]
 A real Flower deployment on loopback (one SuperLink, N SuperNodes, `flwr run`), offline.
   --clients N          SuperNodes to start, one partition of the users each
   --rounds R           rounds to run (the run's `rounds`)
@@ -41,7 +44,11 @@ A real Flower deployment on loopback (one SuperLink, N SuperNodes, `flwr run`), 
   --experiment NAME    a configs/experiment name (default: smoke; empty: none)
   --round-timeout S    seconds the server waits for a round's replies; a later node's users are dropped
                        (default: no deadline, since a node's time depends on its users' data: docs/PRIVACY.md)
-  --timeout S          seconds the whole `flwr run` may take (default: 900)
+  --timeout S          seconds the whole `flwr run` may take, an operator's safety net (default: none; one
+                       that fires stops the run after a number of rounds that depends on the data)
+  --node-state DIR     where SuperNode K remembers the rounds it answered in secure mode: DIR/supernode-K
+                       (default: OUT/node-state, which a resume into OUT finds; a round answered is refused
+                       when asked again, in any run of the same config that uses DIR)
   -- OVERRIDES...      Hydra overrides, as for python -m fedpriv.simulate (e.g. privacy.target_epsilon=4)
 Exit 0 iff DIR/summary.json holds R rounds; 2 on bad arguments; 1 otherwise.
 USAGE
@@ -49,7 +56,7 @@ USAGE
 }
 is_int() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
 
-CLIENTS="" ROUNDS="" OUT="" TLS=0 SECAGG=0 EXPERIMENT="smoke" ROUND_TIMEOUT="" TIMEOUT=900 OVERRIDES=()
+CLIENTS="" ROUNDS="" OUT="" TLS=0 SECAGG=0 EXPERIMENT="smoke" ROUND_TIMEOUT="" TIMEOUT="" NODE_STATE="" OVERRIDES=()
 while (($#)); do
     case "$1" in
         --clients) CLIENTS=${2-}; shift 2 || usage "--clients needs a value" ;;
@@ -58,7 +65,10 @@ while (($#)); do
         --experiment) EXPERIMENT=${2-}; shift 2 || usage "--experiment needs a value" ;;
         --round-timeout) ROUND_TIMEOUT=${2-}; shift 2 || usage "--round-timeout needs a value"; [[ -n "$ROUND_TIMEOUT" ]] \
             || usage "--round-timeout must be a positive integer (seconds), got ''" ;;
-        --timeout) TIMEOUT=${2-}; shift 2 || usage "--timeout needs a value" ;;
+        --timeout) TIMEOUT=${2-}; shift 2 || usage "--timeout needs a value"; [[ -n "$TIMEOUT" ]] \
+            || usage "--timeout must be a positive integer (seconds), got ''" ;;
+        --node-state) NODE_STATE=${2-}; shift 2 || usage "--node-state needs a value"; [[ -n "$NODE_STATE" ]] \
+            || usage "--node-state needs a directory, got ''" ;;
         --tls) TLS=1; shift ;;
         --secagg) SECAGG=1; shift ;;
         -h|--help) help ;;
@@ -70,7 +80,9 @@ is_int "$CLIENTS" || usage "--clients must be a positive integer, got '${CLIENTS
 is_int "$ROUNDS" || usage "--rounds must be a positive integer, got '${ROUNDS}'"
 [[ -z "$ROUND_TIMEOUT" ]] || is_int "$ROUND_TIMEOUT" \
     || usage "--round-timeout must be a positive integer (seconds), got '${ROUND_TIMEOUT}'"
-is_int "$TIMEOUT" || usage "--timeout must be a positive integer (seconds), got '${TIMEOUT}'"
+[[ -z "$TIMEOUT" ]] || is_int "$TIMEOUT" || usage "--timeout must be a positive integer (seconds), got '${TIMEOUT}'"
+# a TOML literal string in the node config (Flower parses --node-config as TOML): no quote inside
+[[ "$NODE_STATE" != *"'"* ]] || usage "--node-state must not contain a single quote, got '${NODE_STATE}'"
 if ((SECAGG)); then
     ((CLIENTS >= 2)) || usage "--secagg needs at least 2 clients (SecAgg+ sums between nodes), got --clients $CLIENTS"
     OVERRIDES=("aggregation=secagg" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
@@ -90,6 +102,9 @@ done
 
 mkdir -p "$OUT/logs"
 OUT=$(cd "$OUT" && pwd)
+NODE_STATE=${NODE_STATE:-$OUT/node-state}
+mkdir -p -m 700 "$NODE_STATE" || { echo "error: cannot create the node state directory $NODE_STATE" >&2; exit 1; }
+NODE_STATE=$(cd "$NODE_STATE" && pwd)
 WORK=$(mktemp -d)
 PIDS=()
 
@@ -137,7 +152,8 @@ done
 
 for ((k = 0; k < CLIENTS; k++)); do
     FLWR_HOME=$WORK/supernode-$k flower-supernode "${SEC_NODE[@]}" --superlink "127.0.0.1:$LINK_PORT" \
-        --host 127.0.0.1 --port "$(free_port)" --node-config "partition-id=$k num-partitions=$CLIENTS" \
+        --host 127.0.0.1 --port "$(free_port)" \
+        --node-config "partition-id=$k num-partitions=$CLIENTS state-dir='$NODE_STATE/supernode-$k'" \
         >"$OUT/logs/supernode-$k.log" 2>&1 &
     PIDS+=($!); echo "supernode-$k $!" >>"$OUT/logs/pids"; disown
 done
@@ -154,11 +170,12 @@ quote() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
 ALL_OVERRIDES="rounds=$ROUNDS backend.num_supernodes=$CLIENTS${ROUND_TIMEOUT:+ backend.round_timeout=$ROUND_TIMEOUT} ${OVERRIDES[*]-}"
 RUN_CONFIG="experiment=$(quote "$EXPERIMENT") overrides=$(quote "$ALL_OVERRIDES") run-dir=$(quote "$OUT")"
 echo "flwr run $APP local --run-config '$RUN_CONFIG' --stream" >"$OUT/logs/flwr-run.log"
-FLWR_HOME=$WORK/cli timeout "$TIMEOUT" flwr run "$APP" local --run-config "$RUN_CONFIG" --stream \
-    >>"$OUT/logs/flwr-run.log" 2>&1 &
+RUN=(flwr run "$APP" local --run-config "$RUN_CONFIG" --stream)
+[[ -z "$TIMEOUT" ]] || RUN=(timeout "$TIMEOUT" "${RUN[@]}")  # opt-in: a stop whose round depends on the data
+FLWR_HOME=$WORK/cli "${RUN[@]}" >>"$OUT/logs/flwr-run.log" 2>&1 &
 PIDS+=($!); echo "flwr-run $!" >>"$OUT/logs/pids"
-RUN_PID=$!
-wait "$RUN_PID" || true  # `flwr run --stream` exits 0 even when the run failed: judge by the outputs
+RUN_PID=$! RUN_RC=0
+wait "$RUN_PID" || RUN_RC=$?  # `flwr run --stream` exits 0 even when the run failed: judge by the outputs
 
 if "$BIN/python" - "$ROOT" "$OUT/summary.json" "$ROUNDS" <<'PY'
 import json, sys
@@ -176,7 +193,11 @@ then
     grep -E "^(final|user-level|example-level)" "$OUT/logs/flwr-run.log" || true
     echo "outputs in $OUT"
 else
-    echo "error: the deployed run did not finish $ROUNDS rounds (logs in $OUT/logs)" >&2
+    if [[ -n "$TIMEOUT" && "$RUN_RC" == 124 ]]; then
+        echo "error: --timeout $TIMEOUT ended the deployed run before its $ROUNDS rounds (logs in $OUT/logs)" >&2
+    else
+        echo "error: the deployed run did not finish $ROUNDS rounds (logs in $OUT/logs)" >&2
+    fi
     tail -n 20 "$OUT/logs/flwr-run.log" >&2 || true
     exit 1
 fi

@@ -19,6 +19,7 @@ as dropped.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -50,8 +51,13 @@ def assign_users(cohort: np.ndarray, node_ids: Sequence[int]) -> dict[int, list[
 
 def error_kind(reason: str | None) -> str:
     """The exception type of a node's error report, without its message (which may quote the
-    users' data): ``"ValueError"`` from ``"...\nValueError: shapes (3, 7) ..."``."""
-    last = (reason or "").strip().splitlines()[-1:] or [""]
+    users' data): ``"RuntimeError"`` from a SuperNode's ``"<class 'RuntimeError'>:<'...'>"``,
+    ``"ValueError"`` from a traceback's ``"...\nValueError: shapes (3, 7) ..."``."""
+    text = (reason or "").strip()
+    flower = re.match(r"<class '([\w.]+)'>", text)  # how Flower reports an exception of a ClientApp
+    if flower:
+        return flower.group(1).rsplit(".", 1)[-1]
+    last = text.splitlines()[-1:] or [""]
     kind = last[0].split(":", 1)[0].strip()
     return kind if kind.replace(".", "").replace("_", "").isalnum() else "an error"
 

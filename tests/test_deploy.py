@@ -28,8 +28,10 @@ def _env() -> dict:
 
 
 def deploy(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    """The script, bounded by its own opt-in ``--timeout`` (so that it stops what it started) within
+    ``timeout`` seconds: a test never hangs."""
+    return subprocess.run(["bash", str(SCRIPT), "--timeout", str(int(timeout) - 30), *args], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def started_pids(out: Path) -> dict[str, int]:
@@ -90,6 +92,10 @@ def test_an_insecure_deployment_runs_in_secure_mode_by_default(tmp_path):
     assert summary["privacy"]["randomness"]["mode"] == "secure"  # the deployment default
     assert "insecure" in (out / "logs" / "superlink.log").read_text().lower()
     assert (out / "checkpoints" / "last.pt").stat().st_mode & 0o077 == 0  # it holds the run key: owner-only
+    # each SuperNode remembers the rounds it answered in its own state directory (its node config's state-dir)
+    for k in range(2):
+        marks = (out / "node-state" / f"supernode-{k}" / "answered").glob("*/round-*")
+        assert sorted(mark.name for mark in marks) == ["round-1", "round-2"]
 
 
 @pytest.mark.slow
@@ -191,7 +197,7 @@ def test_killed_supernode_round_finishes_within_the_timeout(tmp_path):
     completes. The drop counts themselves are not published (they depend on the cohort)."""
     out = tmp_path / "kill"
     proc = subprocess.Popen(["bash", str(SCRIPT), "--clients", "2", "--rounds", "4", "--out", str(out),
-                             "--round-timeout", "45"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                             "--round-timeout", "45", "--timeout", "600"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -215,6 +221,48 @@ def test_killed_supernode_round_finishes_within_the_timeout(tmp_path):
     assert "its users count as dropped" in timeouts[0]  # no count of them: it depends on the cohort
 
 
+def _stub_bin(tmp_path: Path) -> Path:
+    """A FEDPRIV_VENV_BIN whose Flower commands are stand-ins: a SuperLink that answers its health
+    check, SuperNodes that note their arguments and wait, and a ``flwr`` that notes which program
+    started it and fails."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    stubs = {"flower-superlink": f"""#!{sys.executable}
+import http.server, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+""", "flower-supernode": "#!/bin/sh\necho \"$@\" >> \"$FLWR_STUB_NODES\"\nexec sleep 120\n",
+             "flwr": "#!/bin/sh\ncat /proc/$PPID/comm > \"$FLWR_STUB_PARENT\"\nexit 1\n"}
+    for name, text in stubs.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize("timeout,parent", [((), "bash"), (("--timeout", "50"), "timeout")])
+def test_the_whole_run_deadline_is_opt_in(tmp_path, timeout, parent):
+    """No deadline on the whole ``flwr run`` unless ``--timeout S`` asks for one: a deadline that
+    fires stops the run after a number of rounds that depends on how long its data takes
+    (docs/PRIVACY.md "Late nodes"). Stand-in Flower commands: ``flwr`` runs under ``timeout`` only
+    when asked; the SuperNodes get their own state directories in their node config."""
+    out, mark = tmp_path / "out", tmp_path / "parent"
+    env = {**_env(), "FEDPRIV_VENV_BIN": str(_stub_bin(tmp_path)), "FLWR_STUB_PARENT": str(mark),
+           "FLWR_STUB_NODES": str(tmp_path / "nodes")}
+    proc = subprocess.run(["bash", str(SCRIPT), "--clients", "2", "--rounds", "1", "--out", str(out), *timeout],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "did not finish 1 rounds" in proc.stderr
+    assert mark.read_text().strip() == parent
+    assert_all_stopped(out)
+    configs = sorted(line.split("--node-config ", 1)[1] for line in (tmp_path / "nodes").read_text().splitlines())
+    assert configs == [f"partition-id={k} num-partitions=2 state-dir='{out}/node-state/supernode-{k}'" for k in (0, 1)]
+
+
 @pytest.mark.parametrize("args,message", [(("--clients", "0", "--rounds", "2", "--out", "x"), "--clients"),
                                           (("--clients", "2", "--rounds", "two", "--out", "x"), "--rounds"),
                                           (("--clients", "2", "--rounds", "2"), "--out"),
@@ -222,7 +270,11 @@ def test_killed_supernode_round_finishes_within_the_timeout(tmp_path):
                                           (("--clients", "1", "--rounds", "2", "--out", "x", "--secagg"),
                                            "--secagg needs at least 2 clients"),
                                           (("--clients", "2", "--rounds", "2", "--out", "x", "--experiment", "nope"),
-                                           "experiment")])
+                                           "experiment"),
+                                          (("--clients", "2", "--rounds", "2", "--out", "x", "--timeout", "0"),
+                                           "--timeout must be a positive integer"),
+                                          (("--clients", "2", "--rounds", "2", "--out", "x", "--node-state", "a'b"),
+                                           "--node-state must not contain a single quote")])
 def test_bad_arguments_exit_2(tmp_path, args, message):
     proc = deploy(*[str(tmp_path / a) if a == "x" else a for a in args], timeout=60)
     assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.splitlines()) == 1
