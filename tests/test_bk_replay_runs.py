@@ -136,9 +136,9 @@ def test_a_clients_refusal_under_flower_stops_the_run(tmp_path, monkeypatch, fre
     monkeypatch.setattr(LSTMLanguageModel, "forward", _mixing(LSTMLanguageModel.forward))
     reply = client_app.train_reply
 
-    def mixing_reply(cfg, msg, rng):
+    def mixing_reply(cfg, task, msg, users, rng):
         MIX["on"] = int(msg.content["config"]["round"]) >= 1
-        return reply(cfg, msg, rng)
+        return reply(cfg, task, msg, users, rng)
 
     monkeypatch.setattr(client_app, "train_reply", mixing_reply)
     session = prepare(compose_cfg(*SMOKE, "client.dp=example", "client.bk_replay_every=1", run_dir=tmp_path / "f"))

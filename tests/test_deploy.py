@@ -224,7 +224,7 @@ def test_killed_supernode_round_finishes_within_the_timeout(tmp_path):
 def _stub_bin(tmp_path: Path) -> Path:
     """A FEDPRIV_VENV_BIN whose Flower commands are stand-ins: a SuperLink that answers its health
     check, SuperNodes that note their arguments and wait, and a ``flwr`` that notes which program
-    started it and fails."""
+    started it and fails once both SuperNodes have started."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").symlink_to(sys.executable)
@@ -238,7 +238,10 @@ class Health(http.server.BaseHTTPRequestHandler):
         pass
 http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 """, "flower-supernode": "#!/bin/sh\necho \"$@\" >> \"$FLWR_STUB_NODES\"\nexec sleep 120\n",
-             "flwr": "#!/bin/sh\ncat /proc/$PPID/comm > \"$FLWR_STUB_PARENT\"\nexit 1\n"}
+             # flwr waits (up to 20 s) until both SuperNodes have noted their arguments: the script stops
+             # them once flwr returns, and a loaded machine may not have run a node's first line by then
+             "flwr": "#!/bin/sh\nfor i in $(seq 200); do [ \"$(cat \"$FLWR_STUB_NODES\" 2>/dev/null | wc -l)\" -ge 2 ] "
+                     "&& break; sleep 0.1; done\ncat /proc/$PPID/comm > \"$FLWR_STUB_PARENT\"\nexit 1\n"}
     for name, text in stubs.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)

@@ -188,7 +188,7 @@ def test_a_research_deployments_clients_derive_the_key_of_the_servers_fitted_con
                                  run_dir=tmp_path / "run"))
     assert server.spec.mechanism.bands != 16  # fitted: the experiment's default does not fit the population
     _config.cache_clear()
-    spec, rng = _config(json.dumps({"experiment": "smoke", "overrides": overrides, "run-dir": str(tmp_path / "run")},
+    spec, rng, _ = _config(json.dumps({"experiment": "smoke", "overrides": overrides, "run-dir": str(tmp_path / "run")},
                                    sort_keys=True))
     assert spec.mechanism == server.spec.mechanism
     assert rng.research == client_randomness(server.spec).research is not None
