@@ -282,11 +282,37 @@ def test_model_builds_under_book_keeping_and_runs_a_round_of_smoke(tmp_path, nam
 
 
 @pytest.mark.parametrize("name", _names("data"))
-def test_dataset_loads_and_runs_a_round_of_smoke(tmp_path, name):
+def test_dataset_loads_and_runs_a_planned_audited_smoke_run(tmp_path, name):
+    """The dataset under every consumer of the word rows: ``plan=auto`` with a stated public
+    population (the planner), an audit of 2 canaries, and the degradation verdict in summary.json
+    (its unigram baseline where the dataset publishes one)."""
     from fedpriv.data.federated import FederatedDataset
 
     overrides = options("data")[name].example_overrides(tmp_path)
     cfg = compose_cfg("+experiment=smoke", f"data={name}", *overrides, run_dir=tmp_path / "x")
     data = schema.load("data", cfg["data"]).load_words()
     assert isinstance(data, FederatedDataset) and len(data.users) > 0
-    _smoke_round(tmp_path, f"data={name}", *overrides)
+    summary = _smoke_round(tmp_path, f"data={name}", *overrides, "plan=auto", f"population={POPULATION}",
+                           "plan.client_updates=400", "audit.canaries=2", rounds=50)
+    assert summary["plan"]["population"] == POPULATION and summary["unigram_accuracy"] == data.unigram_accuracy
+    assert isinstance(summary["degraded"], bool)
+    if summary["degraded"]:
+        verdict = summary["degradation"]
+        assert verdict["cause"] and verdict["fix"] and verdict["unigram"] == data.unigram_accuracy
+    assert summary["audit"]["canaries"] == 2 and (tmp_path / "run" / "audit_scores.json").is_file()
+
+
+@pytest.mark.parametrize("name", _names("data"))
+def test_dataset_trains_a_hugging_face_model_under_book_keeping(tmp_path, name):
+    """``model=hf`` (its tokenizer re-encodes the dataset's text) with example-level DP-SGD on the
+    clients (Book-Keeping): a tiny Llama whose word tokenizer holds the dataset's words."""
+    from fedpriv.models.tiny_hf import write_model_dir
+
+    overrides = options("data")[name].example_overrides(tmp_path)
+    cfg = compose_cfg("+experiment=smoke", f"data={name}", *overrides, run_dir=tmp_path / "x")
+    words = schema.load("data", cfg["data"]).load_words().vocab.words
+    model = write_model_dir(tmp_path / "hf_llama", words, "llama", hidden=32, layers=2, heads=4)
+    summary = _smoke_round(tmp_path, f"data={name}", *overrides, "model=hf", f"model.path={model}",
+                           "data.tokenizer=hf", "client.dp=example")
+    assert summary["model"] == "hf" and summary["example_privacy"]["epsilon"] is not None
+    assert (tmp_path / "run" / "hf_model" / "tokenizer.json").is_file()  # the release carries the tokenizer

@@ -157,12 +157,29 @@ def is_save_to_disk(path: Path) -> bool:
     return path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file())
 
 
+_NO_PATH = ("data=files needs data.path: a .jsonl, .json, .csv or .parquet file, a glob or a directory of them, "
+            "or a directory written by datasets' save_to_disk")
+
+
+def check_named(path: str | os.PathLike | None, user_column: str | None, text_column: str | None,
+                split_column: str | None = None) -> None:
+    """What a ``data=files`` run must name, checked without reading anything (the config's check
+    and :func:`open_source`): a path, the user and text columns, and distinct column names."""
+    if path is None or not str(path).strip():
+        raise ConfigError(_NO_PATH)
+    for key, column in (("data.user_column", user_column), ("data.text_column", text_column)):
+        if not column:
+            raise ConfigError(f"data=files needs {key}: the name of the column that holds "
+                              + ("each row's user id" if key == "data.user_column" else "each row's text"))
+    if user_column == text_column or (split_column is not None and split_column in (user_column, text_column)):
+        raise ConfigError("data.user_column, data.text_column and data.split_column must name different columns")
+
+
 def resolve(path: str | os.PathLike | None) -> Resolved:
     """The format and the sorted files that ``data.path`` names (see the module docstring), or a
     :class:`ConfigError` saying what it names instead."""
     if path is None or not str(path).strip():
-        raise ConfigError("data=files needs data.path: a .jsonl, .json, .csv or .parquet file, a glob or a "
-                          "directory of them, or a directory written by datasets' save_to_disk")
+        raise ConfigError(_NO_PATH)
     shown = str(path)
     p = Path(shown).expanduser()
     if is_save_to_disk(p):
@@ -520,13 +537,8 @@ def open_source(path: str | os.PathLike, user_column: str, text_column: str,
     or open a ``save_to_disk`` directory in place, and check the columns and rows (the row checks,
     one pass, are recorded in the entry and not repeated for the same content and columns). Bad
     input is one :class:`ConfigError` line; an unwritable cache one :class:`OutputError` line."""
+    check_named(path, user_column, text_column, split_column)
     resolved = resolve(path)
-    for key, column in (("data.user_column", user_column), ("data.text_column", text_column)):
-        if not column:
-            raise ConfigError(f"data=files needs {key}: the name of the column that holds "
-                              + ("each row's user id" if key == "data.user_column" else "each row's text"))
-    if user_column == text_column or (split_column is not None and split_column in (user_column, text_column)):
-        raise ConfigError("data.user_column, data.text_column and data.split_column must name different columns")
     datasets = datasets_module()
     key = _key(resolved, datasets.__version__)
     entry = _entry(key)

@@ -16,7 +16,7 @@ positions whose target is a word. Ignoring the user makes it the ceiling for a s
 Other references: :func:`oracle_topic_accuracy` (the sentence's topic known: an upper bound on the
 ceiling), :func:`bigram_bayes_accuracy` (the best predictor from the previous token alone) and
 :func:`unigram_accuracy` (always the most frequent word of a reference corpus).
-:func:`scored_positions` is the metric's mask, shared with the generator's statistics.
+:func:`~fedpriv.data.word_rows.scored_positions` is the metric's mask, shared with the generator's statistics.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedpriv.data.federated import Vocabulary
+from fedpriv.data.word_rows import constant_accuracy, scored_positions  # noqa: F401 (scored_positions: re-exported)
 
 
 @dataclass(frozen=True)
@@ -114,12 +115,6 @@ def predict_words(chains: TopicChains, states: np.ndarray, post: np.ndarray) -> 
     return pred
 
 
-def scored_positions(rows: np.ndarray, vocab: Vocabulary) -> np.ndarray:
-    """Mask ``[N, L]`` of positions the accuracy counts: the target ``rows[:, 1:]`` is a word."""
-    tgt = rows[:, 1:]
-    return ~np.isin(tgt, vocab.excluded_from_accuracy()) & (tgt != vocab.bos_id)
-
-
 def bayes_correct(chains: TopicChains, prior: np.ndarray, rows: np.ndarray) -> tuple[int, int]:
     """(correct, scored) of the Bayes predictor on ``rows`` (see the module docstring)."""
     mask = scored_positions(rows, chains.vocab)
@@ -179,5 +174,4 @@ def unigram_accuracy(reference: np.ndarray, test: np.ndarray, vocab: Vocabulary)
     (the run publishes it with ``reference`` the public corpus: no training user's data)."""
     words = reference[:, 1:][scored_positions(reference, vocab)]
     top = int(np.argmax(np.bincount(words, minlength=vocab.size)))
-    mask = scored_positions(test, vocab)
-    return (float((test[:, 1:][mask] == top).mean()) if mask.any() else 0.0), top
+    return constant_accuracy(top, test, vocab), top

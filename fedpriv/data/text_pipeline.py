@@ -14,6 +14,11 @@
 Private text never reaches a tokenizer's training: the word vocabulary is the dataset's (public
 for synthetic; TFF's word counts for StackOverflow), SentencePiece sees only the public corpus.
 
+A loader may encode its splits with the subword tokenizer itself (``data=files``, which has no word
+vocabulary to go through: :func:`subword_tokenizer`, SentencePiece trained on the raw normalised
+public sentences): its dataset then carries the ``tokenizer``, and this pipeline re-encodes nothing,
+only adds the public corpus, encoded with that tokenizer.
+
 Whether the tokenizer fits the data is measured on the held-out **test** split only (its metrics
 are published anyway; the training users' text is never looked at): ``test_unknown_share`` is the
 share of its words that reach the model as no known token. Every test word unknown is refused
@@ -82,34 +87,67 @@ class RetokenizedUsers(Sequence):
         return rows
 
 
+def _public_texts(spec: TextPipeline) -> list[str]:
+    """The normalised sentences of the public source ``c4`` or ``text``."""
+    return public_texts(spec.public_source, spec.public_path, spec.public_max_sentences, spec.public_text_field)
+
+
 def _public_corpus(data: FederatedDataset, spec: TextPipeline) -> PublicCorpus | None:
+    """The public corpus ``spec.public_source`` names, encoded with the dataset's tokenizer where
+    its loader set one (``data=files`` under a subword tokenizer), else with its word vocabulary."""
     if spec.public_source == "none":
         return None
     if spec.public_source == "embedded":
         return data.public
+    if data.tokenizer is not None:
+        return PublicCorpus(sentences=encode_rows(data.tokenizer, _public_texts(spec), data.seq_len)[0])
     if data.vocab.words is None:
         raise ConfigError(f"data.public_source={spec.public_source} needs a dataset with a word vocabulary")
-    texts = public_texts(spec.public_source, spec.public_path, spec.public_max_sentences, spec.public_text_field)
-    rows, _ = encode_rows(WordTokenizer(data.vocab.words), texts, data.seq_len)
+    rows, _ = encode_rows(WordTokenizer(data.vocab.words), _public_texts(spec), data.seq_len)
     return PublicCorpus(sentences=rows)
 
 
-def _subword_tokenizer(data: FederatedDataset, spec: TextPipeline) -> Tokenizer:
-    """``sentencepiece``: trained here on the public sentences; ``hf``: loaded from a local directory."""
+def subword_tokenizer(spec: TextPipeline, public: Sequence[str] | None) -> Tokenizer:
+    """``sentencepiece``: trained here on the sentences ``public`` (the public corpus, never private
+    text; None: the run has none); ``hf``: loaded from a local directory (``public`` unused)."""
     if spec.tokenizer == "hf":
         return HFTokenizer.load(spec.tokenizer_path)
-    if data.public is None:
+    if public is None:
         raise ConfigError("data.tokenizer=sentencepiece trains on the public corpus, and this run has none "
                           "(set data.public_source)")
-    return SentencePieceTokenizer.train(rows_to_texts(data.public.sentences, data.vocab), spec.sp_vocab_size,
-                                        spec.sp_model_type)
+    return SentencePieceTokenizer.train(public, spec.sp_vocab_size, spec.sp_model_type)
+
+
+def public_subword_tokenizer(spec: TextPipeline) -> Tokenizer:
+    """The subword tokenizer of a dataset without a word vocabulary (``data=files``): SentencePiece
+    trained on the raw normalised sentences of ``spec.public_source`` (c4 or text), or ``hf``'s."""
+    has_text = spec.tokenizer == "sentencepiece" and spec.public_source in ("c4", "text")
+    return subword_tokenizer(spec, _public_texts(spec) if has_text else None)
+
+
+def token_seq_len(spec: TextPipeline, word_seq_len: int) -> int:
+    """Subword tokens per row: ``data.sp_seq_len``, else twice the word ``seq_len``."""
+    return spec.sp_seq_len or 2 * word_seq_len
+
+
+def token_vocabulary(tok: Tokenizer) -> Vocabulary:
+    """The id layout of a subword tokenizer (no words)."""
+    return Vocabulary(size=tok.size, bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id, oov_id=tok.oov_id)
+
+
+def _subword_tokenizer(data: FederatedDataset, spec: TextPipeline) -> Tokenizer:
+    """``sentencepiece``: trained here on the public sentences (word rows as text); ``hf``: loaded."""
+    if spec.tokenizer == "hf":
+        return subword_tokenizer(spec, None)
+    public = None if data.public is None else rows_to_texts(data.public.sentences, data.vocab)
+    return subword_tokenizer(spec, public)
 
 
 def _retokenize(data: FederatedDataset, spec: TextPipeline) -> FederatedDataset:
     """Every split re-encoded with a subword tokenizer into rows of ``sp_seq_len + 1`` ids."""
     tok = _subword_tokenizer(data, spec)
-    seq_len = spec.sp_seq_len or 2 * data.seq_len
-    vocab = Vocabulary(size=tok.size, bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id, oov_id=tok.oov_id)
+    seq_len = token_seq_len(spec, data.seq_len)
+    vocab = token_vocabulary(tok)
     test, test_word_of = encode_rows(tok, rows_to_texts(data.test, data.vocab), seq_len)
     public = None
     if data.public is not None:
@@ -128,21 +166,30 @@ def apply_text_pipeline(data: FederatedDataset, spec: TextPipeline | Mapping[str
     if isinstance(spec, Mapping):
         spec = schema.load("data", dict(spec))
     data = replace(data, public=_public_corpus(data, spec))
+    if data.tokenizer is not None:  # encoded by its loader, which measured the test split's coverage
+        return data
     return _with_test_coverage(data, data if spec.tokenizer == "word" else _retokenize(data, spec), spec.tokenizer)
 
 
 def _with_test_coverage(words: FederatedDataset, data: FederatedDataset, tokenizer: str) -> FederatedDataset:
-    """``data`` (``words`` re-encoded, or ``words`` itself) with ``test_unknown_share``: the share of
-    the test split's words that reach the model as no known token (``words.test`` as text, encoded
-    by ``data.tokenizer`` or the word vocabulary). Every test word unknown is a :class:`ConfigError`;
-    more than :data:`UNKNOWN_WARN` is a warning. Only the test split is read: its metrics are
-    published, the training users' text is not looked at."""
+    """``data`` (``words`` re-encoded, or ``words`` itself) with ``test_unknown_share``
+    (:func:`checked_unknown_share` of ``words.test`` as text, encoded by ``data.tokenizer`` or the word
+    vocabulary)."""
     if words.vocab.words is None:
         return data
     encoder = data.tokenizer if data.tokenizer is not None else WordTokenizer(words.vocab.words)
-    share = unknown_word_share(encoder, rows_to_texts(words.test, words.vocab))
+    share = checked_unknown_share(encoder, rows_to_texts(words.test, words.vocab), tokenizer)
+    return data if share is None else replace(data, test_unknown_share=share)
+
+
+def checked_unknown_share(encoder: Tokenizer, test_texts: Sequence[str], tokenizer: str) -> float | None:
+    """The share of the test split's words (``test_texts``) that reach the model as no known token
+    when ``encoder`` (the ``data.tokenizer`` named ``tokenizer``) encodes them; None for no word.
+    Every test word unknown is a :class:`ConfigError`; more than :data:`UNKNOWN_WARN` is a warning.
+    Only the test split is read: its metrics are published, the training users' text is not looked at."""
+    share = unknown_word_share(encoder, test_texts)
     if share is None:
-        return data
+        return None
     what, fix = _TOKENIZER_FIX.get(tokenizer, ("the tokenizer", "use one that fits the data"))
     if share >= 1.0:
         raise ConfigError(f"every word of the test split is unknown to {what}: a model could learn only the unknown "
@@ -151,4 +198,6 @@ def _with_test_coverage(words: FederatedDataset, data: FederatedDataset, tokeniz
         log.warning(f"{share:.0%} of the test split's words are unknown to {what} (test_unknown_share, a statistic "
                     "of the test split, published like its metrics): the model learns to predict the unknown token, "
                     f"which the accuracy leaves out, so the loss can fall while the accuracy stays near 0; {fix}")
-    return replace(data, test_unknown_share=share)
+    return share
+
+

@@ -9,6 +9,9 @@ A word the vocabulary does not hold is the OOV id. Words may be ``str`` or the U
 those strings (the sqlite file's tokens are bytes): the lookup of each kind maps a word to the same
 id, so both give identical rows. (:func:`fedpriv.text.tokenizers.encode_rows` differs: it always keeps
 EOS, for subword tokenizers.)
+
+:func:`scored_positions` is the accuracy's mask (targets that are words) and :func:`constant_accuracy`
+the accuracy of always predicting one word: the unigram baselines the loaders publish.
 """
 
 from __future__ import annotations
@@ -61,6 +64,19 @@ def test_subset(n: int, limit: int, seed: int) -> np.ndarray:
     if n > limit:
         return np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False)).astype(np.int64)
     return np.arange(n, dtype=np.int64)
+
+
+def scored_positions(rows: np.ndarray, vocab: Vocabulary) -> np.ndarray:
+    """Mask ``[N, L]`` of positions the accuracy counts: the target ``rows[:, 1:]`` is a word (not
+    pad, OOV, EOS, BOS)."""
+    tgt = rows[:, 1:]
+    return ~np.isin(tgt, vocab.excluded_from_accuracy()) & (tgt != vocab.bos_id)
+
+
+def constant_accuracy(word: int, rows: np.ndarray, vocab: Vocabulary) -> float:
+    """Accuracy on ``rows`` of always predicting the id ``word`` (0.0 where no target is scored)."""
+    mask = scored_positions(rows, vocab)
+    return float((rows[:, 1:][mask] == word).mean()) if mask.any() else 0.0
 
 
 test_subset.__test__ = False  # type: ignore[attr-defined]  # a library function, not a pytest test where imported

@@ -105,6 +105,7 @@ class RunConfig(Section):
             raise ConfigError("privacy.research_key=seed shares randomness between runs: research mode only "
                               "(privacy.secure_rng=false, and not backend=deployment)")
         self.model.check_selected(_key(path, "model"))
+        self.data.check_run(self)
         self.mechanism.check_run(self)
         if self.aggregation == "secagg":
             self._check_secure_aggregation(path)

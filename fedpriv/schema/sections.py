@@ -493,10 +493,16 @@ class TextPipeline(Option):
         is public; None when only the data tells it (then ``population`` must state it)."""
         return None
 
+    def check_run(self, spec) -> None:  # noqa: B027 — most datasets need nothing else of the run
+        """Refuse (``ConfigError``) a run configuration (``spec``, the whole ``RunConfig``) that
+        selects this option without an input it cannot load without (its preset itself passes
+        :meth:`check`): checked when the config is parsed, before anything is written."""
+
     @abc.abstractmethod
     def load_words(self):
-        """The dataset as a :class:`fedpriv.data.federated.FederatedDataset` of word ids (users'
-        training sentences, a test split, the public corpus where the option has one)."""
+        """The dataset as a :class:`fedpriv.data.federated.FederatedDataset` of word ids, or of the
+        ids of the subword tokenizer it set (``data=files``: its ``tokenizer``; users' training
+        sentences, a test split, the public corpus where the option has one)."""
 
 
 @dataclass
