@@ -1,6 +1,6 @@
 """``data=files``: your own federated text — JSON Lines, JSON, CSV, Parquet or a ``datasets``
-``save_to_disk`` directory with a user column — as a :class:`FederatedDataset`, meeting the same
-contract as the StackOverflow file and the synthetic corpus.
+``save_to_disk`` directory with a user column, or ``.txt`` files of one user each — as a
+:class:`FederatedDataset`, meeting the same contract as the StackOverflow file and the synthetic corpus.
 
 Reading (:mod:`fedpriv.data.files_source`: offline, converted to Arrow once and cached by content,
 never written next to the data) and the per-user index (:mod:`fedpriv.data.files_index`) are shared
@@ -368,7 +368,8 @@ class FilesData(TextPipeline):
 
     name: str = NAME
     # a .jsonl/.json/.csv file (optionally .gz) or .parquet file, a glob or a directory of them, or a directory
-    # written by datasets' save_to_disk (a DatasetDict's splits are the split)
+    # written by datasets' save_to_disk (a DatasetDict's splits are the split); .txt files: one user per file
+    # (columns file: its path relative to data.path, the user id; text: one row per non-empty line)
     path: Optional[str] = field(default=None, metadata=LOCATION)
     user_column: Optional[str] = None  # the column of each row's user id (required)
     text_column: Optional[str] = None  # the column of each row's text (required)
