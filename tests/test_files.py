@@ -56,7 +56,7 @@ def test_a_run_without_a_public_vocabulary_or_tokenizer_is_refused_before_anythi
     assert res.returncode == 2, res.stderr
     assert res.stderr.splitlines() == [f"error: {NO_PUBLIC_TOKENIZATION}"] and "Traceback" not in res.stderr
     for option in ("data.vocab_path", "data.tokenizer=sentencepiece", "data.public_source", "data.tokenizer=hf",
-                   "data.tokenizer_path"):
+                   "data.tokenizer_path", "python -m fedpriv.data word-counts PUBLIC_TEXT -o FILE"):
         assert option in res.stderr
     assert not run.exists() and not (tmp_path / "cache").exists()  # nothing written, not even the data cache
 
