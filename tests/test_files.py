@@ -56,7 +56,7 @@ def test_a_run_without_a_public_vocabulary_or_tokenizer_is_refused_before_anythi
     assert res.returncode == 2, res.stderr
     assert res.stderr.splitlines() == [f"error: {NO_PUBLIC_TOKENIZATION}"] and "Traceback" not in res.stderr
     for option in ("data.vocab_path", "data.tokenizer=sentencepiece", "data.public_source", "data.tokenizer=hf",
-                   "data.tokenizer_path"):
+                   "data.tokenizer_path", "python -m fedpriv.data word-counts PUBLIC_TEXT -o FILE"):
         assert option in res.stderr
     assert not run.exists() and not (tmp_path / "cache").exists()  # nothing written, not even the data cache
 
@@ -174,6 +174,28 @@ def test_without_a_split_column_whole_users_are_held_out_by_the_public_rule(tmp_
     assert sorted(decoded) == sorted(test_sentences)  # every test user's sentences, and nothing else
     assert "held-out test users" in data.reference_source
     assert _tiny(tmp_path, max_users=5).load_words().users.count == 5
+
+
+def test_txt_files_are_one_user_each_and_every_line_a_row(tmp_path):
+    """``.txt`` input: a user per file (its path under data.path), a row per non-empty line."""
+    data = tmp_path / "users"
+    names = [f"{'group/' if i % 3 == 0 else ''}user{i:02d}.txt" for i in range(16)]
+    for i, name in enumerate(names):
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).write_text("".join(f"How to sort {'a list' if j % 2 else 'it'}?\n\n" for j in range(i % 4 + 1)))
+    counts = tmp_path / "counts.txt"
+    counts.write_text("how\t9\nto\t8\nsort\t7\n?\t6\na\t5\nlist\t4\n")
+    data = _data(path=str(data), user_column="file", text_column="text", vocab_path=str(counts),
+                 seq_len=6).load_words()
+    is_test = split_of(sorted(names), 0.1, 0)
+    train = [n for n, t in zip(sorted(names), is_test) if not t]
+    assert len(data.users) == len(train) and is_test.any()
+    bos, eos, oov = data.vocab.bos_id, data.vocab.eos_id, data.vocab.oov_id
+    for i, name in enumerate(train):
+        lines = names.index(name) % 4 + 1
+        want = [[bos, 1, 2, 3, oov, 4, eos] if j % 2 == 0 else [bos, 1, 2, 3, 5, 6, 4] for j in range(lines)]
+        np.testing.assert_array_equal(data.users[i], want)  # seq_len 6: "how to sort a list ?" loses its EOS
+    assert len(data.test) == sum(names.index(n) % 4 + 1 for n, t in zip(sorted(names), is_test) if t)
 
 
 def test_tff_preprocessing_splits_and_normalises_sentences(tmp_path):

@@ -241,8 +241,14 @@ BAD = {
                                   ["without a 'train' split"]),
     "split column on a DatasetDict": (lambda t: str(save_to_disk(t / "s", as_dict=True)), ("user", "text", "split"),
                                       ["data.split_column cannot be used", "DatasetDict"]),
-    "txt files": (lambda t: put(t / "u1.txt", "hi"), ("user", "text"),
-                  ["not supported yet"]),
+    "txt not UTF-8": (lambda t: put(t / "d" / "a.txt", "fine\n") and put(t / "d" / "b.txt", b"caf\xe9\n")
+                      and str(t / "d"), ("file", "text"), ["cannot read", "b.txt", "not UTF-8"]),
+    "txt without a line": (lambda t: put(t / "d" / "a.txt", "fine\n") and put(t / "d" / "b.txt", " \n\n")
+                           and str(t / "d"), ("file", "text"), ["cannot read", "b.txt", "no non-empty line"]),
+    "txt columns": (lambda t: put(t / "u1.txt", "hi\n"), ("user", "text"),
+                    ["data.user_column='user'", "its columns: file, text"]),
+    "txt beside other formats": (lambda t: str(write(t / "d" / "a.jsonl") and put(t / "d" / "b.txt", "x\n")
+                                               and t / "d"), ("file", "text"), ["mixes file formats", "text"]),
     "mixed formats": (lambda t: str(write(t / "d" / "a.csv") and write(t / "d" / "b.jsonl") and t / "d"),
                       ("user", "text"), ["mixes file formats", "CSV", "JSON Lines"]),
     "no data in a directory": (lambda t: put(t / "d" / "notes.md", "x") and str(t / "d"),
@@ -297,3 +303,32 @@ def test_a_fresh_process_writes_nothing_under_home_and_opens_no_socket(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr == ""
     assert list(home.rglob("*")) == []
+
+
+# --- .txt files: one user per file ------------------------------------------------------------------
+
+def test_txt_files_are_one_user_each_named_by_their_path_under_data_path(tmp_path):
+    data = tmp_path / "data"
+    put(data / "b.txt", "Hello there.\n\n  \r\nsecond line\r\n")  # blank lines are no rows; CRLF dropped
+    put(data / "a" / "c.txt", "nested user\n")
+    (data / "z.txt.gz").write_bytes(gzip.compress("gzipped\n".encode()))
+    (data / ".hidden.txt").write_text("not read\n")
+    before = _snapshot(data)
+    source = fs.open_source(str(data), "file", "text")
+    got = list(zip(*(source.train.data.table.column(c).to_pylist() for c in ("file", "text"))))
+    assert got == [("a/c.txt", "nested user"), ("b.txt", "Hello there."), ("b.txt", "second line"),
+                   ("z.txt.gz", "gzipped")]
+    assert source.kind == "txt" and source.converted and source.split == "users"
+    assert fs.open_source(str(data), "file", "text").converted is False  # cached by content
+    assert _snapshot(data) == before  # written into the cache, never next to the data
+    one = fs.open_source(str(data / "b.txt"), "file", "text")  # a single file: its own name
+    assert one.train.data.table.column("file").to_pylist() == ["b.txt", "b.txt"]
+
+
+def test_a_renamed_txt_file_is_another_user(tmp_path):
+    """The names are the user ids, so they are part of the cache key (the content alone is not)."""
+    first = put(tmp_path / "one" / "alice.txt", "same text\n")
+    second = put(tmp_path / "two" / "bob.txt", "same text\n")
+    a, b = fs.open_source(first, "file", "text"), fs.open_source(second, "file", "text")
+    assert a.entry != b.entry
+    assert b.train.data.table.column("file").to_pylist() == ["bob.txt"]

@@ -293,6 +293,8 @@ def test_graph_checks_see_what_they_guard():
     assert any(b.startswith("fedpriv.data.word_rows imports fedpriv.data.stackoverflow:") for b in never_violations(
         {**graph, "fedpriv.data.word_rows": graph["fedpriv.data.word_rows"] | {"fedpriv.data.stackoverflow"}}))
     assert _is_cli("fedpriv.simulate") and _is_cli("fedpriv.audit.__main__") and not _is_cli("fedpriv.runner")
+    assert floor_of("fedpriv.data.__main__") == "entry points" and floor_of("fedpriv.data.files_inspect") == "parts"
+    assert "fedpriv.compose" in graph["fedpriv.data.__main__"]  # the CLI composes; the parts below it never do
 
 
 # ---- function-level imports: a module's imports sit at its top; one inside a function stays there

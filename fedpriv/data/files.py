@@ -1,6 +1,6 @@
 """``data=files``: your own federated text — JSON Lines, JSON, CSV, Parquet or a ``datasets``
-``save_to_disk`` directory with a user column — as a :class:`FederatedDataset`, meeting the same
-contract as the StackOverflow file and the synthetic corpus.
+``save_to_disk`` directory with a user column, or ``.txt`` files of one user each — as a
+:class:`FederatedDataset`, meeting the same contract as the StackOverflow file and the synthetic corpus.
 
 Reading (:mod:`fedpriv.data.files_source`: offline, converted to Arrow once and cached by content,
 never written next to the data) and the per-user index (:mod:`fedpriv.data.files_index`) are shared
@@ -76,7 +76,8 @@ NAME = "files"
 # the refusal of a run with no public tokenization (one line, naming every way to give one)
 NO_PUBLIC_TOKENIZATION = (
     "data=files needs a public vocabulary or tokenizer: data.vocab_path=WORD_COUNT_FILE (word<TAB>count lines, "
-    "most frequent first, counted on public text, with data.vocab_size), data.tokenizer=sentencepiece with "
+    "most frequent first, counted on public text: python -m fedpriv.data word-counts PUBLIC_TEXT -o FILE; with "
+    "data.vocab_size), data.tokenizer=sentencepiece with "
     "data.public_source=text data.public_path=PUBLIC_TEXT (or c4: trained on that public text only), or "
     "data.tokenizer=hf data.tokenizer_path=DIR; none is made from your users' own text, which would not be private")
 
@@ -152,6 +153,25 @@ def _mismatch(opened: Opened, what: str) -> ConfigError:
 # ---------------------------------------------------------------------------------------------
 
 
+def user_sentences(opened: Opened, reading: Reading, i: int, max_rows: int | None = None) -> list[str]:
+    """Train user ``i``'s sentences, from its rows in file order (the first ``max_rows`` rows;
+    None: all). Every row read is checked to hold the user's id (and, under a split column,
+    ``train``); a user whose rows hold no word is a :class:`ConfigError`."""
+    number = int(opened.numbers[i])
+    user_id = opened.index.id_of(number)
+    positions = opened.index.rows_of(number)
+    got = opened.source.train[(positions if max_rows is None else positions[:max_rows]).tolist()]
+    if any(u != user_id for u in _column(got[reading.user_column])):
+        raise _mismatch(opened, f"a row read for user {i} holds another user id")
+    if opened.source.split == "column" and any(s != TRAIN for s in _column(got[reading.split_column])):
+        raise _mismatch(opened, f"a row read for user {i} is not a {TRAIN!r} row")
+    sentences = [s for text in _column(got[reading.text_column]) for s in reading.sentences(text)]
+    if not sentences:
+        raise ConfigError(f"the rows of user {i} of {reading.path!r} hold no word after data.preprocess="
+                          f"{reading.preprocess}: every user needs a sentence")
+    return sentences
+
+
 @dataclass(frozen=True)
 class Encoding:
     """How sentences become rows: TFF's word rows under ``vocab`` (``tokenizer`` None), else the
@@ -210,20 +230,8 @@ class FilesUsers(LazyUsers):
         return opened
 
     def _read(self, i: int) -> np.ndarray:
-        opened: Opened = self._handle()
-        number = int(opened.numbers[i])
-        user_id = opened.index.id_of(number)
-        positions = opened.index.rows_of(number)[:self.max_sentences]  # a row holds at least one sentence
-        got = opened.source.train[positions.tolist()]
-        if any(u != user_id for u in _column(got[self.reading.user_column])):
-            raise _mismatch(opened, f"a row read for user {i} holds another user id")
-        if opened.source.split == "column" and any(
-                s != TRAIN for s in _column(got[self.reading.split_column])):
-            raise _mismatch(opened, f"a row read for user {i} is not a {TRAIN!r} row")
-        sentences = [s for text in _column(got[self.reading.text_column]) for s in self.reading.sentences(text)]
-        if not sentences:
-            raise ConfigError(f"the rows of user {i} of {self.reading.path!r} hold no word after data.preprocess="
-                              f"{self.reading.preprocess}: every user needs a sentence")
+        # a row holds at least one sentence: the first max_sentences rows hold the first max_sentences sentences
+        sentences = user_sentences(self._handle(), self.reading, i, max_rows=self.max_sentences)
         return self.encoding.rows(sentences[:self.max_sentences])
 
     def __repr__(self) -> str:
@@ -290,6 +298,18 @@ def _reference_source(split: str) -> str:
     return f"the public word-count file's most frequent word (data.vocab_path), scored on {where}"
 
 
+def encoding_of(spec: "FilesData") -> Encoding:
+    """How the run ``spec`` encodes sentences (the module docstring): ``tokenizer=word``, the first
+    ``vocab_size`` words of ``vocab_path`` in TFF's layout; else the public subword tokenizer, rows
+    of ``sp_seq_len`` (or twice ``seq_len``) tokens."""
+    spec.check_public_tokenization()
+    if spec.tokenizer == "word":
+        return Encoding(Vocabulary.of_words(read_word_counts(spec.vocab_path, spec.vocab_size, "data.vocab_path")),
+                        spec.seq_len)
+    tok = public_subword_tokenizer(spec)
+    return Encoding(token_vocabulary(tok), token_seq_len(spec, spec.seq_len), tok)
+
+
 def load_files(spec: "FilesData") -> FederatedDataset:
     """The dataset ``spec`` (a :class:`FilesData`) names (the module docstring). Bad input is one
     :class:`ConfigError` line; an unwritable cache one :class:`~fedpriv.errors.OutputError` line."""
@@ -304,22 +324,17 @@ def load_files(spec: "FilesData") -> FederatedDataset:
     info: dict[str, Any] = {"path": reading.path, "format": files_source.DESCRIBED[opened.source.kind],
                             "split": opened.source.split, "preprocess": reading.preprocess,
                             "max_sentences_per_user": spec.max_sentences_per_user}
-    if spec.tokenizer == "word":
-        words = read_word_counts(spec.vocab_path, spec.vocab_size, "data.vocab_path")
-        vocab = Vocabulary.of_words(words)
-        encoding = Encoding(vocab, spec.seq_len)
+    encoding = encoding_of(spec)
+    vocab, tok = encoding.vocab, encoding.tokenizer
+    if tok is None:
         test, test_word_of, share = encoding.rows(texts), None, None  # the text pipeline measures the share
         unigram, reference = word_rows.constant_accuracy(1, test, vocab), _reference_source(opened.source.split)
-        info.update(vocab_size=len(words), vocab_source=str(spec.vocab_path))
+        info.update(vocab_size=len(vocab.words or ()), vocab_source=str(spec.vocab_path))
     else:
-        tok = public_subword_tokenizer(spec)
-        seq_len = token_seq_len(spec, spec.seq_len)
-        vocab = token_vocabulary(tok)
-        encoding = Encoding(vocab, seq_len, tok)
-        test, test_word_of = encode_rows(tok, texts, seq_len)
+        test, test_word_of = encode_rows(tok, texts, encoding.seq_len)
         share = checked_unknown_share(tok, texts, spec.tokenizer)
         unigram = reference = None
-        info.update(tokenizer=spec.tokenizer, token_vocab_size=tok.size, token_seq_len=seq_len)
+        info.update(tokenizer=spec.tokenizer, token_vocab_size=tok.size, token_seq_len=encoding.seq_len)
     users = FilesUsers(reading, opened.source.columns_key, len(opened.numbers), encoding, spec.max_sentences_per_user,
                        opened=opened)
     info.update(num_users=len(users), num_test=len(test))
@@ -368,7 +383,8 @@ class FilesData(TextPipeline):
 
     name: str = NAME
     # a .jsonl/.json/.csv file (optionally .gz) or .parquet file, a glob or a directory of them, or a directory
-    # written by datasets' save_to_disk (a DatasetDict's splits are the split)
+    # written by datasets' save_to_disk (a DatasetDict's splits are the split); .txt files: one user per file
+    # (columns file: its path relative to data.path, the user id; text: one row per non-empty line)
     path: Optional[str] = field(default=None, metadata=LOCATION)
     user_column: Optional[str] = None  # the column of each row's user id (required)
     text_column: Optional[str] = None  # the column of each row's text (required)

@@ -6,18 +6,24 @@ What ``data.path`` may name (:func:`resolve`):
 
 * a ``.jsonl`` / ``.json`` file (JSON Lines, or one JSON array of objects; optionally ``.gz``), a
   ``.csv`` file (optionally ``.gz``) or a ``.parquet`` file;
+* ``.txt`` files (optionally ``.gz``), one user per file: the table has the columns ``file`` (the
+  user id: the file's path relative to ``data.path``, or to the glob's common directory; a single
+  file's own name) and ``text`` (one row per non-empty line, as written), so a run names them
+  ``data.user_column=file data.text_column=text``; a file with no non-empty line, or that is not
+  UTF-8, is refused;
 * a glob, or a directory (every such file under it, recursively, sorted; files of other kinds and
   hidden files are not read), of files of one format;
 * a directory written by ``datasets``' ``save_to_disk``: a ``Dataset`` (``state.json``), or a
   ``DatasetDict`` (``dataset_dict.json``), whose split names act as the split column (``train``
   trained on, ``test`` evaluated, any other ignored).
 
-``.txt`` files (one user per file) are not read yet (refused in one line).
-
 Conversion (:func:`open_source`): ``datasets.load_dataset(builder, data_files=[...])`` with the
-builder of the files' suffix (``json``, ``csv``, ``parquet``) writes Arrow files; they are moved
-into a cache entry named after the *content* of the files (``content_digest.identity``, the
-digest the research key covers; ``datasets`` itself keys local files by path and mtime), so a copy
+builder of the files' suffix (``json``, ``csv``, ``parquet``; ``.txt`` files through
+``Dataset.from_generator``, into the same cache and never next to the data) writes Arrow files;
+they are moved into a cache entry named after the *content* of the files
+(``content_digest.identity``, the digest the research key covers, and for ``.txt`` the files'
+relative names too, which are the user ids; ``datasets`` itself keys local files by path and
+mtime), so a copy
 of the same data at another path opens the same Arrow files, memory-mapped
 (``Dataset.from_file``). A ``save_to_disk`` directory is opened in place (``load_from_disk``,
 memory-mapped, no copy). CSV is read with every column as text (``converters=str``,
@@ -75,12 +81,13 @@ FORMAT = "fedpriv-files-v1"  # the layout of a cache entry; part of its key
 TRAIN, TEST = "train", "test"
 SAVE_TO_DISK = "save_to_disk"
 # data file suffix (after an optional .gz) -> its format; the format's datasets builder
-KINDS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet"}
-GZIP_OK = ("jsonl", "json", "csv")
+KINDS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "txt"}
+BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "txt": "txt"}
+GZIP_OK = ("jsonl", "json", "csv", "txt")
 DESCRIBED = {"jsonl": "JSON Lines", "json": "JSON", "csv": "CSV", "parquet": "Parquet",
-             SAVE_TO_DISK: "a datasets save_to_disk directory"}
-WHAT = ".jsonl, .json or .csv (optionally .gz) or .parquet"
+             "txt": "text, one user per file", SAVE_TO_DISK: "a datasets save_to_disk directory"}
+WHAT = ".jsonl, .json, .csv or .txt (optionally .gz) or .parquet"
+TXT_USER, TXT_TEXT = "file", "text"  # the columns of .txt files: the user id (the file's relative path), a line
 STEP = 1 << 20  # rows per slice when a pass reads a column: the only rows it holds at once
 _USER_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer)
 _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string)
@@ -94,6 +101,7 @@ class Resolved:
     path: str  # as given
     kind: str  # a KINDS value, or SAVE_TO_DISK
     files: tuple[Path, ...]
+    root: Path | None = None  # the directory the files' relative names start from (the user ids of .txt files)
 
     @property
     def builder(self) -> str | None:
@@ -183,7 +191,7 @@ def resolve(path: str | os.PathLike | None) -> Resolved:
     shown = str(path)
     p = Path(shown).expanduser()
     if is_save_to_disk(p):
-        return Resolved(shown, SAVE_TO_DISK, (p,))
+        return Resolved(shown, SAVE_TO_DISK, (p,), p)
     found = files_of(shown)
     if found is None:
         raise ConfigError(f"data.path {shown!r}: no such file, directory or glob match")
@@ -193,14 +201,13 @@ def resolve(path: str | os.PathLike | None) -> Resolved:
         if not files:
             seen = sorted({"".join(f.suffixes) or f.name for f in matches if not _hidden(f, root)})
             more = f" (it holds {', '.join(seen[:5])}{', …' if len(seen) > 5 else ''})" if seen else " (it is empty)"
-            raise ConfigError(f"data.path {shown!r}: no {WHAT} file in this directory{more}"
-                              + _txt_note(matches))
+            raise ConfigError(f"data.path {shown!r}: no {WHAT} file in this directory{more}")
     else:
         files = matches
         bad = [f for f in files if _kind(f) is None]
         if bad:
             which = "is" if p.is_file() else f"matches {str(bad[0])!r}, which is"
-            raise ConfigError(f"data.path {shown!r} {which} not a {WHAT} file" + _txt_note(bad))
+            raise ConfigError(f"data.path {shown!r} {which} not a {WHAT} file")
     empty = [f for f in files if f.stat().st_size == 0]
     if empty:
         raise ConfigError(f"cannot read {str(empty[0])!r}: the file is empty")
@@ -209,13 +216,7 @@ def resolve(path: str | os.PathLike | None) -> Resolved:
     if len(builders) > 1:
         raise ConfigError(f"data.path {shown!r} mixes file formats ({', '.join(DESCRIBED[k] for k in kinds)}): "
                           "point it at the files of one format")
-    return Resolved(shown, kinds[0] if len(kinds) == 1 else "json", tuple(files))
-
-
-def _txt_note(files: list[Path]) -> str:
-    if any(f.suffix.lower() == ".txt" for f in files):
-        return "; .txt files (one user per file) are not supported yet"
-    return ""
+    return Resolved(shown, kinds[0] if len(kinds) == 1 else "json", tuple(files), root)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,7 +316,8 @@ def _key(resolved: Resolved, version: str) -> str:
         raise ConfigError(f"cannot read data.path {resolved.path!r} ({short_reason(err)})") from None
     if not content or content.get("missing"):
         raise ConfigError(f"data.path {resolved.path!r}: no such file, directory or glob match")
-    described = {"csv": "converters=str keep_default_na=False", "json": "parse_agent_traces=False"}
+    described = {"csv": "converters=str keep_default_na=False", "json": "parse_agent_traces=False",
+                 "txt": _txt_names(resolved)}  # .txt: the relative names are the user ids
     what = [FORMAT, content["sha256"], resolved.kind, described.get(resolved.builder or "", ""), version]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()
 
@@ -349,7 +351,44 @@ def _reason(err: BaseException) -> str:
     return short_reason(seen if seen is not None else err)
 
 
+def _txt_names(resolved: Resolved) -> list[str]:
+    """The user id of each ``.txt`` file: its path relative to :attr:`Resolved.root`, with ``/``."""
+    root = resolved.root if resolved.root is not None else Path(resolved.path).expanduser().parent
+    return [f.relative_to(root).as_posix() for f in resolved.files]
+
+
+def txt_rows(files: list[str], names: list[str]) -> Iterator[dict[str, str]]:
+    """The rows of ``.txt`` files (optionally gzipped): ``{"file": name, "text": line}`` per
+    non-empty line (its line break dropped, nothing else changed), file by file in order. A file
+    that is not UTF-8 text or has no non-empty line is a :class:`ConfigError` saying so (the caller
+    names the file: :func:`_conversion_error`)."""
+    for file, name in zip(files, names):
+        rows = 0
+        try:
+            with (gzip.open(file, "rt", encoding="utf-8") if file.lower().endswith(".gz")
+                  else open(file, encoding="utf-8")) as fh:
+                for line in fh:
+                    text = line.rstrip("\r\n")
+                    if text.strip():
+                        rows += 1
+                        yield {TXT_USER: name, TXT_TEXT: text}
+        except UnicodeDecodeError:
+            raise ConfigError("it is not UTF-8 text") from None
+        except (OSError, EOFError) as err:
+            raise ConfigError(short_reason(err)) from None
+        if not rows:
+            raise ConfigError("it has no non-empty line (a user's file needs text: one row per line)")
+
+
 def _convert_into(datasets, resolved: Resolved, files: list[Path], options: dict, cache_dir: Path):
+    if resolved.kind == "txt":  # one user per file: written into cache_dir by a generator (our cache only)
+        every = dict(zip(resolved.files, _txt_names(resolved)))
+        names = [every[f] for f in files]
+        features = datasets.Features({TXT_USER: datasets.Value("string"), TXT_TEXT: datasets.Value("string")})
+        fingerprint = hashlib.sha256(json.dumps([str(f) for f in files] + names).encode()).hexdigest()[:32]
+        return datasets.Dataset.from_generator(txt_rows, features=features, cache_dir=str(cache_dir),
+                                               gen_kwargs={"files": [str(f) for f in files], "names": names},
+                                               fingerprint=fingerprint)
     # escaped: datasets reads each name as a glob pattern ("rows[1].jsonl" would match nothing)
     return datasets.load_dataset(resolved.builder, data_files=[globbing.escape(str(f)) for f in files],
                                  split="train", cache_dir=str(cache_dir), **options)

@@ -20,11 +20,13 @@ import gzip
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
+from fedpriv.rundir import short_reason
 from fedpriv.schema.sections import missing_path_message
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
@@ -68,20 +70,39 @@ def _open(path: Path):
 def _documents_from_files(path: str | Path, text_field: str) -> Iterator[str]:
     for file in _files(path):
         kind = _suffix(file)
-        with _open(file) as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                if kind == ".txt":
-                    yield line
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ConfigError(f"{file}:{n}: not a JSON object per line ({err.msg})") from None
-                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                    raise ConfigError(f"{file}:{n}: no string field {text_field!r}")
-                yield record[text_field]
+        try:
+            with _open(file) as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    if kind == ".txt":
+                        yield line
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise ConfigError(f"{file}:{n}: not a JSON object per line ({err.msg})") from None
+                    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                        raise ConfigError(f"{file}:{n}: no string field {text_field!r}")
+                    yield record[text_field]
+        except UnicodeDecodeError:
+            raise ConfigError(f"{file}: not UTF-8 text") from None
+        except (OSError, EOFError) as err:  # unreadable, or a damaged .gz
+            raise ConfigError(f"cannot read {file} ({short_reason(err)})") from None
+
+
+def public_word_counts(path: str | Path, text_field: str = "text") -> Counter[str]:
+    """How often each word occurs in the normalised sentences (:func:`sentences`) of the local
+    public text at ``path`` (what ``public_source=text`` reads: ``.txt`` files, one document per
+    line, or ``.jsonl``/``.json`` with a ``text_field``, optionally gzipped; a directory or a glob of
+    them), all of it: the words ``data=files``' ``preprocess=tff`` makes of the same text."""
+    counts: Counter[str] = Counter()
+    for doc in _documents_from_files(path, text_field):
+        for sentence in sentences(doc):
+            counts.update(sentence.split())
+    if not counts:
+        raise ConfigError(f"the public text at {str(path)!r} has no sentences")
+    return counts
 
 
 def datasets_module():

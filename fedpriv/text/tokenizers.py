@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import logging
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,7 +164,11 @@ def unknown_word_share(tokenizer: Tokenizer, texts: Iterable[str]) -> float | No
     written :data:`UNKNOWN_WORD` (outside the dataset's own word vocabulary), or encoded by
     ``tokenizer`` to no token at all or to pieces that include its unknown id (``oov_id``). None
     when ``texts`` hold no word. Each distinct word is encoded once."""
-    counts = Counter(word for text in texts for word in text.split())
+    return unknown_share_of_counts(tokenizer, Counter(word for text in texts for word in text.split()))
+
+
+def unknown_share_of_counts(tokenizer: Tokenizer, counts: Mapping[str, int]) -> float | None:
+    """:func:`unknown_word_share` of text whose words occur ``counts[word]`` times."""
     total = sum(counts.values())
     if not total:
         return None

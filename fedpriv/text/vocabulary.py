@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 import os
 from pathlib import Path
@@ -81,3 +81,16 @@ def read_word_counts(
     if not words:
         raise ConfigError(f"{where} is not a word-count file: it lists no word")
     return words[:size]
+
+
+def word_count_text(counts: Mapping[str, int], min_count: int = 1) -> str:
+    """``counts`` in the format :func:`read_word_counts` reads (TFF's): one ``word<TAB>count`` line
+    per word seen at least ``min_count`` times, most frequent first, ties in code-point order. A word
+    with whitespace in it, or no word left, is a :class:`ConfigError`."""
+    kept = sorted(((w, n) for w, n in counts.items() if n >= min_count), key=lambda wn: (-wn[1], wn[0]))
+    if not kept:
+        raise ConfigError(f"no word occurs {min_count} times or more: lower the minimum count")
+    for word, _ in kept:
+        if not word or len(word.split()) != 1 or word.strip() != word:
+            raise ConfigError(f"{word!r} is not a word (a word-count line is one word, a tab and its count)")
+    return "".join(f"{word}\t{n}\n" for word, n in kept)
