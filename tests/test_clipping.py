@@ -286,6 +286,93 @@ def test_unprovable_batch_dims_fail_closed_naming_the_module(kind: str, module: 
     bk.detach()
 
 
+class OneKeyAttention(nn.Module):
+    """Causal attention (torch's scaled_dot_product_attention) on [B, T, d]: a query at position 0
+    attends to one key, so the output gradient of ``q`` there is zero in exact arithmetic and, as
+    float32 computes it (softmax backward ``P·(dP - rowsum(dO∘O))``), rounding noise."""
+
+    def __init__(self, d: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+
+        def split(h: torch.Tensor) -> torch.Tensor:
+            return h.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+
+        att = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)), is_causal=True)
+        return self.o(att.transpose(1, 2).reshape(b, t, d))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rounding_noise_of_a_gradient_that_is_zero_is_not_taken_for_mixing(seed: int) -> None:
+    """A false refusal (issue 52): a tiny HF Llama under client.dp=example stopped with "q_proj: a
+    sample's loss depends on other samples' rows" at a batch of 2 rows of 2 tokens (B == T: the
+    probe runs again) of a degraded model. The query gradient at position 0 is float32 rounding
+    noise (float64: ~1e-14), which the probe's old weights (uniform in [0.5, 1.5]) rounded
+    differently from the unweighted backward: a deviation of 1e-2 of that call's gradient (1e-3 allowed).
+    With one token per row the whole query gradient is such noise (refused at almost every seed
+    before); batch 8 = d puts the batch size in another dim, so the probe runs on that step too.
+    Powers-of-two weights scale the backward exactly, and the clipped sum is torch.func's."""
+    torch.manual_seed(seed)
+    model = OneKeyAttention()
+    bk = BookKeeping(model, clip_norm=1.0)
+    for b in (3, 8):
+        x = torch.randn(b, 1, 8)
+        bk.backward(model(x).pow(2).sum((1, 2)))
+    bk.detach()
+    check_against_reference(model, lambda m, x: m(x).pow(2).sum((1, 2)), (torch.randn(8, 1, 8),), "mixopt")
+
+
+def test_the_probe_weights_scale_a_separable_backward_bit_for_bit() -> None:
+    """``±2^k`` weights, all distinct in a batch of up to 50: for a separable model the weighted
+    output gradients are the weights times the unweighted ones in every bit, rounding included
+    (where a non-dyadic weight changes the rounding of the noise above)."""
+    from fedpriv.clipping.provenance import probe_weights
+
+    weights = probe_weights(50, torch.Generator().manual_seed(1))
+    exponents = torch.log2(weights.abs())
+    assert len(set(weights.tolist())) == 50 and torch.equal(exponents, exponents.round())
+    assert exponents.abs().max() <= 12 and (weights < 0).any() and (weights > 0).any()
+    torch.manual_seed(0)
+    model, x = OneKeyAttention(), torch.randn(8, 2, 8)
+    q = []
+    handle = model.q.register_forward_hook(lambda module, args, out: q.append(out))
+    loss = model(x).pow(2).sum((1, 2))
+    handle.remove()
+    w = probe_weights(8, torch.Generator().manual_seed(2)).float()
+    plain, = torch.autograd.grad(loss.sum(), q, retain_graph=True)
+    weighted, = torch.autograd.grad((loss * w).sum(), q)
+    assert plain.abs().max() > 0 and torch.equal(weighted, w.view(8, 1, 1) * plain)
+
+
+class SwapTwo(nn.Module):
+    """Row ``i`` of a Linear's output goes to sample ``j``'s loss and back: one pair mixed."""
+
+    def __init__(self, i: int, j: int) -> None:
+        super().__init__()
+        self.i, self.j = i, j
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        order = torch.arange(x.shape[0])
+        order[self.i], order[self.j] = self.j, self.i
+        return self.lin(x)[order]
+
+
+@pytest.mark.parametrize("batch, i, j", [(2, 0, 1), (3, 2, 0), (50, 7, 42), (51, 0, 50), (120, 3, 110)])
+def test_one_mixed_pair_is_refused_by_the_separability_probe(batch: int, i: int, j: int) -> None:
+    """The powers-of-two weights still see a single swapped pair (distinct weights differ by a
+    factor of at least 2), at batch sizes within and beyond the 50 distinct weights."""
+    model = SwapTwo(i, j)
+    bk = BookKeeping(model, clip_norm=1.0)
+    with pytest.raises(UnsupportedLayerError, match=r"^lin \(Linear\): a sample's loss depends on other samples' rows"):
+        bk.backward(model(torch.randn(batch, 4)).pow(2).sum(1))
+    bk.detach()
+
+
 class SharedPositions(nn.Module):
     """Positions arange(T) (no batch dim, made in the forward) beside dropout; counts forwards."""
 

@@ -28,7 +28,11 @@ What it proves, for every hooked module call of one step:
    pass this replay and the separability probe below on its layer's first backward.
 3. *Separability of the loss* (:func:`separability_probe`, :func:`check_separable`). No sample's
    loss depends on another sample's row of a hooked call's output: a second backward with random
-   per-sample weights must scale each row's output gradient by its own sample's weight. It runs on
+   per-sample weights must scale each row's output gradient by its own sample's weight. The weights
+   are signed powers of two (:func:`probe_weights`), so that for a separable model the scaling is
+   exact in floating point, rounding included (a non-dyadic weight changed the rounding of a
+   gradient that is zero in exact arithmetic, an attention query over one key, and refused sound
+   models); distinct weights differ by a factor of at least 2. It runs on
    an engine's first backward and whenever some hooked input has the batch size in another dim
    too (:func:`ambiguous_batch_dim`), where a permutation of the batch with that dim keeps every
    shape.
@@ -72,8 +76,13 @@ forward can be run again (no side effects that matter); the model modifies neith
 nor a hooked call's input in place; a module that declares :func:`computed_from` owns the claim's
 truth; views are recognised by their storage (a view of the input shares its storage); the model's
 structure does not change between backwards without an ambiguous batch dim (the separability check
-is then not repeated); and a dependence across samples smaller than the check's float32 tolerance
-(1e-3 relative, on per-row fingerprints) goes unnoticed. Of the forward replay: a forward that mixes
+is then not repeated); a dependence across samples smaller than the check's tolerance (1e-3
+relative, on per-row fingerprints), or only between samples that drew the same probe weight (none
+in a batch of up to 50; each other pair with probability 1/50), goes unnoticed; and the backward
+is linear in its upstream gradient and reproducible, so that a power-of-two weight scales it
+exactly (a kernel whose summation order changes between two backwards, GPU atomics, may still
+show rounding noise above the tolerance where a gradient is a cancellation: a refusal, never a
+pass). Of the forward replay: a forward that mixes
 samples does so at the replayed steps too (between two replays its mixing is assumed the same as at
 the next one, or at the first replay of its arguments' shapes; ``replay_every=1`` replays every
 step); a kept row that depends on a perturbed sample changes in some bit (a dependence the
@@ -463,13 +472,37 @@ def ambiguous_batch_dim(calls: Sequence[RecordedCall], batch: int) -> bool:
     return any(batch in tuple(c.input.shape[1:]) for c in calls)
 
 
+PROBE_EXPONENTS = 12  # probe weights ±2^k, |k| <= PROBE_EXPONENTS: 2 · 25 = 50 distinct values
+
+
+def probe_weights(batch: int, generator: torch.Generator) -> Tensor:
+    """The separability probe's weights [batch] (float64; exact in any float dtype): each ``±2^k``,
+    ``k`` an integer in ``[-PROBE_EXPONENTS, PROBE_EXPONENTS]``, drawn as consecutive random
+    permutations of those 50 values (``generator``), so that the samples of a batch of up to 50
+    all have distinct weights and two others share one with probability 1/50.
+
+    Why powers of two: multiplying by ``2^k`` or negating is exact in IEEE arithmetic (short of
+    overflow or underflow), and a backward is linear in its upstream gradient, so a separable
+    model's weighted backward computes ``w_i`` times the unweighted one *bit for bit*, rounding
+    included. With a non-dyadic weight the two backwards round differently, which shows where a
+    gradient is a cancellation: a query attending to one key has an output gradient that is zero in
+    exact arithmetic and float32 rounding noise as computed (``P·(dP - rowsum(dO∘O))``, softmax
+    backward), which no weight scales, and it exceeded the tolerance in sound models. Where row i
+    depends on sample j ≠ i, its weighted gradient differs from ``w_i`` times the unweighted one by
+    ``(w_j - w_i)·∂ℓ_j/∂y[i]``, and ``|w_j/w_i - 1| ≥ 1/2`` for distinct weights."""
+    values = torch.tensor([sign * 2.0 ** k for k in range(-PROBE_EXPONENTS, PROBE_EXPONENTS + 1)
+                           for sign in (1.0, -1.0)], dtype=torch.float64)
+    rounds = -(-batch // len(values))
+    order = torch.cat([torch.randperm(len(values), generator=generator) for _ in range(rounds)])
+    return values[order[:batch]]
+
+
 def separability_probe(loss: Tensor, calls: Sequence[RecordedCall]
                        ) -> tuple[Tensor, list[Optional[tuple[Tensor, Tensor]]]]:
-    """The weighted backward of :func:`check_separable`, run first (graph retained) and kept
-    only as per-row fingerprints (with the projection directions, reused for the unweighted
-    gradient), so the check holds at most one set of output gradients."""
-    weights = torch.rand(loss.shape[0], generator=torch.Generator().manual_seed(0x5EED),
-                         dtype=loss.dtype).to(loss.device) + 0.5
+    """The weighted backward of :func:`check_separable` (weights: :func:`probe_weights`), run first
+    (graph retained) and kept only as per-row fingerprints (with the projection directions, reused
+    for the unweighted gradient), so the check holds at most one set of output gradients."""
+    weights = probe_weights(loss.shape[0], torch.Generator().manual_seed(0x5EED)).to(loss.dtype).to(loss.device)
     probe = list(torch.autograd.grad((loss * weights).sum(), [c.edge for c in calls], allow_unused=True,
                                      retain_graph=True))
     prints: list[Optional[tuple[Tensor, Tensor]]] = []
@@ -495,7 +528,11 @@ def check_separable(calls: Sequence[RecordedCall], grads: Sequence[Optional[Tens
     backward, which the engine runs on its first backward and whenever a layer input has the batch
     size in another dim too (:func:`ambiguous_batch_dim`). Rows are compared
     through :func:`_fingerprint` (squared norm and random projections, linear in the row up to
-    the norm); dependence smaller than the float32 tolerance (1e-3 relative) goes unnoticed."""
+    the norm), the weighted ones divided by their weights (exact: :func:`probe_weights`), so that
+    the tolerance (1e-3 relative, per statistic over the rows) is in the unweighted gradient's units
+    whatever the spread of the weights; a separable model's weighted rows are then the unweighted
+    ones bit for bit (a reproducible backward), and a dependence smaller than the tolerance goes
+    unnoticed."""
     for call, full, weighted in zip(calls, grads, probe):
         if full is None and weighted is None:
             continue
@@ -503,12 +540,13 @@ def check_separable(calls: Sequence[RecordedCall], grads: Sequence[Optional[Tens
             mismatch = True
         else:
             weighted, directions = weighted
-            w = weights if call.rows is None else weights[call.rows]  # a flattened position's sample's
+            w = (weights if call.rows is None else weights[call.rows]).to(weighted)  # a flattened position's sample's
+            unweighted = weighted.clone()  # in the unweighted gradient's units (dividing by ±2^k: exact)
+            unweighted[:, 0] /= w * w  # squared norms scale by w²
+            unweighted[:, 1:] /= w.unsqueeze(1)
             expected = _fingerprint(full, directions)
-            expected[:, 0] *= w * w  # squared norms scale by w²
-            expected[:, 1:] *= w.unsqueeze(1)
-            scale = expected.norm(dim=0) + weighted.norm(dim=0)  # per statistic, over the rows
-            mismatch = bool(((weighted - expected).norm(dim=0) > 1e-3 * scale + 1e-12).any())
+            scale = expected.norm(dim=0) + unweighted.norm(dim=0)  # per statistic, over the rows
+            mismatch = bool(((unweighted - expected).norm(dim=0) > 1e-3 * scale + 1e-12).any())
         if mismatch and notes and call.path in notes:  # a call on a tensor made inside the model
             raise UnsupportedLayerError(
                 f"{notes[call.path]}, and the separability probe found that a sample's loss depends on other "
