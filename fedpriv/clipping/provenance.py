@@ -78,7 +78,7 @@ truth; views are recognised by their storage (a view of the input shares its sto
 structure does not change between backwards without an ambiguous batch dim (the separability check
 is then not repeated); a dependence across samples smaller than the check's tolerance (1e-3
 relative, on per-row fingerprints), or only between samples that drew the same probe weight (none
-in a batch of up to 50; each other pair with probability 1/50), goes unnoticed; and the backward
+in a batch of up to 122; each other pair with probability 1/122), goes unnoticed; and the backward
 is linear in its upstream gradient and reproducible, so that a power-of-two weight scales it
 exactly (a kernel whose summation order changes between two backwards, GPU atomics, may still
 show rounding noise above the tolerance where a gradient is a cancellation: a refusal, never a
@@ -472,14 +472,15 @@ def ambiguous_batch_dim(calls: Sequence[RecordedCall], batch: int) -> bool:
     return any(batch in tuple(c.input.shape[1:]) for c in calls)
 
 
-PROBE_EXPONENTS = 12  # probe weights ±2^k, |k| <= PROBE_EXPONENTS: 2 · 25 = 50 distinct values
+PROBE_EXPONENTS = 30  # probe weights ±2^k, |k| <= PROBE_EXPONENTS: 2 · 61 = 122 distinct values
 
 
 def probe_weights(batch: int, generator: torch.Generator) -> Tensor:
     """The separability probe's weights [batch] (float64; exact in any float dtype): each ``±2^k``,
     ``k`` an integer in ``[-PROBE_EXPONENTS, PROBE_EXPONENTS]``, drawn as consecutive random
-    permutations of those 50 values (``generator``), so that the samples of a batch of up to 50
-    all have distinct weights and two others share one with probability 1/50.
+    permutations of those 122 values (``generator``), so that the samples of a batch of up to 122
+    all have distinct weights and two others share one with probability 1/122 (2^±30 keeps a float32
+    loss of 1e6 and a gradient of 1e-20 far from overflow and underflow).
 
     Why powers of two: multiplying by ``2^k`` or negating is exact in IEEE arithmetic (short of
     overflow or underflow), and a backward is linear in its upstream gradient, so a separable
