@@ -29,11 +29,22 @@ keeps the first ``--max-sentences`` of the test and heldout splits (the reader's
 user fills the uniform test subset; train is whole, capped when read). Client ids: 16 hex digits of
 the SHA-256 of the user's normalised name.
 
-Output, under ``--out`` (default ``outputs/real_text/``): ``stackoverflow.sqlite`` (TFF's schema, by
-:func:`fedpriv.data.stackoverflow_writer.write_examples`, with ``client_metadata`` and an index),
-``stackoverflow.word_count`` beside it, and ``manifest.json`` (sources' names, sizes and digests,
-statistics, the outputs' digests), written last. The same machine gives the same files byte for
-byte. Read it with ``python -m fedpriv.simulate +experiment=stackoverflow data.path=OUT/stackoverflow.sqlite``.
+Output, under ``--out`` (default ``outputs/real_text/``): ``users.jsonl`` (JSON Lines, one row per
+sentence ``{"user": client id, "split": train|test|heldout, "text": its tokens separated by spaces}``,
+the rows of the sqlite file in its order), ``stackoverflow.sqlite`` (the same rows in TFF's schema,
+by :func:`fedpriv.data.stackoverflow_writer.write_examples`, with ``client_metadata`` and an index),
+``stackoverflow.word_count`` beside them (the public vocabulary of both), and ``manifest.json``
+(sources' names, sizes and digests, statistics, the outputs' digests), written last. The same
+machine gives the same files byte for byte. Read the JSON Lines with ``data=files`` (the sentences
+are already tokenized: ``preprocess=none``; ``heldout`` rows are ignored, as TFF's loader ignores
+them)::
+
+    python -m fedpriv.simulate data=files data.path=OUT/users.jsonl data.user_column=user \
+        data.text_column=text data.split_column=split data.preprocess=none \
+        data.vocab_path=OUT/stackoverflow.word_count
+
+and the sqlite file, the same users and rows, with
+``python -m fedpriv.simulate data=stackoverflow data.path=OUT/stackoverflow.sqlite``.
 
 Usage: ``python scripts/build_real_text_corpus.py [--out DIR] [--user author] [--cutoff-year 2022] ...``
 """
@@ -68,6 +79,7 @@ CHANGELOGS = "/usr/share/doc/*/changelog*.gz"
 MANPAGES = "/usr/share/man/man[1-8]/*"
 MANPAGES_EXCLUDE = "gcloud*"  # the Google Cloud SDK's pages are generated from templates (16,631 here)
 SQLITE_NAME = "stackoverflow.sqlite"
+JSONL_NAME = "users.jsonl"  # the same rows as JSON Lines, for data=files
 MANIFEST_NAME = "manifest.json"
 MIN_WORDS = 3  # a sentence needs this many plain words
 MIN_WORD_SHARE = 0.6  # ... and this share of its tokens must be plain words
@@ -383,6 +395,11 @@ def _stats(rows: Sequence[tuple[str, str, str]]) -> dict:
     return stats
 
 
+def jsonl_text(rows: Sequence[tuple[str, str, str]]) -> str:
+    """``(split, client_id, tokens)`` rows as JSON Lines ``{"user", "split", "text"}``, in their order."""
+    return "".join(json.dumps({"user": cid, "split": split, "text": text}) + "\n" for split, cid, text in rows)
+
+
 def _file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -390,7 +407,7 @@ def _file_sha256(path: Path) -> str:
 def build(changelogs: Sequence[Path], manpages: Sequence[Path], out: Path, *, cutoff_year: int = CUTOFF_YEAR,
           min_sentences: int = MIN_SENTENCES, max_sentences: int = MAX_SENTENCES,
           unit: str = USER_UNITS[0]) -> dict:
-    """Writes the corpus under ``out`` (sqlite, word counts, manifest last) and returns the manifest.
+    """Writes the corpus under ``out`` (sqlite, JSON Lines, word counts, manifest last) and returns the manifest.
     Raises ``ValueError`` (one line) when a source is empty or shared, or no user is left."""
     if not changelogs:
         raise ValueError("no change-log files to take users from")
@@ -414,13 +431,15 @@ def build(changelogs: Sequence[Path], manpages: Sequence[Path], out: Path, *, cu
     try:
         write_examples(tmp, rows, metadata=True, index=True)
         write_atomic(out / VOCAB_FILE_NAME, vocab.encode())
+        write_atomic(out / JSONL_NAME, jsonl_text(rows).encode())
         os.replace(tmp, db)
     finally:
         tmp.unlink(missing_ok=True)
     train_words = Counter(w for s, _, t in rows if s == "train" for w in t.split())
     top = [line.split("\t")[0] for line in vocab.splitlines()[:10000]]
     manifest = {
-        "what": "federated real-text corpus in TFF's StackOverflow schema (scripts/build_real_text_corpus.py)",
+        "what": "federated real-text corpus in TFF's StackOverflow schema and as JSON Lines "
+                "(scripts/build_real_text_corpus.py)",
         "users_source": {"kind": "change-log entries", "user": unit, **_sources(changelogs)},
         "vocabulary_source": {"kind": "English manual pages (disjoint from the users' text)", **_sources(manpages)},
         "cutoff_year": cutoff_year, "min_sentences": min_sentences, "max_sentences": max_sentences,
@@ -432,7 +451,7 @@ def build(changelogs: Sequence[Path], manpages: Sequence[Path], out: Path, *, cu
                        "train_token_coverage_top10000": round(
                            sum(train_words[w] for w in top) / max(1, sum(train_words.values())), 4)},
         "outputs": {name: {"bytes": (out / name).stat().st_size, "sha256": _file_sha256(out / name)}
-                    for name in (SQLITE_NAME, VOCAB_FILE_NAME)},
+                    for name in (SQLITE_NAME, JSONL_NAME, VOCAB_FILE_NAME)},
     }
     write_atomic(out / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest

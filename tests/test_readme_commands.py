@@ -106,6 +106,71 @@ def test_an_outputs_in_comment_names_the_directory_its_command_writes():
     assert checked
 
 
+def _own_text(directory: Path, users: int = 90) -> None:
+    """``users.jsonl`` (``users`` users of 2 to 4 rows over the tiny words, rows shuffled) and
+    ``public.txt`` (other sentences over the same words) under ``directory``."""
+    import json
+    import random
+
+    from fedpriv.data.files import TINY_WORDS
+
+    rng = random.Random(1)  # test data
+    weights = [1.0 / rank for rank in range(1, len(TINY_WORDS) + 1)]
+
+    def text() -> str:
+        return ". ".join(" ".join(rng.choices(TINY_WORDS, weights, k=rng.randint(3, 8)))
+                         for _ in range(rng.randint(1, 2))) + "."
+
+    rows = [{"user": f"u{u:03d}", "text": text()} for u in range(users) for _ in range(rng.randint(2, 4))]
+    rng.shuffle(rows)
+    (directory / "users.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (directory / "public.txt").write_text("".join(text() + "\n" for _ in range(300)))
+
+
+def test_your_own_text_goes_from_a_json_lines_file_to_a_planned_run(tmp_path, monkeypatch, capsys):
+    """README "Your own text": its three commands as written (their ``main(argv)``, in-process), in a
+    directory holding a generated ``users.jsonl`` and ``public.txt``. ``word-counts`` writes
+    ``words.txt``; ``inspect`` reads it, counts the train users and prints, as the command to run
+    next, the README's third command with N = that count; and that command plans (``python -m
+    fedpriv.plan`` on its settings: the run's own checks and its plan, without training). Nothing is
+    written under HOME."""
+    from fedpriv.data.__main__ import main as data_main
+    from fedpriv.plan.__main__ import main as plan_main
+
+    _own_text(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+
+    def argv(start: str, module: str, population: int | None = None) -> list[str]:
+        """The arguments of the README's command that starts so (N: ``population``)."""
+        command, _ = _quoted(start)
+        if population is not None:
+            command = command.replace(" population=N ", f" population={population} ")
+        words = shlex.split(command)
+        assert words[:3] == [".venv/bin/python", "-m", module]
+        return words[3:]
+
+    data_main(argv("-m fedpriv.data word-counts", "fedpriv.data"))
+    words = [line.split("\t")[0] for line in (tmp_path / "words.txt").read_text().splitlines()]
+    assert words[:2] == [".", "w1"]  # normalised as data=files reads the users' rows: punctuation is a token
+    capsys.readouterr()
+    data_main(argv("-m fedpriv.data inspect data=files", "fedpriv.data"))
+    out = capsys.readouterr().out
+    users = int(re.search(r"^users: ([0-9,]+) train", out, flags=re.M).group(1).replace(",", ""))
+    assert users > 32  # plan=auto's least population
+    planned, _ = _quoted("-m fedpriv.simulate data=files")
+    assert " population=N " in planned
+    said = re.search(r"^next: (.*)$", out, flags=re.M).group(1)
+    assert said == planned.replace(".venv/bin/python", "python").replace(" population=N ", f" population={users} ")
+    plan_main(argv("-m fedpriv.simulate data=files", "fedpriv.simulate", users))
+    plan = capsys.readouterr().out
+    assert plan.startswith("plan: cohort ") and "for epsilon 8 at" in plan and f"population={users} " in plan
+    assert not any(home.iterdir())
+
+
 @pytest.mark.slow
 def test_the_planned_smoke_run_ends_where_the_readme_and_planner_say(tmp_path):
     """README "First steps" (step 3) and docs/PLANNER.md quote the 200-round ``plan=auto`` smoke run:

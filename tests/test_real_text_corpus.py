@@ -1,6 +1,7 @@
 """scripts/build_real_text_corpus.py on change logs and manual pages the test writes: the three
 change-log formats give their authors' sentences, the vocabulary comes from the manual pages only,
-fedpriv's StackOverflow reader reads the result, and the build is deterministic."""
+fedpriv's StackOverflow reader reads the result, ``data=files`` reads its JSON Lines copy as the
+same users and test rows, and the build is deterministic."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import sqlite3
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from fedpriv import schema
 from fedpriv.data.stackoverflow import load_stackoverflow
 from fedpriv.data.stackoverflow_writer import VOCAB_FILE_NAME
 from fedpriv.data.tf_example import decode_example
@@ -166,6 +169,40 @@ def test_the_corpus_is_read_by_fedpriv_with_a_vocabulary_from_the_manual_pages(s
     assert on_disk["outputs"][b.SQLITE_NAME]["sha256"] == manifest["outputs"][b.SQLITE_NAME]["sha256"]
 
 
+def test_the_json_lines_read_by_data_files_give_the_sqlite_users_and_test_rows(sources, tmp_path, monkeypatch):
+    """users.jsonl holds the sqlite file's rows (heldout ones too, in its order); data=files reads it
+    (split column, preprocess=none, the same word counts) as data=stackoverflow reads the sqlite:
+    the same train users in the same order with the same rows, the same test rows and vocabulary.
+    The heldout split is in neither: data=files ignores a split that is neither train nor test, as
+    TFF's loader ignores heldout."""
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    b = _script()
+    logs, pages = sources
+    out = tmp_path / "out"
+    b.build(logs, pages, out, cutoff_year=2023, min_sentences=2, unit="author")
+    rows = _rows(out / b.SQLITE_NAME)
+    lines = [json.loads(line) for line in (out / b.JSONL_NAME).read_text().splitlines()]
+    assert [(r["split"], r["user"], r["text"]) for r in lines] == rows
+    assert {split for split, _, _ in rows} == {"train", "test", "heldout"}  # carol writer's id ends in 0
+    heldout = {cid for split, cid, _ in rows if split == "heldout"}
+    common = {"vocab_size": 50, "seq_len": 8, "max_test_sentences": 5, "seed": 3}
+    so = schema.load("data", {"name": "stackoverflow", "path": str(out / b.SQLITE_NAME), **common}).load_words()
+    files = schema.load("data", {"name": "files", "path": str(out / b.JSONL_NAME), "user_column": "user",
+                                 "text_column": "text", "split_column": "split", "preprocess": "none",
+                                 "vocab_path": str(out / VOCAB_FILE_NAME), **common}).load_words()
+    opened = files.users._handle()
+    ids = [opened.index.id_of(int(n)) for n in opened.numbers]
+    assert ids == list(so.users.client_ids) and not heldout & set(ids)
+    for i in range(len(ids)):
+        np.testing.assert_array_equal(files.users[i], so.users[i])
+    tests = sum(split == "test" for split, _, _ in rows)
+    assert files.test.shape[0] == so.test.shape[0] == tests  # the heldout rows are not test rows
+    np.testing.assert_array_equal(files.test, so.test)
+    assert files.vocab == so.vocab
+    assert not (tmp_path / "home").exists()  # nothing under HOME (the cache is FEDPRIV_CACHE's)
+
+
 def test_placeholders_and_the_per_user_cap():
     b = _script()
     assert b.tokenize("Use foo_bar() with --force in src/x.c, see 1a2b3c4d and #123456.") == [
@@ -179,8 +216,9 @@ def test_the_build_is_deterministic(sources, tmp_path):
     logs, pages = sources
     first = b.build(logs, pages, tmp_path / "a", min_sentences=1)
     second = b.build(logs, pages, tmp_path / "b", min_sentences=1)
-    for name in (b.SQLITE_NAME, VOCAB_FILE_NAME):
+    for name in (b.SQLITE_NAME, b.JSONL_NAME, VOCAB_FILE_NAME):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+        assert name in first["outputs"]
     assert first["outputs"] == second["outputs"]
 
 
