@@ -67,7 +67,7 @@ from fedpriv.data.text_pipeline import checked_unknown_share, public_subword_tok
 from fedpriv.errors import ConfigError
 from fedpriv.schema import LOCATION, TextPipeline, in_unit_interval, positive, register_option
 from fedpriv.text import corpora
-from fedpriv.text.tokenizers import Tokenizer, encode_rows
+from fedpriv.text.tokenizers import Tokenizer, WordTokenizer, encode_rows, rows_to_texts
 from fedpriv.text.vocabulary import read_word_counts
 
 advice = logging.getLogger("fedpriv.advice")  # fedpriv.console.ADVICE_LOGGER: on stderr, never among results
@@ -188,6 +188,17 @@ class Encoding:
         if not self._lookup:
             self._lookup.update(word_rows.word_lookup(self.vocab, str))
         return word_rows.sentence_rows((s.split() for s in sentences), self._lookup, self.vocab, self.seq_len)
+
+    def test_unknown_share(self, sentences: Sequence[str], tokenizer: str) -> float | None:
+        """The share of the evaluated test words that reach the model as no known token, as a run
+        publishes it (``test_unknown_share``) and checks it
+        (:func:`~fedpriv.data.text_pipeline.checked_unknown_share`: all unknown refused, above a
+        quarter warned): under the word vocabulary, the words of the rows the run evaluates (cut to
+        ``seq_len``); under a subword tokenizer, the words of the sentences."""
+        if self.tokenizer is not None:
+            return checked_unknown_share(self.tokenizer, sentences, tokenizer)
+        encoder = WordTokenizer(self.vocab.words or ())
+        return checked_unknown_share(encoder, rows_to_texts(self.rows(sentences), self.vocab), tokenizer)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_lookup": {}}  # rebuilt on first use: the pickle stays small
@@ -332,7 +343,7 @@ def load_files(spec: "FilesData") -> FederatedDataset:
         info.update(vocab_size=len(vocab.words or ()), vocab_source=str(spec.vocab_path))
     else:
         test, test_word_of = encode_rows(tok, texts, encoding.seq_len)
-        share = checked_unknown_share(tok, texts, spec.tokenizer)
+        share = encoding.test_unknown_share(texts, spec.tokenizer)
         unigram = reference = None
         info.update(tokenizer=spec.tokenizer, token_vocab_size=tok.size, token_seq_len=encoding.seq_len)
     users = FilesUsers(reading, opened.source.columns_key, len(opened.numbers), encoding, spec.max_sentences_per_user,

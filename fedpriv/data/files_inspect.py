@@ -20,7 +20,9 @@ of its kept sentences as the chosen tokenizer splits them (words under ``tokeniz
 rows are cut to ``data.seq_len``. The *unknown share* is
 :func:`fedpriv.text.tokenizers.unknown_word_share` — the share of words that reach the model as no
 known token — over the kept sentences of the train users read, and over the evaluated test
-sentences (checked as a run checks it: every test word unknown is refused, above a quarter warned).
+sentences exactly as a run publishes it (``test_unknown_share``: under the word vocabulary the
+words of the rows cut to ``data.seq_len``) and checks it (every test word unknown is refused, above
+a quarter warned).
 Quantiles are observed values (``numpy.quantile(method="inverted_cdf")``).
 """
 
@@ -39,7 +41,6 @@ from fedpriv.data import files_source, word_rows
 from fedpriv.data.files import FilesData, Opened, encoding_of, held_out_sentences, open_reading, user_sentences
 from fedpriv.data.files_index import TEST_SPLIT_KEY
 from fedpriv.data.files_source import SAVE_TO_DISK
-from fedpriv.data.text_pipeline import checked_unknown_share
 from fedpriv.text.tokenizers import WordTokenizer, unknown_share_of_counts
 
 NOTICE = ("fedpriv data inspect: your own view of your private data, not a release — share none of it; "
@@ -136,7 +137,7 @@ def inspect_files(spec: FilesData, every_user: bool = False, sample: int = SAMPL
     encoding = encoding_of(spec)
     encoder = encoding.tokenizer if encoding.tokenizer is not None else WordTokenizer(encoding.vocab.words or ())
     test_texts = held_out_sentences(opened, reading, spec.max_test_sentences, spec.seed)
-    test_share = checked_unknown_share(encoder, test_texts, spec.tokenizer)  # as the run checks it
+    test_share = encoding.test_unknown_share(test_texts, spec.tokenizer)  # as the run publishes and checks it
 
     users = len(opened.numbers)
     chosen = np.arange(users, dtype=np.int64) if every_user else word_rows.test_subset(users, sample, spec.seed)
