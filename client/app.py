@@ -32,7 +32,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat as compat
 
 from fedpriv.aggregation import RoundAggregate
-from fedpriv.atomic import create_atomic
+from fedpriv.atomic import create_bytes_atomic
 from fedpriv.cache import cache_root
 from fedpriv.distributed_dp import DDGaussCodec
 from fedpriv.plan import build_plan
@@ -106,7 +106,7 @@ class NodeMemory:
     process: one file ``answered/<config digest>/round-<t>`` per (run config, round), created
     before the reply is computed. Creating it is the claim: it is written in full and ``fsync``ed,
     then published with a hard link that never replaces an existing file
-    (:func:`fedpriv.atomic.create_atomic`), so of two requests for one round, also concurrent ones
+    (:func:`fedpriv.atomic.create_bytes_atomic`), so of two requests for one round, also concurrent ones
     from two processes, exactly one is answered, and a round is remembered across a power cut."""
 
     directory: Path
@@ -119,7 +119,7 @@ class NodeMemory:
         path = folder / f"round-{round_idx + 1}"
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            create_atomic(path, lambda tmp: tmp.write_text(f"{round_idx + 1}\n"), mode=0o600)
+            create_bytes_atomic(path, f"{round_idx + 1}\n".encode(), mode=0o600)
         except FileExistsError:
             raise RuntimeError(f"the server asked for round {round_idx + 1} again; this node answered it for this "
                                "run config already (a second answer would release its users again, with fresh "

@@ -84,6 +84,12 @@ def create_atomic(path: str | os.PathLike, fill: Callable[[Path], None], mode: i
         tmp.unlink(missing_ok=True)
 
 
+def create_bytes_atomic(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+    """:func:`create_atomic` of a file holding ``data``: created whole or not at all, never
+    replacing a file (``FileExistsError``)."""
+    create_atomic(path, lambda tmp: tmp.write_bytes(data), mode)
+
+
 def _output_error(path: Path, err: OSError) -> OutputError:
     if err.errno in _FULL:
         return OutputError(f"no space left on the device while writing {path}; the previous version of the file "

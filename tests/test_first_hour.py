@@ -32,14 +32,14 @@ def _one_error_line(res) -> str:
 def test_a_data_path_without_its_dataset_is_refused_naming_the_dataset(tmp_path, run_cli):
     out = tmp_path / "run"
     line = _one_error_line(run_cli("data.path=stackoverflow.sqlite", "rounds=2", f"run_dir={out}"))
-    assert "data=synthetic" in line and "data=stackoverflow" in line
+    assert "data=synthetic" in line and "it is a key of data=files, stackoverflow" in line
     assert not out.exists()
 
 
 @pytest.mark.parametrize("overrides, expected", [
     (["+experiment=smoke", "model=transformer_tiny", "model.hidden_size=64"],
      "'model.hidden_size' is not a key of model=transformer_tiny; it is a key of model=lstm, lstm_tiny"),
-    (["+experiment=smoke", "data.path=/nonexistent/file.sqlite"], "it is a key of data=stackoverflow"),
+    (["+experiment=smoke", "data.path=/nonexistent/file.sqlite"], "it is a key of data=files, stackoverflow"),
     (["+experiment=smoke", "mechanism.bands=4"], "not a key of mechanism=gaussian; it is a key of mechanism=bandmf"),
 ])
 def test_a_key_of_another_option_names_the_options_that_have_it(overrides, expected):

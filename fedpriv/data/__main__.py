@@ -35,7 +35,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from fedpriv.atomic import create_atomic, write_atomic
+from fedpriv.atomic import create_bytes_atomic, write_atomic
 from fedpriv.compose import check_overrides
 from fedpriv.config import run_config
 from fedpriv.console import OneLineParser, console_logging, fail
@@ -137,7 +137,7 @@ def word_counts_command(args: list[str]) -> None:
         if opts.force:
             write_atomic(out, text)
         else:
-            create_atomic(out, lambda tmp: tmp.write_bytes(text))
+            create_bytes_atomic(out, text)
     except FileExistsError:
         fail(f"{out} appeared while it was being written: it is left as it is; pass --force to replace it")
     except OutputError as err:
