@@ -332,3 +332,26 @@ def test_a_renamed_txt_file_is_another_user(tmp_path):
     a, b = fs.open_source(first, "file", "text"), fs.open_source(second, "file", "text")
     assert a.entry != b.entry
     assert b.train.data.table.column("file").to_pylist() == ["bob.txt"]
+
+
+def test_the_converted_table_is_rewritten_in_large_record_batches(tmp_path, monkeypatch):
+    """datasets writes batches of ~1,000 rows, each with its own metadata: opening such a mapped
+    stream read every batch's metadata and the kernel mapped the pages around each read, so a 5M-row
+    table was resident whole before a user was read (1.2 GB; docs/BENCHMARKS.md). The cached table is
+    rewritten in batches of BATCH_ROWS rows, the rows unchanged."""
+    monkeypatch.setattr(fs, "BATCH_ROWS", 700)
+    rows = [(f"u{i % 97:03d}", f"sentence number {i}", "train") for i in range(2500)]
+    src = fs.open_source(write(tmp_path / "data" / "rows.jsonl", rows), "user", "text", "split")
+    assert [r["text"] for r in src.train] == [r[1] for r in rows]
+    parts = sorted((src.entry / "table").glob("part-*.arrow"))
+    sizes = [b.num_rows for p in parts for b in pa.ipc.open_stream(pa.memory_map(str(p)))]
+    assert sum(sizes) == 2500 and all(s == 700 for s in sizes[:-1]) and sizes[-1] <= 700, sizes
+
+    small = tmp_path / "small.arrow"
+    with pa.OSFile(str(small), "wb") as sink, pa.ipc.new_stream(sink, pa.schema([("x", pa.int64())])) as w:
+        for start in range(0, 1000, 30):
+            w.write_batch(pa.record_batch([pa.array(range(start, min(start + 30, 1000)))], names=["x"]))
+    fs._rebatch(small, tmp_path / "big.arrow", rows=256)
+    batches = list(pa.ipc.open_stream(pa.memory_map(str(tmp_path / "big.arrow"))))
+    assert [b.num_rows for b in batches] == [256, 256, 256, 232] and not small.exists()
+    assert pa.Table.from_batches(batches).column("x").to_pylist() == list(range(1000))
