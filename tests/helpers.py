@@ -116,3 +116,14 @@ def assert_script_runs(script: str, timeout: float = 120) -> None:
     proc = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr
+
+
+def call_main(main, capsys, *argv: str) -> tuple[int, str, str]:
+    """``main(argv)`` of a command-line module, in-process: (exit code, stdout, stderr)."""
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as done:
+        code = done.code
+    out, err = capsys.readouterr()
+    return code, out, err

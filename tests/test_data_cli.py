@@ -30,6 +30,7 @@ from fedpriv.data.files_index import split_of
 from fedpriv.task import load_dataset
 from fedpriv.text.vocabulary import read_word_counts
 from tests.conftest import compose_cfg
+from tests.helpers import call_main
 
 ROOT = Path(__file__).resolve().parent.parent
 KNOWN = ["alpha", "beta", "gamma", "delta"]  # in the word-count file (with ".")
@@ -88,13 +89,7 @@ def overrides(path: Path, counts: Path | None, *more: str) -> list[str]:
 
 
 def run_main(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as done:
-        code = done.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return call_main(main, capsys, *argv)
 
 
 def _snapshot(root: Path) -> list[tuple[str, int, int]]:

@@ -20,6 +20,7 @@ from fedpriv.research_key import noise_from_seed
 from fedpriv.sampling import make_sampler
 from fedpriv.schema import load
 from tests.conftest import compose_cfg
+from tests.helpers import call_main
 
 SMOKE_PLAN = ("+experiment=smoke", "plan=auto", "plan.client_updates=400")  # 40 users: cohorts of 8, 50 rounds
 
@@ -251,13 +252,7 @@ def test_a_sweep_over_a_key_the_plan_sets_names_its_member():
 def _plan_cli(capsys, *args: str) -> tuple[int, str, str]:
     from fedpriv.plan.__main__ import main
 
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as stop:
-        code = stop.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return call_main(main, capsys, *args)
 
 
 @pytest.mark.parametrize("args, says, never", [
