@@ -13,6 +13,9 @@ STAMP := $(VENV)/.fedpriv-installed
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 export FLWR_TELEMETRY_ENABLED := 0
+# Python's bytecode cache on (some environments turn it off): every CLI test's process then reads
+# fedpriv's modules compiled instead of compiling them again.
+unexport PYTHONDONTWRITEBYTECODE
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
 .PHONY: venv demo test test-slow lint bench clean

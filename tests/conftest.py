@@ -1,5 +1,4 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,13 +34,13 @@ _import_test_plugins()
 
 @pytest.fixture
 def run_cli():
-    """Run ``python -m fedpriv.simulate ARGS`` in the repo root; returns the CompletedProcess."""
-    import subprocess
+    """Run ``python -m fedpriv.simulate ARGS`` in the repo root, in a fresh process
+    (tests/warm_launcher.py); returns the CompletedProcess."""
+    from tests.warm_launcher import run_module
 
     def _run(*args: str, timeout: float = 300):
         env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
-        return subprocess.run([sys.executable, "-m", "fedpriv.simulate", *args], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        return run_module("fedpriv.simulate", *args, cwd=ROOT, env=env, timeout=timeout)
 
     return _run
 

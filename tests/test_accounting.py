@@ -20,6 +20,7 @@ from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.sampling import FixedSizeSampler, PoissonSampler
 from fedpriv.research_key import key_from_seed
+from tests.warm_launcher import run_module
 
 REPO = Path(__file__).resolve().parents[1]
 ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -309,8 +310,7 @@ def test_empty_ledger_has_zero_epsilon():
 # ------------------------------------------------------------------ CLI
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedpriv.accounting", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return run_module("fedpriv.accounting", *args, cwd=REPO, timeout=120)
 
 
 def test_cli_dp_sgd_json_rdp_and_pld(capsys):

@@ -21,6 +21,7 @@ from fedpriv.audit.estimate import estimate_epsilon, gaussian_epsilon
 from fedpriv.errors import ConfigError
 from fedpriv.research_key import key_from_seed
 from fedpriv.sampling import make_sampler
+from tests.warm_launcher import run_module
 
 
 # --- the one-run bound -------------------------------------------------------------------------
@@ -83,9 +84,8 @@ def test_bound_cli_agrees_and_refuses_bad_counts(capsys):
     from fedpriv.audit.__main__ import main
 
     m, r, v, d, c = CASES[1]
-    res = subprocess.run([sys.executable, "-m", "fedpriv.audit", "bound", "--canaries", str(m), "--guesses", str(r),
-                          "--correct", str(v), "--delta", str(d), "--confidence", str(c), "--json"], cwd=ROOT,
-                         capture_output=True, text=True)
+    res = run_module("fedpriv.audit", "bound", "--canaries", str(m), "--guesses", str(r),
+                     "--correct", str(v), "--delta", str(d), "--confidence", str(c), "--json", cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["epsilon_lower_bound"] == pytest.approx(_reference_bound(m, r, v, d, c), abs=1e-4)
     for m, r, v, d, c in CASES[2:4]:
@@ -289,8 +289,7 @@ def test_honest_run_passes_and_writes_its_audit(tmp_path, run_cli):
     assert {"canaries", "guesses", "correct", "epsilon_lower_bound", "epsilon_estimate", "confidence"} <= set(audit)
     assert (run / "audit.png").stat().st_size > 1000
     saved = json.loads((run / "summary.json").read_text())["audit"]
-    res = subprocess.run([sys.executable, "-m", "fedpriv.audit", str(run), "--json"], cwd=ROOT,
-                         capture_output=True, text=True)
+    res = run_module("fedpriv.audit", str(run), "--json", cwd=ROOT)
     assert res.returncode == 0 and json.loads(res.stdout) == saved
     record = json.loads((run / "audit_scores.json").read_text())
     assert len(record["coins"]) == 500 and len(record["scores"]["max_round"]) == 1000

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ from helpers import sensitivity_sq_brute_force
 
 from fedpriv.mechanisms.analysis import prefix_rmse
 from fedpriv.mechanisms.blt import BLTParams, error, inverse_noise, optimize, rmse, sensitivity_sq
+from tests.warm_launcher import run_module
 
 
 def _params(seed: int, buffers: int = 3) -> BLTParams:
@@ -60,8 +59,7 @@ def test_optimised_blt_beats_the_tree_and_independent_noise():
 
 def test_rmse_cli_for_blt_and_its_errors(capsys):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "fedpriv.mechanisms", "rmse", *args], cwd=ROOT,
-                              capture_output=True, text=True)
+        return run_module("fedpriv.mechanisms", "rmse", *args, cwd=ROOT)
 
     res = cli("--mechanism", "blt", "--rounds", "64", "--buffers", "2", "--json")
     assert res.returncode == 0, res.stderr

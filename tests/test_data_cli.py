@@ -14,7 +14,6 @@ import os
 import random
 import shlex
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from fedpriv.task import load_dataset
 from fedpriv.text.vocabulary import read_word_counts
 from tests.conftest import compose_cfg
 from tests.helpers import call_main
+from tests.warm_launcher import run_module
 
 ROOT = Path(__file__).resolve().parent.parent
 KNOWN = ["alpha", "beta", "gamma", "delta"]  # in the word-count file (with ".")
@@ -331,8 +331,7 @@ def test_word_counts_bad_input_is_one_error_line_and_no_file(tmp_path, capsys, m
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FEDPRIV_CACHE": str(tmp_path / "cache"),
            "HOME": str(tmp_path / "home"), "FLWR_TELEMETRY_ENABLED": "0"}
-    return subprocess.run([sys.executable, "-m", "fedpriv.data", *args], cwd=tmp_path / "cwd", env=env,
-                          capture_output=True, text=True, timeout=180)
+    return run_module("fedpriv.data", *args, cwd=tmp_path / "cwd", env=env, timeout=180)
 
 
 def test_the_command_prints_the_notice_first_and_refuses_bad_input_in_one_line(tmp_path):

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from torch import nn
+from tests.warm_launcher import run_module
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -430,11 +431,10 @@ def test_make_hf_and_pretrain_hf_write_a_directory_model_hf_loads(tmp_path):
 
     from tests.conftest import ROOT
 
-    made = subprocess.run([sys.executable, "-m", "fedpriv.models.make_hf", str(tmp_path / "m"), "--hidden", "16",
-                           "--heads", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    made = run_module("fedpriv.models.make_hf", str(tmp_path / "m"), "--hidden", "16", "--heads", "2", cwd=ROOT,
+                      timeout=120)
     assert made.returncode == 0 and "wrote a random-init llama model (304 token ids)" in made.stdout, made.stderr
-    again = subprocess.run([sys.executable, "-m", "fedpriv.models.make_hf", str(tmp_path / "m")], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120)
+    again = run_module("fedpriv.models.make_hf", str(tmp_path / "m"), cwd=ROOT, timeout=120)
     assert again.returncode == 2 and again.stderr.startswith("error: ") and "not empty" in again.stderr
     pre = subprocess.run([sys.executable, "scripts/pretrain_hf.py", str(tmp_path / "p"), "--steps", "2",
                           "--hidden", "16", "--heads", "2", "+experiment=smoke"], cwd=ROOT, capture_output=True,

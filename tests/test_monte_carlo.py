@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
-import sys
 
 import dp_accounting
 import numpy as np
@@ -23,6 +23,7 @@ from fedpriv.accounting.accountant import calibrate_noise_multiplier, compute_ep
 from fedpriv.accounting.monte_carlo import BallsInBinsDpEvent, LossSamples, MonteCarloSettings
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import ADD_REMOVE, REPLACE_ONE
+from tests.warm_launcher import run_module
 
 
 def gaussian_delta(mu: float, eps: float) -> float:
@@ -263,7 +264,7 @@ def test_the_ledger_splits_the_confidence_over_its_prefix_claims():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedpriv.accounting", *args], capture_output=True, text=True)
+    return run_module("fedpriv.accounting", *args, cwd=os.getcwd())
 
 
 def test_cli_delta_and_epsilon_for_balls_in_bins():

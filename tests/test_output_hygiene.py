@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
+from tests.warm_launcher import run_module
 
 SMOKE = ("+experiment=smoke", "progress=false")
 
@@ -159,9 +160,8 @@ def test_sigint_prints_one_line_exits_130_and_resumes(tmp_path):
 
 def test_accounting_cli_prints_only_the_result():
     # the README's example: dp_accounting's RDP code logs ~27 absl convergence warnings for it
-    proc = subprocess.run([sys.executable, "-m", "fedpriv.accounting", "noise", "--target-epsilon", "8",
-                           "--sampling-rate", "0.0333", "--rounds", "150", "--delta", "1e-5", "--json"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    proc = run_module("fedpriv.accounting", "noise", "--target-epsilon", "8", "--sampling-rate", "0.0333",
+                      "--rounds", "150", "--delta", "1e-5", "--json", cwd=ROOT, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     lines = proc.stdout.splitlines()

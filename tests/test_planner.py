@@ -4,6 +4,7 @@ quantities only, respects the compute budget U and the target ε; and the noise 
 
 from __future__ import annotations
 
+import os
 import dataclasses
 import json
 import math
@@ -21,6 +22,7 @@ from fedpriv.sampling import make_sampler
 from fedpriv.schema import load
 from tests.conftest import compose_cfg
 from tests.helpers import call_main
+from tests.warm_launcher import run_module
 
 SMOKE_PLAN = ("+experiment=smoke", "plan=auto", "plan.client_updates=400")  # 40 users: cohorts of 8, 50 rounds
 
@@ -86,8 +88,8 @@ def test_the_cli_prints_the_plan_and_its_overrides(tmp_path):
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "fedpriv.plan", *SMOKE_PLAN[:1], "plan.client_updates=400", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    res = run_module("fedpriv.plan", *SMOKE_PLAN[:1], "plan.client_updates=400", "--json", cwd=os.getcwd(),
+                     timeout=300)
     assert res.returncode == 0, res.stderr
     shown = json.loads(res.stdout)
     assert shown["plan"]["client_updates"] == 400

@@ -8,7 +8,6 @@ import logging
 import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import pytest
 from fedpriv.data import prepare_stackoverflow
 from fedpriv.data.stackoverflow import VOCAB_FILE_NAME, _has_client_index, load_stackoverflow
 from fedpriv.data.stackoverflow_writer import write_examples
+from tests.warm_launcher import run_module
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["how", "to", "sort", "a", "list", "in", "python", "i", "do", "it"]
@@ -25,9 +25,8 @@ ROWS = [(split, f"{split[0]}{u}", " ".join(WORDS[(u + k) % 10] for k in range(2 
 
 
 def run_prepare(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedpriv.data.prepare_stackoverflow", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return run_module("fedpriv.data.prepare_stackoverflow", *map(str, args), cwd=cwd, timeout=120,
+                      env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def one_error_line(res: subprocess.CompletedProcess) -> str:

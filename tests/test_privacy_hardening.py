@@ -20,6 +20,7 @@ from fedpriv.runner import prepare, train
 from server.app import grid_round_fn, run_local
 from server.grid import LocalGrid
 from tests.conftest import ROOT, compose_cfg
+from tests.warm_launcher import run_module
 
 SMOKE = ("+experiment=smoke", "progress=false")
 # the only keys a metrics row may hold: quantities the ledger covers, or test-set metrics
@@ -356,7 +357,7 @@ def test_torn_metrics_are_rebuilt_on_resume_and_named_by_the_report(tmp_path, fi
     run = _copy(finished_run, tmp_path / "r")
     good = (run / "metrics.jsonl").read_text()
     (run / "metrics.jsonl").write_text(good[: len(good) - 25])
-    proc = subprocess.run([sys.executable, "-m", "fedpriv.report", str(run)], cwd=ROOT, capture_output=True, text=True)
+    proc = run_module("fedpriv.report", str(run), cwd=ROOT)
     _one_error_line(proc, str(run / "metrics.jsonl"))
     proc = run_cli(*SMOKE, f"run_dir={run}", "resume=true")
     assert proc.returncode == 0, proc.stderr

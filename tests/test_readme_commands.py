@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.warm_launcher import run_module
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
@@ -62,6 +63,14 @@ def _agrees(printed: str, quoted: str) -> bool:
     return f"{float(printed):.{decimals}f}" == quoted
 
 
+def _python(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """``python ARGS`` at the repository root: ``-m MODULE ...`` in a fresh process forked warm
+    (tests/warm_launcher.py), a script in a fresh interpreter."""
+    if args[0] == "-m":
+        return run_module(args[1], *args[2:], cwd=ROOT, env=env, timeout=timeout)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_readme_command_prints_the_numbers_the_readme_quotes(case):
     start, comment_pattern, output_pattern = CASES[case]
@@ -71,8 +80,7 @@ def test_a_readme_command_prints_the_numbers_the_readme_quotes(case):
     argv = shlex.split(command)
     assert argv[0] == ".venv/bin/python"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120)
+    res = _python(argv[1:], env=env, timeout=120)
     assert res.returncode == 0, res.stderr
     printed = re.search(output_pattern, res.stdout)
     assert printed, f"{command!r} printed {res.stdout!r}"
@@ -187,8 +195,7 @@ def test_the_planned_smoke_run_ends_where_the_readme_and_planner_say(tmp_path):
     command, _ = _quoted("+experiment=smoke rounds=200 plan=auto run_dir=runs/first")
     argv = [a for a in shlex.split(command)[1:] if not a.startswith("run_dir=")]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
-    res = subprocess.run([sys.executable, *argv, "progress=false", f"run_dir={tmp_path / 'first'}"], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=600)
+    res = _python([*argv, "progress=false", f"run_dir={tmp_path / 'first'}"], env=env, timeout=600)
     assert res.returncode == 0, res.stderr
     rows = [json.loads(line) for line in (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()]
     losses = [row["test_loss"] for row in rows if "test_loss" in row]

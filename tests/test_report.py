@@ -5,18 +5,16 @@ from __future__ import annotations
 import csv
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.warm_launcher import run_module
 
 
 def _report(*args):
-    return subprocess.run([sys.executable, "-m", "fedpriv.report", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return run_module("fedpriv.report", *map(str, args), cwd=ROOT, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +30,10 @@ def sweep_dir(tmp_path_factory):
     out, done = root / "sweep" / "multirun", root / "sweep" / "done"
     with FileLock(str(root / "sweep.lock")):
         if not done.exists():
-            proc = subprocess.run([sys.executable, "-m", "fedpriv.simulate", "-m", "+experiment=smoke",
-                                   "progress=false", "rounds=2", "eval_every=1", "privacy.target_epsilon=5,50",
-                                   "optimizer=sgd,momentum", f"hydra.sweep.dir={out}"], cwd=ROOT,
-                                  capture_output=True, text=True, timeout=600,
-                                  env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"})
+            proc = run_module("fedpriv.simulate", "-m", "+experiment=smoke", "progress=false", "rounds=2",
+                              "eval_every=1", "privacy.target_epsilon=5,50", "optimizer=sgd,momentum",
+                              f"hydra.sweep.dir={out}", cwd=ROOT, timeout=600,
+                              env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"})
             assert proc.returncode == 0, proc.stderr[-2000:]
             done.touch()
     return out
