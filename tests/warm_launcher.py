@@ -1,8 +1,9 @@
 """``python -m MODULE ARGS`` for the tests, each in a fresh process forked from a warm one.
 
 Most of a command-line test's time was the interpreter importing torch, Hydra and dp_accounting
-(≈ 2.5 s of a 3.5 s refusal on the 2-core machine). A *zygote* — one per pytest worker, started on
-first use — imports those libraries and nothing of fedpriv, then forks a child per command. The
+(≈ 2.5 s of a 3.5 s refusal on the 2-core machine) and, in a run, torch._dynamo (torch.func's first
+call) and Flower (a 3-round smoke run: 6.2 s cold, 1.6 s forked warm). A *zygote* — one per pytest
+worker, started on first use — imports those libraries and nothing of fedpriv, then forks a child per command. The
 child is a new process (its own pid, exit code, signals, file descriptors 0–2 on files, working
 directory and environment as asked) that runs the module with ``runpy`` as ``-m`` does, so fedpriv
 itself is imported fresh in each child, as in a real run (options registered by the tests'
@@ -14,7 +15,7 @@ What a forked child cannot show is the cost or the side effects of importing tho
 tests that are about what a fresh interpreter imports start one (``helpers.assert_script_runs``),
 and ``FEDPRIV_TEST_FRESH=1`` sends every command to a fresh interpreter instead. A command whose
 environment differs from the zygote's in a variable read at import time (thread counts, CUDA,
-``PYTHON*``, ``HF_*``, ``TORCH*``) gets a fresh interpreter too.
+``PYTHON*``, ``HF_*``, ``TORCH*``, ``FLWR_*``) gets a fresh interpreter too.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _ZYGOTE = r'''
 import atexit, json, os, runpy, sys, threading, traceback
 import numpy, torch, omegaconf, hydra, hydra.core.global_hydra, dp_accounting, dp_accounting.pld  # noqa
+import torch._dynamo, flwr.app, flwr.common  # noqa: torch.func's first call imports dynamo (1.5 s)
 def child(req):
     os.setpgid(0, 0)  # the test's timeout kills the command and whatever it started
     for fd, path, flags in ((0, req["stdin"], os.O_RDONLY), (1, req["out"], os.O_WRONLY | os.O_TRUNC),
@@ -88,7 +90,8 @@ for line in sys.stdin:
 '''
 
 # variables a library reads when it is imported: a command that sets them otherwise needs a fresh interpreter
-_IMPORT_TIME = ("OMP_", "MKL_", "OPENBLAS_", "CUDA_", "PYTHON", "HF_", "TORCH", "TRANSFORMERS", "NUMPY", "LD_")
+_IMPORT_TIME = ("OMP_", "MKL_", "OPENBLAS_", "CUDA_", "PYTHON", "HF_", "TORCH", "TRANSFORMERS", "NUMPY", "LD_",
+                "FLWR_", "GRPC_")
 
 _zygote: subprocess.Popen | None = None
 
