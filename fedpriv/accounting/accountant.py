@@ -43,7 +43,7 @@ from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 from scipy import optimize
 
-from fedpriv.accounting import monte_carlo
+import fedpriv.accounting.monte_carlo as monte_carlo
 from fedpriv.accounting.ddgauss import DistributedDiscreteGaussianDpEvent
 from fedpriv.accounting.monte_carlo import MC, MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.accounting.rdp_conversion import RdpBelowResolution, delta_from_rdp, epsilon_from_rdp

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import dp_accounting
 
-from fedpriv.accounting import monte_carlo
+import fedpriv.accounting.monte_carlo as monte_carlo
 from fedpriv.accounting.accountant import (RDP, accountant_delta, calibrate_noise_multiplier, check_delta,
                                            check_epsilon, compute_epsilon, make_accountant, relation_name)
 from fedpriv.accounting.monte_carlo import MC, BallsInBinsDpEvent, MonteCarloDpEvent, MonteCarloSettings

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import dp_accounting
 
-from fedpriv.accounting import monte_carlo
+import fedpriv.accounting.monte_carlo as monte_carlo
 from fedpriv.accounting.accountant import (PLD, PLD_VALUE_DISCRETIZATION, RDP, SelfComposition,
                                            check_accountant, check_delta, check_epsilon, compute_epsilon,
                                            is_non_private, relation_name)

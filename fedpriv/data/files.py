@@ -58,7 +58,8 @@ import numpy as np
 
 from fedpriv.atomic import write_atomic
 from fedpriv.cache import cache_root
-from fedpriv.data import files_source, word_rows
+import fedpriv.data.files_source as files_source
+import fedpriv.data.word_rows as word_rows
 from fedpriv.data.federated import FederatedDataset, Vocabulary
 from fedpriv.data.files_index import UserIndex, split_of, user_index
 from fedpriv.data.files_source import TEST, TRAIN, FilesSource, open_source

@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fedpriv.atomic import write_atomic
-from fedpriv.data import files_source
+import fedpriv.data.files_source as files_source
 from fedpriv.data.files_source import TEST, TRAIN, FilesSource, make_private, publish_dir, temporary_dir
 from fedpriv.errors import ConfigError, OutputError
 from fedpriv.rundir import short_reason

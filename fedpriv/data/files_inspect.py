@@ -37,7 +37,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fedpriv.data import files_source, word_rows
+import fedpriv.data.files_source as files_source
+
+import fedpriv.data.word_rows as word_rows
 from fedpriv.data.files import FilesData, Opened, encoding_of, held_out_sentences, open_reading, user_sentences
 from fedpriv.data.files_index import TEST_SPLIT_KEY
 from fedpriv.data.files_source import SAVE_TO_DISK

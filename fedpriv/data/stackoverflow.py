@@ -50,7 +50,9 @@ import warnings
 
 import numpy as np
 
-from fedpriv.data import stackoverflow_rowmap, word_rows
+import fedpriv.data.stackoverflow_rowmap as stackoverflow_rowmap
+
+import fedpriv.data.word_rows as word_rows
 from fedpriv.data.federated import FederatedDataset, Vocabulary
 from fedpriv.data.lazy_users import LazyUsers
 from fedpriv.data.stackoverflow_writer import VOCAB_FILE_NAME, write_tiny_dataset
