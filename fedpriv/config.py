@@ -10,8 +10,7 @@ import logging
 
 from fedpriv.devices import resolve_device
 from fedpriv.errors import ConfigError
-from fedpriv.sampling import resolve_sampling
-from fedpriv.schema import RunConfig, as_dict, complete, parse
+from fedpriv.schema import RunConfig, as_dict, complete, option_preset, parse
 
 log = logging.getLogger(__name__)
 
@@ -89,3 +88,13 @@ def validate_against_data(spec: RunConfig, population: int, unit: str = "user") 
     if delta >= 1.0 / population:
         log.warning("privacy.delta=%g >= 1/N=%g (N = %d %ss): the guarantee allows leaking a whole %s", delta,
                     1.0 / population, population, unit, unit)
+
+
+def resolve_sampling(kind: str, mechanism: str) -> str:
+    """``auto`` → the sampler the mechanism option declares (``default_sampling``: Poisson for
+    independent noise, cyclic for the tree, cyclic-Poisson for BandMF); any other value is
+    returned unchanged (and validated later)."""
+    if kind != "auto":
+        return kind
+    option = option_preset("mechanism", mechanism)
+    return getattr(option, "default_sampling", kind) if option is not None else kind

@@ -40,7 +40,7 @@ import numpy as np
 
 from fedpriv.errors import ConfigError
 from fedpriv.randomness import uint64s, uniforms
-from fedpriv.schema import option_preset, register_sampler_kind
+from fedpriv.schema import register_sampler_kind
 
 POISSON = "poisson"
 FIXED_SIZE = "fixed"
@@ -499,16 +499,6 @@ def _b_min_sep(population, cohort_size, key, groups, public_population) -> Sampl
                           f"<= population; got {groups}, cohort {cohort_size}, population {rate_base}")
     return MinSeparationSampler(population=population, cohort=cohort_size, groups=groups, key=key,
                                 **_rate_fixed(public_population))
-
-
-def resolve_sampling(kind: str, mechanism: str) -> str:
-    """``auto`` → the sampler the mechanism option declares (``default_sampling``: Poisson for
-    independent noise, cyclic for the tree, cyclic-Poisson for BandMF); any other value is
-    returned unchanged (and validated later)."""
-    if kind != "auto":
-        return kind
-    option = option_preset("mechanism", mechanism)
-    return getattr(option, "default_sampling", kind) if option is not None else kind
 
 
 def make_sampler(kind: str, population: int, cohort_size: int, key: bytes | None,
