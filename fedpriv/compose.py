@@ -58,7 +58,7 @@ def hydra_error(err: Exception, overrides: Sequence[str] = (), multirun: bool = 
             chosen = _chosen_option(group, overrides, match.group(1))
             where = f"{group}={chosen}" if chosen else f"the chosen {group} option"
             hint = (f"; in a sweep over several {group} options every override applies to each member: run one "
-                    f"sweep per {group} option (README, 'Sweeps')") if multirun else ""
+                    f"sweep per {group} option (docs/EXPERIMENTS.md, 'Sweeps and reports')") if multirun else ""
             return ConfigError(f"'{match.group(1)}' is not a key of {where}; it is a key of "
                                f"{group}={', '.join(having)}: choose that option first, e.g. "
                                f"{group}={having[0]} {match.group(1)}=...{hint}")

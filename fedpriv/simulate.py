@@ -145,7 +145,7 @@ def _run(cfg) -> None:
         plain["run_dir"] = str(run_dir)
         if (plain.get("backend") or {}).get("name") == "deployment":
             raise ConfigError("backend=deployment runs under `flwr run` against a SuperLink: "
-                              "use scripts/deploy_local.sh (see README)")
+                              "use scripts/deploy_local.sh (docs/DEPLOYMENT.md)")
         run_backend = backend(plain["backend"]["name"])  # an unregistered backend: one error line, nothing written
         session = prepare(plain, run=run)
     except (ConfigError, PrivacyBudgetExceeded) as err:

@@ -2,7 +2,7 @@
 the draw it replaced (torch ``randn`` in blocks of 2^20, each from a ``torch.Generator`` seeded
 with a 63-bit seed, of which torch keeps 32 bits: not a secret; reproduced here only to compare).
 
-    python scripts/bench_noise.py [--reps 31] [--threads 2] [--json docs/bench/noise.json]
+    python scripts/bench_noise.py [--reps 31] [--threads 2] [--json docs/bench/noise_draw.json]
 
 The tensors are the parameters of the two models of ``scripts/bench_clipping.py`` (transformer,
 8.30M coordinates; StackOverflow-size LSTM, 4.05M), so the blocks are cut per tensor as in a

@@ -3,7 +3,7 @@ normals from :class:`fedpriv.randomness.NoiseStream` (ChaCha20 keystream, 64-bit
 every core) against the draw it replaced (SHAKE-256 on one core, Box–Muller of 53-bit uniforms in
 float64; reproduced here only to compare) and Book-Keeping's narrow keystream (32-bit radius words).
 
-    python scripts/bench_server_noise.py [--reps 21] [--threads 2] [--json docs/bench/server_noise.json]
+    python scripts/bench_server_noise.py [--reps 21] [--threads 2] [--json docs/bench/server_noise_draw.json]
 
 Timing is interleaved in one process: each repetition draws once by every method, in an order
 rotated by one each repetition; we report medians and each method's ratio to the previous draw.

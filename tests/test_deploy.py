@@ -286,5 +286,5 @@ def test_bad_arguments_exit_2(tmp_path, args, message):
 
 def test_simulate_refuses_the_deployment_backend(run_cli, tmp_path):
     proc = run_cli("+experiment=smoke", "backend=deployment", f"run_dir={tmp_path / 'r'}")
-    assert proc.returncode == 2 and "deploy_local.sh" in proc.stderr
+    assert proc.returncode == 2 and "deploy_local.sh (docs/DEPLOYMENT.md)" in proc.stderr  # the guide that shows how
     assert not (tmp_path / "r").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -78,7 +79,9 @@ def test_a_sweep_member_that_cannot_run_stops_the_sweep_before_any_member_runs(t
 
 
 def test_a_key_of_one_option_in_a_mixed_sweep_says_to_run_one_sweep_per_option():
-    with pytest.raises(ConfigError, match="run one sweep per mechanism option"):
+    # and names the guide whose section shows how (tests/test_docs.py checks that the section exists)
+    with pytest.raises(ConfigError, match=re.escape("run one sweep per mechanism option "
+                                                    "(docs/EXPERIMENTS.md, 'Sweeps and reports')")):
         check_overrides(["+experiment=smoke", "mechanism=gaussian,bandmf", "mechanism.bands=4"], multirun=True)
 
 

@@ -424,7 +424,7 @@ def test_the_one_pass_and_central_refusals_are_one_line_exit_2_and_a_fixed_rerun
 
 
 def test_make_hf_and_pretrain_hf_write_a_directory_model_hf_loads(tmp_path):
-    """The README's `python -m fedpriv.models.make_hf DIR` and scripts/pretrain_hf.py (issue 29's
+    """docs/HF_MODELS.md's `python -m fedpriv.models.make_hf DIR` and scripts/pretrain_hf.py (issue 29's
     experiment, two public steps here): both write a model directory HFCausalLM loads."""
     import subprocess
     import sys

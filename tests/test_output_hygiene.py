@@ -159,7 +159,7 @@ def test_sigint_prints_one_line_exits_130_and_resumes(tmp_path):
 # --- 3. the accounting calculator prints only its result ----------------------------------------
 
 def test_accounting_cli_prints_only_the_result():
-    # the README's example: dp_accounting's RDP code logs ~27 absl convergence warnings for it
+    # docs/ACCOUNTING.md's example: dp_accounting's RDP code logs ~27 absl convergence warnings for it
     proc = run_module("fedpriv.accounting", "noise", "--target-epsilon", "8", "--sampling-rate", "0.0333",
                       "--rounds", "150", "--delta", "1e-5", "--json", cwd=ROOT, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -1,9 +1,10 @@
-"""The README's cheap commands print what the README says they print (issue 41, edge 3).
+"""The cheap commands of the README and its guides print what the text says they print (issue 41,
+edge 3).
 
-Each case names a command of a README ``bash`` block by its start; the test takes the numbers the
-README's comment quotes for it, runs the command exactly as written, and checks that its output
-gives the same numbers at the precision the README quotes. A README edit or a code change that
-moves a number fails here. Only commands of a few seconds are run (the whole file: about 10 s).
+Each case names a command of a ``bash`` block of README.md or a guide in docs/ by its start; the test
+takes the numbers the comment quotes for it, runs the command exactly as written, and checks that its
+output gives the same numbers at the precision the text quotes. An edit of the text or a code change
+that moves a number fails here. Only commands of a few seconds are run (the whole file: about 10 s).
 """
 
 from __future__ import annotations
@@ -20,8 +21,17 @@ from tests.warm_launcher import run_module
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+# the README and the guides that hold the manual it once was: they describe the code as it is
+MANUAL = ("README.md", "docs/EXPERIMENTS.md", "docs/ALGORITHMS.md", "docs/SECURE_AGGREGATION.md",
+          "docs/ACCOUNTING.md", "docs/DEPLOYMENT.md", "docs/STACKOVERFLOW.md", "docs/HF_MODELS.md",
+          "docs/PUBLIC_DATA.md", "docs/CLIPPING.md", "docs/OUTPUTS.md")
 
-# (start of the command, the README comment's pattern, the output's pattern): the same groups in order
+
+def documents() -> list[Path]:
+    """README.md and every guide in docs/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# (start of the command, the comment's pattern, the output's pattern): the same groups in order
 CASES = {
     "balls_in_bins_epsilon": (
         "-m fedpriv.accounting epsilon --noise-multiplier 1.5 --sampling balls_in_bins --bins 66",
@@ -39,9 +49,9 @@ CASES = {
 
 
 def readme_commands() -> list[tuple[str, str]]:
-    """(command, its trailing comment) for each line of the README's ``bash`` blocks, with
-    backslash continuations joined."""
-    text = (ROOT / "README.md").read_text()
+    """(command, its trailing comment) for each line of the ``bash`` blocks of the README and the
+    guides in docs/, with backslash continuations joined."""
+    text = "\n".join(path.read_text() for path in documents())
     out = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
@@ -53,7 +63,7 @@ def readme_commands() -> list[tuple[str, str]]:
 
 def _quoted(command_start: str) -> tuple[str, str]:
     found = [(c, note) for c, note in readme_commands() if command_start in c]
-    assert len(found) == 1, f"the README has {len(found)} commands with {command_start!r}"
+    assert len(found) == 1, f"the README and docs/ have {len(found)} commands with {command_start!r}"
     return found[0]
 
 
@@ -76,7 +86,7 @@ def test_a_readme_command_prints_the_numbers_the_readme_quotes(case):
     start, comment_pattern, output_pattern = CASES[case]
     command, comment = _quoted(start)
     quoted = re.search(comment_pattern, comment)
-    assert quoted, f"the README's comment for {start!r} no longer reads {comment_pattern!r}: {comment!r}"
+    assert quoted, f"the comment for {start!r} no longer reads {comment_pattern!r}: {comment!r}"
     argv = shlex.split(command)
     assert argv[0] == ".venv/bin/python"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -85,20 +95,21 @@ def test_a_readme_command_prints_the_numbers_the_readme_quotes(case):
     printed = re.search(output_pattern, res.stdout)
     assert printed, f"{command!r} printed {res.stdout!r}"
     for got, want in zip(printed.groups(), quoted.groups()):
-        assert _agrees(got, want), f"{command!r} prints {printed.group(0)!r}; the README says {quoted.group(0)!r}"
+        assert _agrees(got, want), f"{command!r} prints {printed.group(0)!r}; the text says {quoted.group(0)!r}"
 
 
 def test_the_readme_carries_no_issue_number():
-    """The README describes the code as it is, not the history of its issues (issue 52, item 11)."""
-    text = (ROOT / "README.md").read_text()
+    """The README and the guides that hold its former manual describe the code as it is, not the
+    history of its issues (issue 52, item 11)."""
+    text = "\n".join((ROOT / name).read_text() for name in MANUAL)
     found = re.findall(r"[^\n]*\b[Ii]ssues? #?[0-9]+[^\n]*", text)
     assert found == []
 
 
 def test_an_outputs_in_comment_names_the_directory_its_command_writes():
-    """A README comment ``outputs in PATH`` after a ``fedpriv.simulate`` command names that command's
-    ``run_dir``, or Hydra's default ``outputs/DATE/TIME`` when it sets none."""
-    text = (ROOT / "README.md").read_text()
+    """A comment ``outputs in PATH`` (README or docs/) after a ``fedpriv.simulate`` command names that
+    command's ``run_dir``, or Hydra's default ``outputs/DATE/TIME`` when it sets none."""
+    text = "\n".join(path.read_text() for path in documents())
     checked = 0
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         command = None
@@ -165,15 +176,15 @@ def test_your_own_text_goes_from_a_json_lines_file_to_a_planned_run(tmp_path, mo
     words = [line.split("\t")[0] for line in (tmp_path / "words.txt").read_text().splitlines()]
     assert words[:2] == [".", "w1"]  # normalised as data=files reads the users' rows: punctuation is a token
     capsys.readouterr()
-    data_main(argv("-m fedpriv.data inspect data=files", "fedpriv.data"))
+    data_main(argv("-m fedpriv.data inspect data=files data.path=users.jsonl", "fedpriv.data"))
     out = capsys.readouterr().out
     users = int(re.search(r"^users: ([0-9,]+) train", out, flags=re.M).group(1).replace(",", ""))
     assert users > 32  # plan=auto's least population
-    planned, _ = _quoted("-m fedpriv.simulate data=files")
+    planned, _ = _quoted("-m fedpriv.simulate data=files data.path=users.jsonl")
     assert " population=N " in planned
     said = re.search(r"^next: (.*)$", out, flags=re.M).group(1)
     assert said == planned.replace(".venv/bin/python", "python").replace(" population=N ", f" population={users} ")
-    plan_main(argv("-m fedpriv.simulate data=files", "fedpriv.simulate", users))
+    plan_main(argv("-m fedpriv.simulate data=files data.path=users.jsonl", "fedpriv.simulate", users))
     plan = capsys.readouterr().out
     assert plan.startswith("plan: cohort ") and "for epsilon 8 at" in plan and f"population={users} " in plan
     assert not any(home.iterdir())

@@ -1,6 +1,6 @@
 """Write a small random-init Hugging Face causal LM and a word-level tokenizer to a local
 directory, offline: a model directory for ``model=hf`` (and ``public.teacher=hf``) when none is
-at hand, used by the README's command, the tests and scripts/pretrain_hf.py.
+at hand, used by docs/HF_MODELS.md's command, the tests and scripts/pretrain_hf.py.
 
 This module is the command (an entry point, the top floor: it composes the config and loads the
 dataset whose words the tokenizer knows; nothing imports it); what it writes is
