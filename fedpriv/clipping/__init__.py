@@ -4,7 +4,8 @@
 supported layers (``RULES``); ``bk.backward(per_sample_loss, groups=None)`` sets clipped and noised
 gradients (noise from a secret ChaCha20 keystream, :class:`GaussianKeystream`). Which rows are per
 sample is proven by :mod:`fedpriv.clipping.provenance` (:func:`computed_from` and
-:func:`flat_positions` declare what autograd cannot see). Add a layer type with
+:func:`flat_positions` declare what autograd cannot see), and that the forward mixes no samples by
+:mod:`fedpriv.clipping.replay`. Add a layer type with
 :func:`register_rule` (model packages register their own composite modules' rules when imported;
 this package imports no model).
 """
