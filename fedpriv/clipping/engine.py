@@ -122,6 +122,59 @@ def record_call(module: nn.Module, input: Tensor, output: Tensor) -> Optional[Te
 
 
 
+def validate(model: nn.Module) -> list[str]:
+    """Every problem that makes :class:`BookKeeping` refuse ``model`` at construction, one message each
+    (``path (Class): what``, in the order of ``model.named_modules()``); ``[]`` for a model it accepts. As
+    Opacus's ``ModuleValidator.validate``: nothing is raised and nothing changed. A refusal at construction
+    names them all, joined by "; ". What only a step can show (a weight used outside its module's call, a
+    model that mixes samples in its forward) is refused by :meth:`BookKeeping.backward`."""
+    return _survey(model)[2]
+
+
+def _survey(model: nn.Module) -> tuple[list[tuple[str, nn.Module, LayerRule]], list[tuple[nn.Module, LayerRule]],
+                                       list[str]]:
+    """The modules owning trainable parameters with their rules and paths, the modules to prepare, and the
+    problems found (every module is inspected: none stops the survey)."""
+    managed, to_prepare, problems = [], [], []
+    for path, module in model.named_modules():
+        path = path or "<model>"
+        where = f"{path} ({type(module).__name__})"
+        if type(module).__module__.startswith("transformers."):
+            # lazy: transformers is an optional extra: its layers' rules are registered by importing
+            # hf_rules, done here the first time a model has one of its classes (never at import)
+            import fedpriv.clipping.hf_rules  # noqa: F401
+        if isinstance(module, _BatchNorm):
+            problems.append(f"{where}: batch statistics mix samples, so per-sample gradients are not "
+                            "defined; use nn.LayerNorm")
+            continue
+        rule = RULES.get(type(module))
+        if rule is not None and rule.prepare is not None:
+            to_prepare.append((module, rule))
+        own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+        if not own:
+            continue
+        if rule is None:  # an nn.Linear / nn.Embedding subclass: recognised from its computation
+            found = subclass_rule(module)
+            if isinstance(found, str):
+                problems.append(f"{where}: {found}")
+                continue
+            rule = found
+        if rule is None:
+            problems.append(f"{where} owns trainable parameter(s) {', '.join(own)} that BookKeeping "
+                            f"cannot clip per sample: {_hint(module)}")
+            continue
+        extra = [n for n in own if n not in rule.params]
+        if extra:
+            problems.append(f"{where} has extra trainable parameter(s) {', '.join(extra)} that its rule "
+                            f"does not cover: {_hint(nn.Module())}")
+        problem = rule.check(module)
+        if problem:
+            problems.append(f"{where}: {problem}")
+        if not extra and not problem:
+            managed.append((path, module, rule))
+    return managed, to_prepare, problems
+
+
 class BookKeeping:
     """Per-sample (or per-group) clipping and Gaussian noise for ``model`` with the BK algorithm.
 
@@ -146,10 +199,11 @@ class BookKeeping:
 
     Raises :class:`UnsupportedLayerError` (a ``ValueError``) at construction for a trainable
     parameter owned by any module type without a rule (``nn.LSTM``, ``nn.MultiheadAttention``,
-    ``nn.GRU``, a bare ``nn.Parameter`` on a custom module, ...) and for BatchNorm. Frozen parameters are
-    ignored and get no grad. Every module whose rule has a ``prepare`` step is prepared (e.g. a recurrent
-    cell switched to its step-by-step forward, so that its gate Linear calls are hooked) until
-    :meth:`detach` undoes it. Use as a context manager to remove the hooks on exit.
+    ``nn.GRU``, a bare ``nn.Parameter`` on a custom module, ...) and for BatchNorm, naming every such
+    module in one message (:func:`validate` returns the list). Frozen parameters are ignored and get no
+    grad. Every module whose rule has a ``prepare`` step is prepared (e.g. a recurrent cell switched to
+    its step-by-step forward, so that its gate Linear calls are hooked) until :meth:`detach` undoes it.
+    Use as a context manager to remove the hooks on exit.
 
     ``backward`` replays the step's forward with a random half of the samples perturbed (the RNG
     restored; every batch-first tensor argument, also inside tuples, lists, mappings and dataclasses;
@@ -228,44 +282,11 @@ class BookKeeping:
     def _inspect(model: nn.Module) -> tuple[list[tuple[str, nn.Module, LayerRule]],
                                             list[tuple[nn.Module, LayerRule]]]:
         """Modules owning trainable parameters, each with its rule and path (``<model>`` for the model
-        itself), and the modules (trainable or not) whose rule has a ``prepare`` step; raise for anything
-        unsupported. Changes nothing."""
-        managed, to_prepare = [], []
-        for path, module in model.named_modules():
-            path = path or "<model>"
-            where = f"{path} ({type(module).__name__})"
-            if type(module).__module__.startswith("transformers."):
-                # lazy: transformers is an optional extra: its layers' rules are registered by importing
-                # hf_rules, done here the first time a model has one of its classes (never at import)
-                import fedpriv.clipping.hf_rules  # noqa: F401
-            if isinstance(module, _BatchNorm):
-                raise UnsupportedLayerError(
-                    f"{where}: batch statistics mix samples, so per-sample gradients are not "
-                    "defined; use nn.LayerNorm")
-            rule = RULES.get(type(module))
-            if rule is not None and rule.prepare is not None:
-                to_prepare.append((module, rule))
-            own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
-            if not own:
-                continue
-            if rule is None:  # an nn.Linear / nn.Embedding subclass: recognised from its computation
-                found = subclass_rule(module)
-                if isinstance(found, str):
-                    raise UnsupportedLayerError(f"{where}: {found}")
-                rule = found
-            if rule is None:
-                raise UnsupportedLayerError(
-                    f"{where} owns trainable parameter(s) {', '.join(own)} that BookKeeping "
-                    f"cannot clip per sample: {_hint(module)}")
-            extra = [n for n in own if n not in rule.params]
-            if extra:
-                raise UnsupportedLayerError(
-                    f"{where} has extra trainable parameter(s) {', '.join(extra)} that its rule "
-                    f"does not cover: {_hint(nn.Module())}")
-            problem = rule.check(module)
-            if problem:
-                raise UnsupportedLayerError(f"{where}: {problem}")
-            managed.append((path, module, rule))
+        itself), and the modules (trainable or not) whose rule has a ``prepare`` step; raise one
+        :class:`UnsupportedLayerError` naming every problem (:func:`validate`) if there is any. Changes nothing."""
+        managed, to_prepare, problems = _survey(model)
+        if problems:
+            raise UnsupportedLayerError("; ".join(problems))
         return managed, to_prepare
 
     def _make_hook(self, path: str, rule: LayerRule, label: str):
