@@ -2,7 +2,7 @@
 
 Provenance proves that some sample reaches each row of a hooked call, and the separability probe
 sees backward dependence only, at the first backward; neither shows that row i depends on sample i
-alone. The engine's forward replay (``BookKeeping._forward_replay``, provenance.py's item 4) does:
+alone. The engine's forward replay (``ForwardReplay.run``, provenance.py's item 4) does:
 the model's forward again with a random half of the samples perturbed (the RNG restored, so dropout
 draws the same masks), where every hooked call's rows of the other samples must stay bit-identical,
 on the first four steps and every eighth after (every step with ``replay_every=1``). Each mixing
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.clipping import BookKeeping, UnsupportedLayerError, flat_positions
-from fedpriv.clipping.engine import BookKeeping as _Engine
+from fedpriv.clipping.replay import ForwardReplay
 from fedpriv.models import LSTMLanguageModel, TransformerLanguageModel
 
 from tests.test_clipping import class_loss, lm_loss, one_thread, tokens  # noqa: F401 (the fixture)
@@ -143,7 +143,7 @@ def replace_one_ratio(model: nn.Module, loss_fn: Callable, batch: tuple, other: 
 
 def no_replay(monkeypatch) -> None:
     """What the engine accepted before the forward replay (to measure why it must refuse)."""
-    monkeypatch.setattr(_Engine, "_forward_replay", lambda self, *a, **k: None, raising=False)
+    monkeypatch.setattr(ForwardReplay, "run", lambda self, *a, **k: None, raising=False)
 
 
 def linear_calls(monkeypatch, layer: nn.Linear) -> list:
@@ -370,7 +370,7 @@ def test_mixing_after_the_last_layer_is_refused(detach: bool, inplace: bool, lat
 
 @pytest.mark.parametrize("later", [False, True])
 def test_without_the_output_check_mixing_after_the_last_layer_breaks_the_bound(monkeypatch, later: bool) -> None:
-    monkeypatch.setattr("fedpriv.clipping.engine.output_mismatch", lambda *a: None)
+    monkeypatch.setattr("fedpriv.clipping.replay.output_mismatch", lambda *a: None)
     mix = (lambda m: setattr(m, "mixing", True)) if later else None
     torch.manual_seed(0)
     ratio = replace_one_ratio(AfterLast(mixing=not later), class_loss, data(), data(seed=5, scale=30.0), clip=1e-3,
@@ -679,14 +679,14 @@ def test_the_replay_keeps_no_activation_for_a_backward() -> None:
     torch.manual_seed(0)
     model = TransformerLanguageModel(VOCAB, d_model=16, num_layers=2, num_heads=2, ff_dim=32, max_len=8)
     bk = BookKeeping(model, clip_norm=1e-2, replay_every=1)
-    replay, packed, runs = bk._forward_replay, [], []
+    replay, packed, runs = bk._replay.run, [], []
 
     def watched(*args):
         runs.append(1)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.shape) or t, lambda t: t):
             replay(*args)
 
-    bk._forward_replay = watched
+    bk._replay.run = watched
     for step in range(2):
         bk.backward(lm_loss(model, tokens(5, 8, VOCAB, seed=step)))
     assert len(runs) == 2 and packed == []
@@ -941,8 +941,8 @@ def test_without_the_call_checks_mixing_inside_the_last_call_breaks_the_bound(mo
     """Why they must be refused (sigma = 0): trusting the last call (as before the review) a replaced sample moves
     the clipped sum by more than 2C (1.6x for the hook and the instance forward, 2.6x for the weight). Step 1 at
     batch 4, then the measured step at batch 8, with sample 0 replaced by an outlier."""
-    monkeypatch.setattr(_Engine, "_only_own_code", lambda self, *a: True)
-    monkeypatch.setattr("fedpriv.clipping.engine.same_state", lambda *a: True)
+    monkeypatch.setattr(ForwardReplay, "_only_own_code", lambda self, *a: True)
+    monkeypatch.setattr("fedpriv.clipping.replay.same_state", lambda *a: True)
     torch.manual_seed(0)
     model, (x, y) = LastCallMix(how, k=30.0), data()
     other = torch.cat([data(seed=5, scale=30.0)[0][:1], x[1:]])
@@ -1000,9 +1000,9 @@ class EndsItself(nn.Module):
 
 @pytest.mark.parametrize("name", ["_ReplayDone", "_ReplayMismatch"])
 def test_a_model_that_ends_the_replay_itself_is_refused(name: str) -> None:
-    from fedpriv.clipping import engine
+    from fedpriv.clipping import replay
 
-    model = EndsItself(getattr(engine, name))
+    model = EndsItself(getattr(replay, name))
     bk = BookKeeping(model, clip_norm=1.0, replay_every=1)
     with pytest.raises(UnsupportedLayerError, match=rf"^the model's forward raised {name} .* in the forward replay"):
         bk.backward(class_loss(model, *data()))
@@ -1097,7 +1097,7 @@ def test_the_value_print_sees_a_change_keeping_a_rows_bit_sum_in_half_precision(
 
     g = torch.Generator().manual_seed(0)
     t = (3 * torch.randn(16, 1000, generator=g)).to(dtype)
-    direction = BookKeeping(nn.Linear(2, 2), clip_norm=1.0)._direction(t)
+    direction = BookKeeping(nn.Linear(2, 2), clip_norm=1.0)._replay.direction(t)
     base, step = value_print(t, direction), 1 << (7 if dtype == torch.bfloat16 else 10)  # one more exponent: x2
     missed = 0
     for k in range(200):

@@ -81,7 +81,7 @@ def test_bk_replay_every_reaches_every_engine_of_the_run(tmp_path, monkeypatch, 
     monkeypatch.setattr(BookKeeping, "__init__", spy)
     key = () if every is None else (f"client.bk_replay_every={every}",)
     run_local(prepare(compose_cfg(*SMOKE, *setting, *key, "rounds=1", run_dir=tmp_path / "r")))
-    stepped = [bk.replay_every for bk in built if bk._steps]  # (the model check's engine is detached at once)
+    stepped = [bk.replay_every for bk in built if bk._replay.steps]  # (the model check's engine is detached at once)
     assert stepped and set(stepped) == {REPLAY_EVERY if every is None else every}
 
 

@@ -28,8 +28,9 @@ depends on another sample's rows, and (by a forward replay with some samples per
 schedule: ``replay_every``, and at each new shape of the arguments) that no row of a hooked call,
 nor of the model's return value, depends on another sample, by
 :mod:`fedpriv.clipping.provenance` (its docstring states what is proven and under which
-assumptions). A shared call's output is returned with a new leading
-batch dim (an ``expand`` view), so each sample gets its own part of the gradient.
+assumptions; the replay itself is :mod:`fedpriv.clipping.replay`). A shared call's output is
+returned with a new leading batch dim (an ``expand`` view), so each sample gets its own part of the
+gradient.
 
 Assumptions: dim 0 of the model input is the batch; sample i's loss depends only on sample i (no
 BatchNorm, no mixing of samples); the model does not modify its float inputs, nor a hooked call's
@@ -40,34 +41,26 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules import module as torch_module
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.autograd.graph import get_gradient_edge
 from torch.profiler import record_function
-from torch.utils.hooks import RemovableHandle
 
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
 from fedpriv.keystream import GaussianKeystream, stream_key
 from fedpriv.precision import as_fp32, exact_fp32
-from fedpriv.randomness import KEY_BYTES, keystream
-from fedpriv.clipping.provenance import (FLAT_LISTENERS, CallPrint, KeyedDraws, Provenance, UnsupportedLayerError,
-                                         ambiguous_batch_dim, call_print, check_data_independent, check_separable,
-                                         declared_rows, expand_rows, map_tensors, output_mismatch, output_prints,
-                                         perturb_samples, perturbed, replay_error, replay_mismatch, rows_within,
-                                         same_state, same_values, separability_probe, state_print, value_print)
-from fedpriv.clipping.rules import FORWARDS, HINTS, RULES, LayerRule
+from fedpriv.clipping.provenance import (FLAT_LISTENERS, Provenance, UnsupportedLayerError, ambiguous_batch_dim,
+                                         check_separable, separability_probe)
+from fedpriv.clipping.replay import REPLAY_EVERY, ForwardReplay, first_tensor
+from fedpriv.clipping.rules import HINTS, RULES, LayerRule
 from fedpriv.clipping.subclass_rules import subclass_rule
 
 MODES = ("ghost", "instantiate", "mixopt")
-REPLAY_FIRST = 4  # the forward replay runs on an engine's first steps ...
-REPLAY_EVERY = 8  # ... and on every REPLAY_EVERY-th after (``replay_every``; 1: every step)
-_MODULE_CALL = {name: getattr(nn.Module, name) for name in ("__call__", "_wrapped_call_impl", "_call_impl")}
 _INSTANTIATE_BUDGET = 1 << 24  # floats of per-unit gradients held at once on the grouped path
 _KEEP_BUDGET = 1 << 25  # elements of per-unit gradients kept for the clipped sums (128 MB in float32)
 
@@ -108,68 +101,6 @@ class _Call:
     rows: Optional[Tensor] = None  # a call on flattened positions: the sample of each input row
 
 
-@dataclass
-class _LastCall:
-    """The last hooked call of a forward to replay, while it runs: its output, whether the replay may end before
-    it (a registered layer's own call on batch rows) and, where it is the call predicted last and only its
-    registered forward ran, the value_print of its output when it returned and its module's state_print."""
-
-    output: Tensor
-    may_end: bool
-    proof: Optional[tuple[tuple[Tensor, Optional[Tensor]], list]] = None
-
-
-@dataclass
-class _Forward:
-    """One forward of the model to replay (:meth:`BookKeeping._forward_replay`): its arguments, the
-    RNG states it started from, the batch, and what each hooked call of it computed, in order."""
-
-    args: tuple
-    kwargs: dict
-    rng: tuple[Tensor, list[tuple[int, Tensor]]]  # torch's CPU state, (device, state) per CUDA device
-    batch: int
-    prints: list[tuple[CallPrint, Optional[str]]]  # with the expansion the engine applied ("shared", "broadcast")
-    shapes: tuple = ()  # the shapes of the tensors in its arguments (each new one is replayed: _signature)
-    # the model's return value as compared (output_prints); None where ``state`` is set (or the model's forward
-    # hook never ran: refused)
-    output: Optional[list[CallPrint]] = None
-    # where the model returned its last call's output with the values that call computed, and only that
-    # registered layer's own forward ran in the call: the state_print of its module at the call (the replay then
-    # ends before that call, comparing its input and this: :meth:`BookKeeping._replay_last`)
-    state: Optional[list] = None
-    # while the forward runs: torch's hook count when it started; whether the call predicted last may still be
-    # proven to run only its registered forward (:meth:`BookKeeping._only_own_code`); the last hooked call; the
-    # samples of the rows of each flat_positions it made (dropped when it returns)
-    hooks: int = 0
-    clean: bool = False
-    last: Optional[_LastCall] = None
-    flat: list[Tensor] = field(default_factory=list)
-
-
-@dataclass
-class _Replaying:
-    """The state of one replay: the forward replayed, the perturbed samples, the next call, the
-    outputs of its calls on flattened positions (with their rows' samples), and the first
-    mismatch found (kept here too, so a model that catches :class:`_ReplayMismatch` cannot hide it)."""
-
-    forward: _Forward
-    chosen: Tensor
-    next: int = 0
-    flat: list[Tensor] = field(default_factory=list)
-    mismatch: Optional[tuple[str, nn.Module, str]] = None
-    ended: bool = False  # the engine ended it (_replay_last): a _ReplayDone it did not raise is the model's own
-
-
-class _ReplayMismatch(BaseException):
-    """Ends a replay at the first call that differs (turned into an UnsupportedLayerError). A
-    ``BaseException``, so that a model's ``except Exception`` does not swallow it."""
-
-
-class _ReplayDone(BaseException):
-    """Ends a replay before its last call when that call's output is the model's return value,
-    unchanged, of a registered layer that ran only its own forward, and its input and module state were
-    compared (the output layer of a language model, its largest product, is not computed again). Trusted
-    only where the engine raised it (``_Replaying.ended``); the model raising it is refused."""
 
 
 _RECORDERS: "weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]]" = weakref.WeakKeyDictionary()
@@ -190,31 +121,58 @@ def record_call(module: nn.Module, input: Tensor, output: Tensor) -> Optional[Te
     return output if replaced is None else replaced
 
 
-def _first_tensor(args: tuple, kwargs: dict) -> Optional[Tensor]:
-    for value in list(args) + list(kwargs.values()):
-        if isinstance(value, Tensor):
-            return value
-    return None
+
+def validate(model: nn.Module) -> list[str]:
+    """Every problem that makes :class:`BookKeeping` refuse ``model`` at construction, one message each
+    (``path (Class): what``, in the order of ``model.named_modules()``); ``[]`` for a model it accepts. As
+    Opacus's ``ModuleValidator.validate``: nothing is raised and nothing changed. A refusal at construction
+    names them all, joined by "; ". What only a step can show (a weight used outside its module's call, a
+    model that mixes samples in its forward) is refused by :meth:`BookKeeping.backward`."""
+    return _survey(model)[2]
 
 
-def _signature(args: tuple, kwargs: dict) -> tuple:
-    """The shapes of every tensor in a forward's arguments (in their tuples, lists and dicts too),
-    by position and keyword: a forward whose signature no replay has seen is replayed."""
-    shapes: list = []
-    for key, value in list(enumerate(args)) + list(kwargs.items()):
-        map_tensors(value, lambda t, key=key: shapes.append((key, tuple(t.shape))))
-    return tuple(shapes)
-
-
-def _drop_saved(tensor: Tensor) -> None:
-    """The forward replay's autograd saves nothing (its graph is never differentiated): each of its
-    activations is freed when the forward no longer needs it, as without grad."""
-    return None
-
-
-def _no_saved(_: None) -> Tensor:
-    raise RuntimeError("the forward replay keeps no tensor for a backward: a forward that differentiates "
-                       "inside itself cannot be replayed")
+def _survey(model: nn.Module) -> tuple[list[tuple[str, nn.Module, LayerRule]], list[tuple[nn.Module, LayerRule]],
+                                       list[str]]:
+    """The modules owning trainable parameters with their rules and paths, the modules to prepare, and the
+    problems found (every module is inspected: none stops the survey)."""
+    managed, to_prepare, problems = [], [], []
+    for path, module in model.named_modules():
+        path = path or "<model>"
+        where = f"{path} ({type(module).__name__})"
+        if type(module).__module__.startswith("transformers."):
+            # lazy: transformers is an optional extra: its layers' rules are registered by importing
+            # hf_rules, done here the first time a model has one of its classes (never at import)
+            import fedpriv.clipping.hf_rules  # noqa: F401
+        if isinstance(module, _BatchNorm):
+            problems.append(f"{where}: batch statistics mix samples, so per-sample gradients are not "
+                            "defined; use nn.LayerNorm")
+            continue
+        rule = RULES.get(type(module))
+        if rule is not None and rule.prepare is not None:
+            to_prepare.append((module, rule))
+        own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+        if not own:
+            continue
+        if rule is None:  # an nn.Linear / nn.Embedding subclass: recognised from its computation
+            found = subclass_rule(module)
+            if isinstance(found, str):
+                problems.append(f"{where}: {found}")
+                continue
+            rule = found
+        if rule is None:
+            problems.append(f"{where} owns trainable parameter(s) {', '.join(own)} that BookKeeping "
+                            f"cannot clip per sample: {_hint(module)}")
+            continue
+        extra = [n for n in own if n not in rule.params]
+        if extra:
+            problems.append(f"{where} has extra trainable parameter(s) {', '.join(extra)} that its rule "
+                            f"does not cover: {_hint(nn.Module())}")
+        problem = rule.check(module)
+        if problem:
+            problems.append(f"{where}: {problem}")
+        if not extra and not problem:
+            managed.append((path, module, rule))
+    return managed, to_prepare, problems
 
 
 class BookKeeping:
@@ -241,11 +199,11 @@ class BookKeeping:
 
     Raises :class:`UnsupportedLayerError` (a ``ValueError``) at construction for a trainable
     parameter owned by any module type without a rule (``nn.LSTM``, ``nn.MultiheadAttention``,
-    ``nn.GRU``, a bare ``nn.Parameter`` on a custom module, ...) and for BatchNorm. Frozen
-    parameters are ignored and get no grad. Every module whose rule has a ``prepare`` step is
-    prepared (e.g. a recurrent cell switched to its step-by-step forward, so that its gate Linear
-    calls are hooked) until :meth:`detach` undoes it. Use as a context manager to remove the hooks
-    on exit.
+    ``nn.GRU``, a bare ``nn.Parameter`` on a custom module, ...) and for BatchNorm, naming every such
+    module in one message (:func:`validate` returns the list). Frozen parameters are ignored and get no
+    grad. Every module whose rule has a ``prepare`` step is prepared (e.g. a recurrent cell switched to
+    its step-by-step forward, so that its gate Linear calls are hooked) until :meth:`detach` undoes it.
+    Use as a context manager to remove the hooks on exit.
 
     ``backward`` replays the step's forward with a random half of the samples perturbed (the RNG
     restored; every batch-first tensor argument, also inside tuples, lists, mappings and dataclasses;
@@ -253,16 +211,16 @@ class BookKeeping:
     model cannot predict them and the same ``noise_key`` replays them:
     :class:`~fedpriv.clipping.provenance.KeyedDraws`) and refuses a model whose hooked calls' rows,
     or its return value's, of the other samples change: a model that mixes samples in its forward
-    (:mod:`fedpriv.clipping.provenance`, 4). It does so on the first ``REPLAY_FIRST`` (4) steps of
-    the engine, on every ``replay_every``-th step after (default 8; 1: every step) and on every step
-    whose arguments have shapes no replay has seen; a step with one sample is not replayed (nothing
-    to compare). A replay is one more forward with grad enabled that saves nothing for a backward,
-    ending before the last layer where the model returns that layer's output holding, by value, what
-    the layer computed, that call ran nothing but the layer's registered forward, and its module's
-    parameters, buffers and attributes print the same in the replay (docs/BENCHMARKS.md gives its
-    cost). Every hooked call must be made inside the model's forward (the replay runs that forward
-    again); the model may itself be one registered
-    layer (a bare ``nn.Linear``; refusals name it ``<model>``).
+    (:mod:`fedpriv.clipping.provenance`, 4; :class:`~fedpriv.clipping.replay.ForwardReplay`). It does
+    so on the first ``REPLAY_FIRST`` (4) steps of the engine, on every ``replay_every``-th step after
+    (default 8; 1: every step) and on every step whose arguments have shapes no replay has seen; a step
+    with one sample is not replayed (nothing to compare). A replay is one more forward with grad
+    enabled that saves nothing for a backward, ending before the last layer where the model returns
+    that layer's output holding, by value, what the layer computed, that call ran nothing but the
+    layer's registered forward, and its module's parameters, buffers and attributes print the same in
+    the replay (docs/BENCHMARKS.md gives its cost). Every hooked call must be made inside the model's
+    forward (the replay runs that forward again); the model may itself be one registered layer (a bare
+    ``nn.Linear``; refusals name it ``<model>``).
 
     Every forward with grad enabled since the last ``backward`` counts (two passes of the model
     in one loss are both clipped together); recorded tensors are dropped by ``backward``, by
@@ -287,10 +245,6 @@ class BookKeeping:
         self.replay_every = replay_every
         key = stream_key(noise_key)  # the noise's key: fresh OS entropy, or the caller's (research)
         self.noise = GaussianKeystream(key)
-        # the perturbed replays' key (KeyedDraws): another function of the same key (SHAKE-256 under a label
-        # of its own, where the noise is ChaCha20 under the key), so a research key reproduces the replays
-        self._draws_key = keystream(key, "bk-perturbed-replays", (), KEY_BYTES)
-        self._draws_made = 0  # KeyedDraws made so far: each replay's index
         self.last_norms: Optional[Tensor] = None
         self.last_scales: Optional[Tensor] = None
         self.last_methods: dict[str, str] = {}
@@ -298,21 +252,8 @@ class BookKeeping:
         self._calls: list[_Call] = []
         self._provenance = Provenance(model)  # what the forwards since the last backward proved
         self._separability_checked = False
-        self._independent: set[str] = set()  # paths whose shared inputs the replay proved sample-free
         self._proven_made_inside: set[str] = set()  # paths of made-inside calls the probe proved per sample
-        self._replayed: Optional[dict[str, list[Tensor]]] = None  # inputs recorded during a replay
         self._in_backward = False
-        self._steps = 0  # backwards run (the forward replay's schedule)
-        self._forwards: list[_Forward] = []  # this step's forwards, for the forward replay
-        self._in_forward = False  # inside a forward of the model (hooked calls outside cannot be replayed)
-        self._outside: Optional[str] = None  # a hooked call made outside the model's forward
-        self._replaying: Optional[_Replaying] = None
-        self._open: Optional[_Forward] = None  # the recorded forward now running (its return value is kept)
-        self._replayed_shapes: set[tuple] = set()  # the _signature of every forward replayed so far
-        self._last_call: Optional[tuple[int, str]] = None  # (index, path) of the call whose output the last
-        # recorded forward returned: its output's values are printed when it returns (value_print)
-        self._directions: dict[tuple, Tensor] = {}  # value_print's secret directions, by (length, dtype, device)
-        self._check_stream = GaussianKeystream()  # their source (a key of its own: the noise stream is untouched)
         managed, to_prepare = self._inspect(model)
         # profiler labels (scripts/profile_bk.py): "bk.<phase>.<layer kind>"
         self._kind = {id(p): type(module).__name__ for _, module, _ in reversed(managed)
@@ -330,8 +271,10 @@ class BookKeeping:
             _RECORDERS[module] = hook
             self._recorded.append(module)
         self._handles.append(model.register_forward_hook(self._off_root, always_call=True))
-        self._own = {handle.id for handle in self._handles}  # this engine's hooks (any other is foreign code)
-        FLAT_LISTENERS.add(self)
+        # the proof that the model does not mix samples in its forward (replay.py): its draws keyed from the same
+        # key as the noise; this engine's hooks are its own code (any other is foreign code)
+        self._replay = ForwardReplay(model, key, replay_every, self._by_path, {handle.id for handle in self._handles})
+        FLAT_LISTENERS.add(self._replay)
 
     # ------------------------------------------------------------------ set-up
 
@@ -339,71 +282,12 @@ class BookKeeping:
     def _inspect(model: nn.Module) -> tuple[list[tuple[str, nn.Module, LayerRule]],
                                             list[tuple[nn.Module, LayerRule]]]:
         """Modules owning trainable parameters, each with its rule and path (``<model>`` for the model
-        itself), and the modules (trainable or not) whose rule has a ``prepare`` step; raise for anything
-        unsupported. Changes nothing."""
-        managed, to_prepare = [], []
-        for path, module in model.named_modules():
-            path = path or "<model>"
-            where = f"{path} ({type(module).__name__})"
-            if type(module).__module__.startswith("transformers."):
-                # lazy: transformers is an optional extra: its layers' rules are registered by importing
-                # hf_rules, done here the first time a model has one of its classes (never at import)
-                import fedpriv.clipping.hf_rules  # noqa: F401
-            if isinstance(module, _BatchNorm):
-                raise UnsupportedLayerError(
-                    f"{where}: batch statistics mix samples, so per-sample gradients are not "
-                    "defined; use nn.LayerNorm")
-            rule = RULES.get(type(module))
-            if rule is not None and rule.prepare is not None:
-                to_prepare.append((module, rule))
-            own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
-            if not own:
-                continue
-            if rule is None:  # an nn.Linear / nn.Embedding subclass: recognised from its computation
-                found = subclass_rule(module)
-                if isinstance(found, str):
-                    raise UnsupportedLayerError(f"{where}: {found}")
-                rule = found
-            if rule is None:
-                raise UnsupportedLayerError(
-                    f"{where} owns trainable parameter(s) {', '.join(own)} that BookKeeping "
-                    f"cannot clip per sample: {_hint(module)}")
-            extra = [n for n in own if n not in rule.params]
-            if extra:
-                raise UnsupportedLayerError(
-                    f"{where} has extra trainable parameter(s) {', '.join(extra)} that its rule "
-                    f"does not cover: {_hint(nn.Module())}")
-            problem = rule.check(module)
-            if problem:
-                raise UnsupportedLayerError(f"{where}: {problem}")
-            managed.append((path, module, rule))
+        itself), and the modules (trainable or not) whose rule has a ``prepare`` step; raise one
+        :class:`UnsupportedLayerError` naming every problem (:func:`validate`) if there is any. Changes nothing."""
+        managed, to_prepare, problems = _survey(model)
+        if problems:
+            raise UnsupportedLayerError("; ".join(problems))
         return managed, to_prepare
-
-    def _draws(self, label: str) -> KeyedDraws:
-        """The next replay's random choices: keyed by the engine's key (:class:`KeyedDraws`), never a
-        seeded generator a model could predict; indexed by a count, so no two replays share draws."""
-        self._draws_made += 1
-        return KeyedDraws(self._draws_key, label, self._draws_made)
-
-    def _check_independent(self, made: list[tuple[str, Tensor]], call_args: tuple[tuple, dict]) -> None:
-        """Replay the model's forward on perturbed arguments (no autograd, the RNG streams
-        restored afterwards) and fail if a shared input made in the forward changed
-        (:func:`~fedpriv.clipping.provenance.check_data_independent`). Once per call path (the
-        model's structure is assumed not to change between backwards, as for separability)."""
-        args, kwargs = call_args
-        draws = self._draws("bk-independence-check")
-        args2 = tuple(perturbed(a, draws) for a in args)
-        kwargs2 = {k: perturbed(v, draws) for k, v in kwargs.items()}
-        devices = [d.index for d in {p.device for p in self.model.parameters()} if d.type == "cuda"]
-        self._replayed = {}
-        try:
-            with torch.random.fork_rng(devices=devices), torch.no_grad():
-                self.model(*args2, **kwargs2)
-            replayed = self._replayed
-        finally:
-            self._replayed = None
-        check_data_independent(made, replayed, self._by_path)
-        self._independent.update(path for path, _ in made)
 
     def _make_hook(self, path: str, rule: LayerRule, label: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any, recorded: bool = False):
@@ -413,34 +297,8 @@ class BookKeeping:
 
     def _make_pre_hook(self, path: str):
         def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            # (a no-grad call is not recorded; a plain step, neither replayed nor recorded for a replay: nothing)
-            if self._replaying is not None:
-                if torch.is_grad_enabled():
-                    self._replay_last(path, module, _first_tensor(args, kwargs))
-            elif (forward := self._open) is not None and forward.clean and torch.is_grad_enabled() \
-                    and self._last_call == (len(forward.prints), path):  # the call predicted last
-                forward.clean = self._only_own_code(module, _first_tensor(args, kwargs))
+            self._replay.before_call(path, module, args, kwargs)
         return pre_hook
-
-    def _only_own_code(self, module: nn.Module, x: Optional[Tensor] = None) -> bool:
-        """Whether a call of ``module`` made now runs nothing between this engine's pre-hook and hook but its
-        registered type's forward (``FORWARDS``): no forward hook or pre-hook but this engine's, no global module
-        hook, no torch function or dispatch mode, nothing of torch's call path (``forward``, ``__call__``,
-        ``_call_impl``, a compiled call) replaced on the instance or the class, and plain tensors (no subclass's
-        ``__torch_function__``) as its input ``x``, parameters and buffers. Checked where the forward starts and
-        at the call's pre-hook and hook, with no hook registered in between (torch's hook count), so that no hook
-        registered earlier can have hidden another (torch runs the hooks a call started with)."""
-        kind = type(module)
-        if (torch_module._global_forward_pre_hooks or torch_module._global_forward_hooks
-                or not self._own.issuperset(module._forward_pre_hooks)
-                or not self._own.issuperset(module._forward_hooks)
-                or torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()
-                or kind.forward is not FORWARDS.get(kind) or "forward" in vars(module)
-                or getattr(module, "_compiled_call_impl", None) is not None
-                or any(name in vars(module) or getattr(kind, name) is not fn for name, fn in _MODULE_CALL.items())):
-            return False
-        tensors = [t for t in (*module._parameters.values(), *module._buffers.values(), x) if t is not None]
-        return all(type(t) in (Tensor, nn.Parameter) for t in tensors)
 
     def detach(self) -> None:
         """Remove all hooks, undo every module's ``prepare`` step, drop recorded tensors."""
@@ -449,7 +307,7 @@ class BookKeeping:
         self._handles = []
         for module in self._recorded:
             _RECORDERS.pop(module, None)
-        FLAT_LISTENERS.discard(self)
+        FLAT_LISTENERS.discard(self._replay)
         self._recorded = []
         for undo in reversed(self._undo):
             undo()
@@ -459,8 +317,7 @@ class BookKeeping:
     def clear(self) -> None:
         """Drop the calls recorded since the last backward (e.g. after an abandoned forward)."""
         self._calls = []
-        self._forwards = []
-        self._outside = None
+        self._replay.clear()
         self._provenance.reset()
 
     def __enter__(self) -> "BookKeeping":
@@ -471,16 +328,13 @@ class BookKeeping:
 
     @property
     def replay_due(self) -> bool:
-        """Whether the next step's forward is replayed by the schedule (:meth:`_forward_replay`): the
-        first ``REPLAY_FIRST`` steps of this engine and every ``replay_every``-th step (counted from 0).
-        A forward whose arguments' shapes no replay has seen yet is replayed too (a model that mixes only
-        at some batch size, the last short batch of an epoch, say, cannot wait for the schedule)."""
-        return self._steps < REPLAY_FIRST or self._steps % self.replay_every == 0
+        """Whether the next step's forward is replayed by the schedule (:attr:`ForwardReplay.due`)."""
+        return self._replay.due
 
     @property
     def replay_pending(self) -> bool:
         """Whether the forward(s) run since the last backward will be replayed by the next one."""
-        return bool(self._forwards)
+        return self._replay.pending
 
     @property
     def recorded_calls(self) -> int:
@@ -496,7 +350,7 @@ class BookKeeping:
         (:meth:`Provenance.trace_input`)."""
         if self._in_backward or not torch.is_grad_enabled():
             return None
-        x = _first_tensor(args, kwargs)
+        x = first_tensor(args, kwargs)
         if x is None or x.dim() == 0:
             return None
         proof = self._provenance
@@ -504,244 +358,46 @@ class BookKeeping:
         if self._calls and proof.batch is not None and x.shape[0] != proof.batch:
             self.clear()  # a new batch size: the pending calls belong to an abandoned forward
         proof.set_batch(x)
-        self._in_forward = True
-        shapes = _signature(args, kwargs)
-        if x.shape[0] > 1 and (self.replay_due or shapes not in self._replayed_shapes):
-            # the forward replay's starting point: arguments, RNG states
-            devices = sorted({p.device.index or 0 for p in self.model.parameters() if p.device.type == "cuda"})
-            rng = (torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in devices])
-            predicted = self._by_path.get(self._last_call[1]) if self._last_call else None
-            self._forwards.append(_Forward(args, dict(kwargs), rng, x.shape[0], [], shapes,
-                                           hooks=RemovableHandle.next_id,
-                                           clean=predicted is not None and self._only_own_code(predicted)))
-            self._open = self._forwards[-1]
+        self._replay.begin(args, kwargs, x)  # kept to be replayed, where due
         new_args = tuple(proof.trace_input(a) for a in args)
         new_kwargs = {k: proof.trace_input(v) for k, v in kwargs.items()}
         changed = any(a is not b for a, b in zip(new_args, args)) or any(new_kwargs[k] is not kwargs[k] for k in kwargs)
         return (new_args, new_kwargs) if changed else None
 
     def _off_root(self, module: nn.Module, args: tuple, output: Any) -> None:
-        """The model's forward has returned (or raised): a recorded forward to replay keeps what the
-        replay compares of its return value (:func:`~fedpriv.clipping.provenance.output_prints`),
-        unless that is the last hooked call's output (or a view within its rows,
-        :func:`~fedpriv.clipping.provenance.rows_within`) holding, by value, what that call computed
-        (:func:`~fedpriv.clipping.provenance.value_print` when the call returned and now, so a write
-        through ``.data`` or numpy, which no version counter sees, is seen), and that call ran only its
-        registered layer's forward (:meth:`_only_own_code`): the replay then ends before that call,
-        comparing its input and its module's state (:meth:`_replay_last`). Which call that is, is learnt
-        from the previous recorded forward (the first is replayed whole)."""
-        self._in_forward = False
-        forward, self._open = self._open, None
-        if forward is None:
-            return
-        last, flat = forward.last, forward.flat
-        forward.last, forward.flat = None, []
-        if last is not None and last.may_end and rows_within(output, last.output):
-            self._last_call = (len(forward.prints) - 1, forward.prints[-1][0].path)
-            now = None if last.proof is None else value_print(last.output, self._direction(last.output))
-            if now is not None and same_values(last.proof[0], now):
-                forward.state = last.proof[1]
-                return
-        forward.output = output_prints(output, forward.batch, flat)
-
-    def _direction(self, t: Tensor) -> Optional[Tensor]:
-        """:func:`~fedpriv.clipping.provenance.value_print`'s secret direction for ``t`` (None: not float)."""
-        if not t.is_floating_point() or not t.dim():
-            return None
-        wide = torch.promote_types(t.dtype, torch.float32)  # value_print projects in float32 at least
-        key = (t.shape[-1], wide, t.device)
-        if key not in self._directions:
-            self._directions[key] = self._check_stream.normal((t.shape[-1],)).to(wide).to(t.device)
-        return self._directions[key]
+        """The model's forward has returned (or raised): :meth:`ForwardReplay.end`."""
+        self._replay.end(output)
 
     def _on_forward(self, path: str, rule: LayerRule, module: nn.Module, args: tuple,
                     kwargs: dict, output: Any, recorded: bool = False) -> Optional[Tensor]:
-        if self._replaying is not None:  # the forward replay: compare with the original forward
-            if not isinstance(output, Tensor) or not output.requires_grad:
-                return None
-            return self._replay_call(path, module, _first_tensor(args, kwargs), output, recorded)
-        if self._replayed is not None:  # the replay of check_data_independent: record inputs only
-            x = _first_tensor(args, kwargs)
-            if x is not None:
-                self._replayed.setdefault(path, []).append(x.detach().clone())
-            return None
+        if self._replay.running:  # a call of a replay (not of a step): compared or recorded there
+            return self._replay.on_call(path, module, args, kwargs, output, recorded)
         if self._in_backward or not isinstance(output, Tensor) or not output.requires_grad:
             return None
-        x = _first_tensor(args, kwargs)
+        x = first_tensor(args, kwargs)
         leaf = x if x.requires_grad and x.grad_fn is None else None
         node = x.grad_fn
         proof = self._provenance
         rows = proof.positions(path, module, x)
         if rows is not None:  # flattened positions of a per-sample tensor (flat_positions)
-            self._fingerprint(path, module, "positions", x, output, recorded, rows)
+            self._replay.record(path, module, "positions", x, output, recorded, rows)
             proof.add_output(output)
             self._calls.append(_Call(path, module, rule, x.detach(), get_gradient_edge(output), node, leaf, rows))
             return None
         batched = proof.batched(path, rule, module, x)
         replaced = not batched
         if not batched:
-            self._fingerprint(path, module, "whole", x, output, recorded, expand="shared")
+            self._replay.record(path, module, "whole", x, output, recorded, expand="shared")
             x, output = proof.expand_shared(x, output)
         elif path in proof.made_inside and x.shape[0] == 1 and proof.batch > 1:
-            self._fingerprint(path, module, "whole", x, output, recorded, expand="broadcast")
+            self._replay.record(path, module, "whole", x, output, recorded, expand="broadcast")
             x, output = proof.expand_broadcast(x, output)  # on probation (provenance.py, 2 and 3)
             replaced = True
         else:
-            self._fingerprint(path, module, "rows", x, output, recorded)
+            self._replay.record(path, module, "rows", x, output, recorded)
         proof.add_output(output)
         self._calls.append(_Call(path, module, rule, x.detach(), get_gradient_edge(output), node, leaf))
         return output if replaced else None
-
-    # ------------------------------------------------------------------ forward replay
-
-    def _fingerprint(self, path: str, module: nn.Module, kind: str, x: Tensor, output: Tensor, recorded: bool,
-                     rows: Optional[Tensor] = None, expand: Optional[str] = None) -> None:
-        """Keep what the forward replay compares of this call (its input's rows; its output's too
-        unless the module is of a registered type, whose own forward computes row i from input row i
-        only; a call reported by :func:`record_call` formed its output elsewhere: compared)."""
-        if not self._forwards:
-            return  # a batch of one: nothing to replay
-        if not self._in_forward:
-            self._outside = self._outside or f"{path} ({type(module).__name__})"
-            return
-        trusted = type(module) in RULES and not recorded
-        forward = self._forwards[-1]
-        forward.prints.append((call_print(path, kind, x, None if trusted else output, rows), expand))
-        may_end = trusted and expand is None
-        forward.last = _LastCall(output, may_end)
-        if (may_end and forward.clean and self._last_call == (len(forward.prints) - 1, path)
-                and RemovableHandle.next_id == forward.hooks and self._only_own_code(module, x)):
-            # the call predicted last, and nothing but its registered forward ran since the forward started
-            forward.last.proof = (value_print(output, self._direction(output)), state_print(module, self._direction))
-
-    def _replay_call(self, path: str, module: nn.Module, x: Tensor, output: Tensor,
-                     recorded: bool) -> Optional[Tensor]:
-        """A hooked call of the replay: compared with the same call of the original forward (the
-        engine's expansion of a shared call applied again, so the forward runs as it did)."""
-        state = self._replaying
-        if state.mismatch is not None:  # a mismatch the model caught: end the replay again
-            raise _ReplayMismatch()
-        prints = state.forward.prints
-        if state.next >= len(prints) or prints[state.next][0].path != path:
-            self._mismatch(path, module, "the sequence of layer calls changed")
-        original, expand = prints[state.next]
-        trusted = type(module) in RULES and not recorded
-        if trusted and state.forward.state is not None and state.next == len(prints) - 1:
-            self._replay_last(path, module, x)  # its pre-hook did not end the replay (removed?): end it here
-        state.next += 1
-        rows = declared_rows(x)
-        again = call_print(path, original.kind, x, None if trusted else output, rows, copy=False)
-        if (original.output is None) != (again.output is None):
-            self._mismatch(path, module, "the way this layer was called changed")
-        problem = replay_mismatch(original, again, state.chosen)
-        if problem:
-            self._mismatch(path, module, problem)
-        if expand is None:
-            return None
-        return expand_rows(x, output, state.forward.batch, new_dim=expand == "shared")[1]
-
-    def flattened(self, rows: Tensor) -> None:
-        """:func:`~fedpriv.clipping.provenance.flat_positions` made rows of samples ``rows``: kept
-        while this engine's recorded forward to replay, or its replay, runs (:meth:`_off_root`)."""
-        if self._replaying is not None:
-            self._replaying.flat.append(rows)
-        elif self._open is not None:
-            self._open.flat.append(rows)
-
-    def _mismatch(self, path: str, module: nn.Module, what: str) -> None:
-        """Record the replay's first mismatch on its state and end the replay."""
-        state = self._replaying
-        if state.mismatch is None:
-            state.mismatch = (path, module, what)
-        raise _ReplayMismatch()
-
-    def _replay_last(self, path: str, module: nn.Module, x: Optional[Tensor]) -> None:
-        """Before the replay's last call: if the original forward returned that call's output with
-        the values the call computed, and only the registered layer's own forward ran in that call
-        (:meth:`_off_root`: it computed row i of its output from input row i and its module's state
-        alone), compare that input's kept rows and the module's state (parameters, buffers, attributes:
-        :func:`~fedpriv.clipping.provenance.state_print`, so a weight shifted by a batch statistic for the
-        call is seen) now, and end the replay without computing the output."""
-        state = self._replaying
-        if state.mismatch is not None:  # a mismatch the model caught: end the replay again
-            raise _ReplayMismatch()
-        prints = state.forward.prints
-        last = prints[-1][0] if prints else None
-        if (x is None or state.forward.state is None or state.next != len(prints) - 1 or last.path != path
-                or last.output is not None):
-            return
-        original = last
-        problem = replay_mismatch(original, call_print(path, original.kind, x, None, declared_rows(x)), state.chosen)
-        if problem:
-            self._mismatch(path, module, problem)
-        if not same_state(state.forward.state, state_print(module, self._direction)):
-            self._mismatch(path, module, "its parameters, buffers or attributes at this call differ from the forward's")
-        state.next += 1
-        state.ended = True
-        raise _ReplayDone()
-
-    def _forward_replay(self, forwards: list[_Forward], outside: Optional[str]) -> None:
-        """Run each forward of this step again with some samples perturbed (torch's RNG streams
-        restored to where the forward started, so dropout draws the same masks; restored again
-        afterwards) and fail if any hooked call's rows of the other samples changed at all, or its
-        shared input or output did (:func:`~fedpriv.clipping.provenance.replay_mismatch`). Grad is
-        enabled, as in the forward, but autograd saves nothing (:func:`_drop_saved`): the replay's
-        activations are freed as the forward goes, not held for a backward that never comes (a
-        forward that differentiates inside itself fails here, and is refused). A forward replayed
-        without a mismatch marks its arguments' shapes as seen."""
-        if not forwards:
-            return
-        if outside is not None:
-            raise UnsupportedLayerError(
-                f"{outside} was called outside the model's forward, which the forward replay (the proof that no "
-                "row mixes samples) cannot run again; call it inside the model's forward")
-        for forward in forwards:
-            draws = self._draws("bk-forward-replay")
-            chosen = draws.chosen(forward.batch)
-            args = tuple(perturb_samples(a, chosen, draws) for a in forward.args)
-            kwargs = {k: perturb_samples(v, chosen, draws) for k, v in forward.kwargs.items()}
-            cpu, cuda = forward.rng
-            state = self._replaying = _Replaying(forward, chosen)
-            output = None
-            try:  # grad enabled as in the forward, its graph never differentiated: nothing saved (_drop_saved)
-                with torch.random.fork_rng(devices=[d for d, _ in cuda]), torch.enable_grad(), \
-                        torch.autograd.graph.saved_tensors_hooks(_drop_saved, _no_saved):
-                    torch.set_rng_state(cpu)
-                    for device, rng in cuda:
-                        torch.cuda.set_rng_state(rng, device)
-                    output = self.model(*args, **kwargs)
-            except (_ReplayDone, _ReplayMismatch, Exception) as err:  # noqa: BLE001 - whatever the model raised
-                # the engine's own ends are on the state: any other (the model raising the engine's exceptions
-                # itself, to end the replay early) is the model's forward raising, and refused
-                if state.mismatch is None and not (state.ended and isinstance(err, _ReplayDone)):
-                    raise UnsupportedLayerError(
-                        f"the model's forward raised {type(err).__name__} ({err}) in the forward replay (the proof "
-                        "that no row mixes samples: the same forward with some samples' inputs perturbed); a forward "
-                        "must run on any valid input of the same shapes") from err
-            finally:
-                self._replaying = None
-            if state.mismatch is not None:  # (also where the model caught the exception that ended the replay)
-                raise replay_error(*state.mismatch[:2], chosen, state.mismatch[2])
-            if forward.state is None:  # the return value compared (the replay ends early only where state is set)
-                if not forward.output:
-                    raise UnsupportedLayerError(
-                        "the model's output: " + ("no tensor was found in what the model's forward returned (a tensor, "
-                                                  "or tensors in tuples, lists, mappings or dataclasses)"
-                                                  if forward.output is not None else "the engine's hook did not see it")
-                        + ", so the forward replay cannot compare what the loss is computed from; return those "
-                        "tensors so")
-                problem = output_mismatch(forward.output, output_prints(output, forward.batch, state.flat, copy=False),
-                                          chosen)
-                if problem:
-                    raise replay_error("the model's output", self.model, chosen, problem)
-            done = state.next
-            if done != len(forward.prints):
-                path = forward.prints[done][0].path
-                raise replay_error(path, self._by_path[path], chosen, "the sequence of layer calls changed")
-            if forward.state is not None and not state.ended:
-                path = forward.prints[-1][0].path
-                raise replay_error(path, self._by_path[path], chosen, "the replay did not end before this last call")
-            self._replayed_shapes.add(forward.shapes)
 
     # ------------------------------------------------------------------ backward side
 
@@ -756,8 +412,7 @@ class BookKeeping:
         calls, batch = self._calls, self._provenance.batch
         made_shared, call_args = self._provenance.made_shared, self._provenance.call_args
         made_inside = dict(self._provenance.made_inside)  # per-sample calls on probation
-        forwards, outside = self._forwards, self._outside
-        self._steps += 1
+        forwards, outside = self._replay.take()  # (the step counted for the replay's schedule)
         self.clear()
         if per_sample_loss.dim() != 1:
             raise ValueError("per_sample_loss must have shape [B], got "
@@ -778,10 +433,7 @@ class BookKeeping:
                     f"(do not flatten batch and time before a layer); model batch was {batch}")
         with record_function("bk.audit"):
             self._audit(per_sample_loss, calls)
-        unchecked = [(path, x) for path, x in made_shared if path not in self._independent]
-        if unchecked and call_args is not None:
-            with record_function("bk.independence_check"):
-                self._check_independent(unchecked, call_args)
+        self._replay.check_independent(made_shared, call_args)
         self._in_backward = True
         try:
             # the probe runs on the first backward, where a shape is ambiguous, and until every call on a
@@ -800,7 +452,7 @@ class BookKeeping:
                 self._separability_checked = True
                 self._proven_made_inside |= made_inside.keys()
             with record_function("bk.forward_replay"):  # before any p.grad is written
-                self._forward_replay(forwards, outside)
+                self._replay.run(forwards, outside)
         finally:
             self._in_backward = False
         # the DP arithmetic in IEEE float32 from float32 copies, whatever client.precision ran the

@@ -2,7 +2,7 @@
 
 ``transformers`` is an optional extra, so nothing else in :mod:`fedpriv.clipping` imports it: the
 engine imports this module the first time it inspects a module whose class is defined in
-``transformers`` (see ``BookKeeping._inspect``), and importing it registers the rules below.
+``transformers`` (see ``fedpriv.clipping.engine._survey``), and importing it registers the rules below.
 Every other layer of such a model is covered by the core rules (``nn.Linear``, ``nn.Embedding``,
 ``nn.LayerNorm``, ...) or owns no parameter (attention, rotary embeddings, activations). A class
 that owns a trainable parameter and is in neither list still fails closed at construction, naming

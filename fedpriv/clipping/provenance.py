@@ -57,7 +57,7 @@ What it proves, for every hooked module call of one step:
    call's output itself, or a view within its rows (:func:`rows_within`), holding the values that
    call computed, that call is a registered layer's and nothing but that layer's registered forward
    ran in it (no foreign hook, global hook, torch function or dispatch mode, replaced ``forward``,
-   tensor subclass: the engine's ``_only_own_code``), its compared input and its module's state
+   tensor subclass: the replay's ``ForwardReplay._only_own_code``), its compared input and its module's state
    (:func:`state_print`: parameters, buffers, public attributes) suffice and the replay ends before
    that call (a language model's output layer, its largest product, is not computed again); only the
    engine ends a replay early (a model raising the engine's exceptions is refused). "Holding the
@@ -122,7 +122,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.keystream import GaussianKeystream
 from fedpriv.randomness import KEY_BYTES, keystream, uint64s
 
-# the attached engines (``flattened(rows)`` is called for each :func:`flat_positions`; their forward
+# the attached engines' forward replays (``flattened(rows)`` is called for each :func:`flat_positions`; the
 # replay attributes a model output with that many rows to those samples)
 FLAT_LISTENERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _SOURCE = "_fedpriv_computed_from"
