@@ -15,7 +15,8 @@ import json
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from client.app import NodeMemory, config_digest, node_state_dir, reply, secure_aggregation_mod
+from client.app import NodeMemory, config_digest, node_state_dir, reply
+from client.secagg import secure_aggregation_mod
 from fedpriv.compose import deployment_config
 from fedpriv.config import run_config
 from fedpriv.plan import executed_config

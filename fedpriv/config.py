@@ -11,6 +11,7 @@ import logging
 from fedpriv.devices import resolve_device
 from fedpriv.errors import ConfigError
 from fedpriv.schema import RunConfig, as_dict, complete, option_preset, parse
+from fedpriv.sums import resolved_mechanism
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +24,8 @@ def run_config(cfg: dict) -> RunConfig:
 
 def resolve(spec: RunConfig) -> RunConfig:
     """``spec`` with the values that mean "pick for me" resolved — ``sampling=auto`` (the mechanism's
-    sampler), ``privacy.secure_rng=null`` (secure for deployments), the mechanism's own
-    (:meth:`~fedpriv.schema.MechanismOption.resolved`: ddgauss's parties over SecAgg+) and, for
+    sampler), ``privacy.secure_rng=null`` (secure for deployments), what the mechanism leaves to the sum
+    protocol (:meth:`~fedpriv.schema.SumOption.resolved_mechanism`: ddgauss's parties over SecAgg+) and, for
     ``model=hf`` with ``data.tokenizer=hf``, an unset ``data.tokenizer_path`` (``model.path``) — so
     that config.yaml (its plain form) names what the run does and server and clients derive the same
     research key. Idempotent."""
@@ -33,7 +34,7 @@ def resolve(spec: RunConfig) -> RunConfig:
         data = dataclasses.replace(data, tokenizer_path=getattr(spec.model, "path", None))  # its tokenizer beside it
     return dataclasses.replace(spec, sampling=resolve_sampling(spec.sampling, spec.mechanism.name),
                                privacy=dataclasses.replace(spec.privacy, secure_rng=spec.secure), data=data,
-                               mechanism=spec.mechanism.resolved(spec))
+                               mechanism=resolved_mechanism(spec))
 
 
 def resolve_config(cfg: dict) -> dict:

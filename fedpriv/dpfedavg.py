@@ -109,7 +109,7 @@ class DPFedAvg:
         seen, losses = replies.add_to(agg, expected, round_idx)
         if self.canaries is not None:
             self.canaries.add_to(agg, round_idx)
-        if self.mechanism.client_noise and self.mechanism.withheld(agg.shares):
+        if self.mechanism.withheld(agg.shares):
             # fewer noise shares survived than the accounting assumes: nothing is released (the
             # round is still charged); survival does not depend on the data (docs/PRIVACY.md)
             log.warning("round %d: %d of the mechanism's noise shares survived, fewer than the %d its accounting "

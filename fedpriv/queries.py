@@ -53,17 +53,12 @@ class QueryPlan:
 
     def check(self, optimizer: str, mechanism, per_unit_deltas: bool) -> None:
         """Fail closed on a plan the mechanism or the algorithm cannot serve; assert the joint
-        query's equivalence to the accounted Gaussian mechanism."""
+        query's equivalence to the accounted Gaussian mechanism. What the sum protocol keeps from
+        the server is checked by :func:`fedpriv.sums.check_query`."""
         if (self.squares or self.noise_std) and not getattr(mechanism, "independent_noise", False):
             what = "noise split" if self.squares else "bias correction"
             raise ConfigError(f"optimizer={optimizer} needs independent Gaussian noise (mechanism=gaussian): its "
                               f"{what} is derived for it, not for mechanism={mechanism.name}")
-        if getattr(mechanism, "client_noise", False) and (self.pre_clip_scale or self.noiseless
-                                                          or self.update_noise_factor != 1.0):
-            raise ConfigError(f"optimizer={optimizer} reads or rescales what mechanism={mechanism.name} leaves to the "
-                              "parties (each update scaled before clipping, the noise's scale, or the clear sum): the "
-                              "server sees only their secure sum; use optimizer=sgd, momentum, ftrl, adam or "
-                              "dpadam_post")
         if (self.squares or self.pre_clip_scale) and not per_unit_deltas:
             raise ConfigError(f"optimizer={optimizer} needs each user's delta at the aggregator; the one-pass "
                               "clipped sum has none (use algorithm.one_pass=false)")

@@ -42,6 +42,7 @@ from fedpriv.run_outputs import RunOutputs
 from fedpriv.rundir import CHECKPOINT_FORMAT, SUMMARY_FILE, RunDirectory, short_reason
 from fedpriv.schema import RunConfig, as_dict
 from fedpriv.sampling import make_sampler
+from fedpriv.sums import withheld_rounds
 from fedpriv.task import Task, load_task
 from fedpriv.allocator import retain_freed_memory
 
@@ -424,13 +425,9 @@ def _summary(session: RunSession, final: dict[str, float], wall_s: float, verdic
 
 
 def _withheld_rounds(session: RunSession) -> dict:
-    """Under a mechanism whose parties add the noise (``ddgauss``): how many of the rounds done were
-    withheld (fewer noise shares than ``min_shares`` survived: nothing released, still charged),
-    the count of the metrics rows marked ``withheld``. Whether a party survives is assumed
-    independent of the data (docs/PRIVACY.md), so the count is as public as those rows."""
-    if not session.server.mechanism.client_noise:
-        return {}
-    return {"withheld_rounds": sum(1 for row in session.history if row.get("withheld"))}
+    """The rounds withheld for too few noise shares, where the parties add the noise
+    (:func:`fedpriv.sums.withheld_rounds`)."""
+    return withheld_rounds(session.plan.sums, session.history)
 
 
 def _privacy_summary(session: RunSession) -> dict:

@@ -22,6 +22,7 @@ from fedpriv.replies import ClientReplies, RoundFn, RoundInputs
 from fedpriv.runner import RunSession, train
 from fedpriv.secure_sum import distributed_round_fn
 from fedpriv.schema import FlowerBackend
+from fedpriv.sums import party_codec
 from server.secagg import secagg_round_fn
 from server.strategy import CohortStrategy
 
@@ -81,24 +82,31 @@ def grid_round_fn(grid: Grid, num_nodes: int, timeout: float | None, node_wait: 
     return round_fn
 
 
-def round_fn_for(session: RunSession, grid: Grid, num_nodes: int, timeout: float | None, node_wait: float = 120.0,
-                 skip_rounds: int = 10) -> RoundFn:
-    """The run's round over a Flower grid: clear per-user replies (:func:`grid_round_fn`), or the
-    nodes' sums through SecAgg+ (``aggregation=secagg``: :func:`server.secagg.secagg_round_fn`, on
-    the nodes connected before round 1)."""
-    if session.spec.aggregation != "secagg":
+def round_fn_for(session: RunSession, grid: Grid | None = None, num_nodes: int = 0, timeout: float | None = None,
+                 node_wait: float = 120.0, skip_rounds: int = 10) -> RoundFn:
+    """The run's round, chosen from its sum plan (``session.plan.sums``, :mod:`fedpriv.sums`): the
+    server's one dispatch on the trust model. Without a ``grid`` (``backend=local``): in this
+    process, the parties' secure sum simulated where they add the noise
+    (:func:`fedpriv.secure_sum.distributed_round_fn`), else the clear round (:func:`_local_round_fn`).
+    Over a Flower grid: clear per-user replies (:func:`grid_round_fn`), or the nodes' sums through
+    SecAgg+ (``aggregation=secagg``: :func:`server.secagg.secagg_round_fn`, on the ``num_nodes``
+    nodes connected before round 1; with the parties' codec where they add the noise)."""
+    sums = session.plan.sums
+    protocol, codec = sums.protocol, party_codec(sums, session.server.mechanism)
+    rotation = session.randomness.subkey("ddgauss rotation") if codec is not None else None
+    if grid is None:
+        dropout_key = session.randomness.subkey("dropout")  # client.dropout_rate's draws (secret in secure mode)
+        if codec is not None:  # the parties add the noise, a simulated secure sum reveals the total
+            return distributed_round_fn(session.task, session.spec, session.server.mechanism, rotation, dropout_key)
+        return _local_round_fn(session, dropout_key)
+    if protocol == "plain":
         return grid_round_fn(grid, num_nodes, timeout, node_wait=node_wait, skip_rounds=skip_rounds)
     nodes = sorted(int(n) for n in wait_for_nodes(grid, num_nodes, node_wait))
     if len(nodes) < num_nodes:
         raise RuntimeError(f"secure aggregation needs its {num_nodes} nodes; {len(nodes)} connected within "
                            f"{node_wait:g} s")
     nodes = nodes[:num_nodes]  # exactly the planned parties (the capacity and the shares are sized for them)
-    settings, mechanism = session.spec.secagg, session.server.mechanism
-    distributed = mechanism if mechanism.client_noise else None  # each node a party of the distributed noise
-    return secagg_round_fn(grid, nodes, session.plan.secagg_sizes,
-                           settings.timeout if settings.timeout is not None else timeout,
-                           distributed, session.randomness.subkey("ddgauss rotation") if distributed else None,
-                           session.plan.quantization)
+    return secagg_round_fn(grid, nodes, sums, sums.timeout if sums.timeout is not None else timeout, codec, rotation)
 
 
 def make_server_app(session: RunSession, num_nodes: int, result: dict) -> ServerApp:
@@ -119,21 +127,21 @@ def make_server_app(session: RunSession, num_nodes: int, result: dict) -> Server
 
 
 def run_local(session: RunSession) -> dict:
-    """``backend=local``: the round loop in this process — the one-pass batched round (DP-FedSGD,
-    DP-SGD) where the algorithm allows it, else the clients streamed into the aggregate one by one
+    """``backend=local``: the round loop in this process (:func:`round_fn_for` without a grid)."""
+    return train(session, round_fn_for(session))
+
+
+def _local_round_fn(session: RunSession, dropout_key: bytes) -> RoundFn:
+    """The clear round in this process: the one-pass batched round (DP-FedSGD, DP-SGD) where the
+    algorithm allows it, else the clients streamed into the aggregate one by one
     (:func:`fedpriv.clients.in_process_round_fn`: what the ClientApp computes, without the
     message's copies). ``backend=flower`` and deployments carry the same deltas in Flower
     messages (tests: the same model, bit for bit)."""
     task = session.task
-    mechanism = session.server.mechanism
-    dropout_key = session.randomness.subkey("dropout")  # client.dropout_rate's draws (secret in secure mode)
-    if mechanism.client_noise:  # distributed DP: the parties add the noise, a simulated secure sum reveals the total
-        return train(session, distributed_round_fn(task, session.spec, mechanism,
-                                                   session.randomness.subkey("ddgauss rotation"), dropout_key))
     batched = task.algorithm.batched_round(task.client_model, task.local, task.data.vocab.pad_id, task.units)
     if batched is not None:
-        return train(session, batched)
-    return train(session, in_process_round_fn(task, session.spec, dropout_key))
+        return batched
+    return in_process_round_fn(task, session.spec, dropout_key)
 
 
 def _not_run_simulation_deprecation(record: logging.LogRecord) -> bool:

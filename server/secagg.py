@@ -1,17 +1,18 @@
-"""``aggregation=secagg``: each round's node sums reach the server only as their sum, through
-Flower's own SecAgg+ (``flwr.server.workflow.SecAggPlusWorkflow`` here, ``secaggplus_mod`` on the
-nodes: client/app.py). No cryptography is written here, and no DP: the server adds the mechanism's
-noise to the unmasked sum as for a plain round (fedpriv.dpfedavg).
+"""The server half of ``aggregation=secagg`` (:mod:`fedpriv.sums.secagg`): each round's node sums
+reach the server only as their sum, through Flower's own SecAgg+ (``flwr.server.workflow.SecAggPlusWorkflow``
+here, ``secaggplus_mod`` in the node half, client/secagg.py; what both share: :mod:`fedpriv.sums.wire`).
+No cryptography is written here, and no DP: the server adds the mechanism's noise to the unmasked
+sum as for a plain round (fedpriv.dpfedavg).
 
 Flower's SecAgg+ speaks the legacy Strategy API, so each round runs the workflow once with a fresh
 ``LegacyContext`` and a one-round strategy (:class:`_OneRound`) whose ``configure_fit`` sends every
 connected node its users (:func:`server.strategy.assign_users`) and whose ``aggregate_fit`` keeps
 what the workflow unmasked. What SecAgg+ computes, and how fedpriv reads it:
 
-* a node sends its users' updates each clipped to ``C′`` and summed (client/app.py), with weight
-  ``num_examples = max_weight`` (:data:`fedpriv.secure_sum.SECAGG_WEIGHT`, the node's own) so Flower's
+* a node sends its users' updates each clipped to ``C′`` and summed (client/secagg.py), with weight
+  ``num_examples = max_weight`` (:data:`fedpriv.sums.wire.SECAGG_WEIGHT`, the node's own) so Flower's
   weighting is 1; Flower clips each coordinate to
-  ``±c`` (fixed for the run from public quantities: :func:`fedpriv.secure_sum.secagg_quantization`), maps
+  ``±c`` (fixed for the run from public quantities: :func:`fedpriv.sums.secagg.secagg_quantization`), maps
   ``[−c, c]`` to ``[0, Q]`` (``Q = 2^bits − 1``) with stochastic rounding, masks, and the server
   unmasks ``Σ`` modulo ``M = 2^modulus_bits`` and returns the *mean* over the surviving nodes:
   fedpriv multiplies it back by their number;
@@ -45,7 +46,8 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.serverapp import Grid
 
 from fedpriv.replies import RoundFn, RoundInputs
-from fedpriv.secure_sum import SECAGG_WEIGHT, SecAggQuantization, SecureSum, field_of
+from fedpriv.secure_sum import SecureSum
+from fedpriv.sums import SumPlan, wire
 from server.strategy import assign_users
 
 log = logging.getLogger(__name__)
@@ -86,39 +88,38 @@ class _OneRound(Strategy):
 
 
 def unmasked_field_sum(mean: np.ndarray, survivors: int, codec) -> torch.Tensor:
-    """``Σ r_i mod m`` from what SecAgg+ returns for field messages (:func:`field_of`): Flower's
+    """``Σ r_i mod m`` from what SecAgg+ returns for field messages (:func:`~fedpriv.sums.wire.field_of`): Flower's
     weights sum to ``n·Q ≡ m − n`` (mod m), so its output is ``y = (S − n·c)·Q/(m − n)``; inverted
     in float64 (exact to far below ½ for m ≤ 2^31) and rounded."""
-    q, c, m = field_of(codec)
+    q, c, m = wire.field_of(codec)
     summed = np.rint(np.asarray(mean, dtype=np.float64) * (m - survivors) / q + survivors * c)
     return torch.from_numpy(np.mod(summed.astype(np.int64), m)).reshape(-1)
 
 
-def secagg_round_fn(grid: Grid, nodes: Sequence[int], sizes: tuple[int, int], timeout: float | None = None,
-                    distributed=None, round_key: bytes | None = None,
-                    quantization: SecAggQuantization | None = None, halt_limit: int = 3) -> RoundFn:
-    """A round over ``grid``'s ``nodes`` through SecAgg+ with the plan's ``sizes`` (shares, threshold:
-    :func:`fedpriv.secure_sum.protocol_sizes`, also what every node checks) (module docstring): the
-    cohort dealt to the nodes, their clipped sums unmasked as one sum (a :class:`SecureSum`);
-    ``timeout`` bounds each of the protocol's stages (a node later than it drops out). With a
-    ``distributed`` mechanism (``client_noise``: ``mechanism=ddgauss``) each node is a party: it
-    sends its message in Z_m (its users rounded on the grid rotated by ``round_key``'s signs, plus
-    its noise share), SecAgg+ sums the messages mod m, and the server decodes the sum. Without one,
-    ``quantization`` (:func:`fedpriv.secure_sum.secagg_quantization`, fixed for the run) sets the
-    grid. Each round asks the nodes of ``nodes`` still connected (users are dealt over all of
-    them by id: a missing node's users count as dropped); ``halt_limit`` rounds in a row that halt
-    (every such round releases its noise alone) stop the run with an error."""
+def secagg_round_fn(grid: Grid, nodes: Sequence[int], sums: SumPlan, timeout: float | None = None, codec=None,
+                    round_key: bytes | None = None, halt_limit: int = 3) -> RoundFn:
+    """A round over ``grid``'s ``nodes`` through SecAgg+ as the run's sum plan ``sums`` has it
+    (:func:`fedpriv.sums.plan_sum`, what every node plans too: shares, threshold, the field, the
+    nodes' clip) (module docstring): the cohort dealt to the nodes, their clipped sums unmasked as
+    one sum (a :class:`SecureSum`); ``timeout`` bounds each of the protocol's stages (a node later
+    than it drops out). With the parties' ``codec`` (party noise: ``mechanism=ddgauss``) each node
+    is a party: it sends its message in Z_m (its users rounded on the grid rotated by ``round_key``'s
+    signs, plus its noise share), SecAgg+ sums the messages mod m, and the server decodes the sum.
+    Without one the plan's fixed quantization sets the grid. Each round asks the nodes of ``nodes``
+    still connected (users are dealt over all of them by id: a missing node's users count as
+    dropped); ``halt_limit`` rounds in a row that halt (every such round releases its noise alone)
+    stop the run with an error."""
     nodes = sorted(int(n) for n in nodes)
-    codec = distributed.codec() if distributed is not None else None
-    if codec is None and quantization is None:
-        raise ValueError("secure aggregation with central noise needs the run's quantization")
+    if sums.field is None:
+        raise ValueError("secure aggregation needs the run's field (its sum plan)")
     if codec is not None and round_key is None:
         raise ValueError("distributed DP through SecAgg+ needs the round's rotation key")
     digest = codec.digest() if codec is not None else ""
     halted = 0  # rounds in a row that halted
     # distributed noise: the plan's threshold is at least min_shares, so only sums that hold the shares the
     # accounting assumes are unmasked (Flower checks the threshold after collecting the masked vectors)
-    shares, threshold = sizes
+    shares, threshold = sums.shares, sums.threshold
+    levels, coordinate_range, modulus = sums.field
     if len(nodes) < 2:
         raise ValueError("secure aggregation needs at least two nodes")
 
@@ -127,15 +128,13 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], sizes: tuple[int, int], ti
         params = inputs.params
         sent = assign_users(inputs.cohort, nodes)  # over every node of the run: a user's node is its own
         connected = set(int(n) for n in grid.get_node_ids())
-        if codec is None:
-            levels, coordinate_range, modulus = quantization.levels, quantization.coordinate_range, quantization.modulus
-            clip, extra = quantization.node_clip, {}
-        else:  # the node's message is already on the field: Flower's quantizer must leave it as it is
-            levels, coordinate_range, modulus = field_of(codec)
-            clip, extra = inputs.clip_norm, {"ddgauss_round_key": round_key, "ddgauss_codec": digest}
+        # the nodes' bound C′ (central noise); under party noise the node's message is already on the field
+        # (Flower's quantizer leaves it as it is) and its users are clipped to the mechanism's C
+        clip = sums.node_clip if sums.node_clip is not None else inputs.clip_norm
+        extra = {wire.ROUND_KEY: round_key, wire.CODEC: digest} if codec is not None else {}
         weights = ndarrays_to_parameters([params.detach().cpu().numpy()])
-        fitins = {node: FitIns(weights, {"round": inputs.round_idx, "users": ",".join(map(str, users)),
-                                         "clip": clip, "party": party, **extra})
+        fitins = {node: FitIns(weights, {wire.ROUND: inputs.round_idx, wire.USERS: wire.users_text(users),
+                                         wire.CLIP: clip, wire.PARTY: party, **extra})
                   for party, (node, users) in enumerate(sent.items()) if node in connected}
         strategy = _OneRound(grid, fitins)
         context = LegacyContext(Context(run_id=grid.run.run_id, node_id=0, node_config={}, state=RecordDict(),
@@ -146,7 +145,7 @@ def secagg_round_fn(grid: Grid, nodes: Sequence[int], sizes: tuple[int, int], ti
         context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord([np.zeros(1, dtype=np.float32)])
         # Flower reads an int num_shares as neighbours (> 2, and more than the threshold) and 1.0 as all nodes
         SecAggPlusWorkflow(num_shares=1.0 if shares == len(nodes) else shares, reconstruction_threshold=threshold,
-                           max_weight=SECAGG_WEIGHT,
+                           max_weight=wire.SECAGG_WEIGHT,
                            clipping_range=coordinate_range, quantization_range=levels, modulus_range=modulus,
                            timeout=timeout)(grid, context)
         if strategy.mean is None:  # the protocol halted: nothing unmasked, every user of the round dropped

@@ -29,24 +29,24 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from fedpriv.codec import decode, encode, refusal
 from fedpriv.errors import ConfigError
 from fedpriv.replies import ClientUpdate
+from fedpriv.sums import assign_parties
 
 log = logging.getLogger(__name__)
 TRAIN = "train"
 
 
 def assign_users(cohort: np.ndarray, node_ids: Sequence[int]) -> dict[int, list[int]]:
-    """User u goes to node u mod |nodes| of the sorted nodes: a function of the user alone, so one
-    user joining or leaving the cohort moves nobody else (when a node is lost, the users lost with
-    it do not depend on who else was sampled: the add/remove pair the accounting assumes). Every
-    node gets a message, with no user where it holds none this round: which nodes are asked (and
-    so which may miss a deadline and be named in a warning) never depends on the cohort."""
+    """The cohort dealt to the sorted nodes by the one user→party rule
+    (:func:`fedpriv.sums.assign_parties`: user u to node u mod |nodes|, a function of the user
+    alone, so one user joining or leaving the cohort moves nobody else; when a node is lost, the
+    users lost with it do not depend on who else was sampled: the add/remove pair the accounting
+    assumes). Every node gets a message, with no user where it holds none this round: which nodes
+    are asked (and so which may miss a deadline and be named in a warning) never depends on the
+    cohort."""
     if not node_ids:
         raise RuntimeError("no nodes are connected")
     nodes = sorted(int(n) for n in node_ids)
-    out: dict[int, list[int]] = {node: [] for node in nodes}
-    for user in sorted(int(u) for u in cohort):
-        out[nodes[user % len(nodes)]].append(user)
-    return out
+    return dict(zip(nodes, assign_parties(cohort, len(nodes))))
 
 
 def error_kind(reason: str | None) -> str:

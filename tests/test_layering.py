@@ -187,8 +187,8 @@ FOUNDATIONS = (r"fedpriv\.(schema(\..+)?|research_key|content_digest|cache|rando
 NEVER = [
     (r"fedpriv\.randomness", r"(?!fedpriv\.errors$|fedpriv\.keystream$).*", "imports",
      "randomness takes bytes and keys: nothing above errors (and the keystream it draws from)"),
-    (r"fedpriv\.schema" + _PKG, r"fedpriv\.(runner|compose|plan|sampling|accounting|mechanisms)" + _PKG, "imports",
-     "the config knows no run, sampler, accountant or mechanism (registries are filled from below)"),
+    (r"fedpriv\.schema" + _PKG, r"fedpriv\.(runner|compose|plan|sampling|accounting|mechanisms|sums)" + _PKG, "imports",
+     "the config knows no run, sampler, accountant, mechanism or sum protocol (registries are filled from below)"),
     (FOUNDATIONS, "(?!" + FOUNDATIONS + "$).*", "imports", "a foundation imports foundations only"),
     (r"fedpriv\.mechanisms" + _PKG, r"fedpriv\.clipping" + _PKG, "imports", "mechanisms never import clipping"),
     (r"fedpriv\.accounting" + _PKG, r"fedpriv\.mechanisms" + _PKG, "imports",
@@ -208,7 +208,7 @@ FLOORS = [
     ("run composition", r"fedpriv\.(compose|runner|run_outputs|degradation|backends|audit\.run|observe|console"
                         r"|tensorboard_events)|fedpriv\.plan" + _PKG),
     ("foundations", FOUNDATIONS),
-    ("parts", r"fedpriv\.(models|data|text|mechanisms|accounting|clipping|optim|public|audit)" + _PKG
+    ("parts", r"fedpriv\.(models|data|text|mechanisms|accounting|clipping|optim|public|audit|sums)" + _PKG
      + r"|fedpriv\.(sampling|aggregation|queries|replies|codec|adaptive_clipping|lora|metrics|distributed_dp)"),
     ("the round", r"fedpriv\.(task|algorithms|training|cohort|cohort_parallel|clients|secure_sum|dpfedavg|local_dp"
      r"|config)"),

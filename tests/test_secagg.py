@@ -1,4 +1,4 @@
-"""``aggregation=secagg`` (server/secagg.py, client/app.py): the nodes' clipped sums go through
+"""``aggregation=secagg`` (server/secagg.py, client/secagg.py): the nodes' clipped sums go through
 Flower's own SecAgg+ (in process, over :class:`server.grid.LocalGrid`); the server unmasks only
 their sum, equal to the clear sum up to the stated quantization; masked replies carry no user's
 update; dropped nodes take their users with them; too many dropouts halt the round (noise only);
@@ -22,7 +22,8 @@ from fedpriv.plan import preflight
 from fedpriv.runner import prepare, train
 from server.app import round_fn_for
 from server.grid import LocalGrid
-from fedpriv.secure_sum import party_message, secagg_quantization
+from fedpriv.secure_sum import party_message
+from fedpriv.sums.secagg import SecAggSum, secagg_quantization
 
 SECAGG = ("+experiment=smoke", "progress=false", "backend=flower", "aggregation=secagg")
 NODES = 4
@@ -56,7 +57,7 @@ def _dealt(cohort) -> dict[int, list[int]]:
 def _quantization(session, inputs, cohort) -> tuple[float, float]:
     """(C′, one quantization step) of the run (its plan's): fixed from public quantities, never from the cohort."""
     del cohort, inputs
-    q = session.plan.quantization
+    q = session.plan.sums.quantization
     return q.node_clip, q.step
 
 
@@ -106,7 +107,7 @@ def test_masked_replies_carry_no_users_update(tmp_path):
     clip, _ = _quantization(session, inputs, cohort)
     collected = [reply for stage, reply in grid.replies if stage == Stage.COLLECT_MASKED_VECTORS]
     assert len(collected) == NODES
-    field = 2 ** session.spec.secagg.modulus_bits
+    field = 2 ** session.spec.aggregation.modulus_bits
     for reply in collected:
         content = reply.content
         assert all(len(record) == 0 for record in content.array_records.values())
@@ -220,8 +221,8 @@ def test_distributed_noise_over_secagg_plus_takes_every_node_as_a_party(tmp_path
     cfg = compose_cfg(*SECAGG, f"backend.num_supernodes={NODES}", "mechanism=ddgauss", run_dir=tmp_path / "p")
     plan = preflight(cfg)
     assert resolve_config(cfg)["mechanism"]["shares"] == NODES and plan.spec.mechanism.shares == NODES
-    assert (plan.ledger.mechanism.shares, plan.ledger.mechanism.min_shares, plan.secagg_sizes) == (NODES, NODES,
-                                                                                                   (NODES, NODES))
+    assert (plan.ledger.mechanism.shares, plan.ledger.mechanism.min_shares, plan.sums.shares,
+            plan.sums.threshold) == (NODES, NODES, NODES, NODES)
     session, cohort, inputs, grid, secure = _round(tmp_path, "d", (), "mechanism=ddgauss",
                                                    "privacy.noise_multiplier=0.5")
     session.run.unlock()
@@ -242,16 +243,14 @@ def test_distributed_noise_over_flower_is_refused_where_it_cannot_hold(tmp_path,
 def test_the_grid_is_fixed_for_the_run_whatever_the_cohort():
     """c and C′ come from public quantities (clip, dimension, expected cohort, nodes): one user more
     or less in a round changes neither (their values are sent to every node)."""
-    from fedpriv.schema import SecAgg
-
-    q = secagg_quantization(SecAgg(), 0.5, 16832, 8.0, 4)
-    assert q == secagg_quantization(SecAgg(), 0.5, 16832, 8.0, 4)
+    q = secagg_quantization(SecAggSum(), 0.5, 16832, 8.0, 4)
+    assert q == secagg_quantization(SecAggSum(), 0.5, 16832, 8.0, 4)
     assert q.node_clip + math.sqrt(16832) * q.step == pytest.approx(0.5)
     assert q.coordinate_range == pytest.approx(0.5 * math.ceil(2 + 4 * math.sqrt(2)))  # C·(m̄/n + 4√(m̄/n))
     with pytest.raises(ValueError, match="overflow"):
-        secagg_quantization(SecAgg(bits=20, modulus_bits=21), 0.5, 100, 8.0, 4)
+        secagg_quantization(SecAggSum(bits=20, modulus_bits=21), 0.5, 100, 8.0, 4)
     with pytest.raises(ValueError, match="too coarse"):
-        secagg_quantization(SecAgg(bits=8), 0.5, 10 ** 6, 8.0, 4)
+        secagg_quantization(SecAggSum(bits=8), 0.5, 10 ** 6, 8.0, 4)
 
 
 def test_distributed_noise_survives_a_lost_party_exactly(tmp_path):

@@ -22,7 +22,6 @@ the noise multiplier alone and ε(σ) is non-increasing (σ/γ grows with σ; te
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -39,9 +38,6 @@ from fedpriv.mechanisms.base import NoiseMechanism, amplified_relation, trivial_
 from fedpriv.sampling import POISSON, PoissonPattern, Sampler
 from fedpriv.schema import MechanismOption, register_option
 from fedpriv.schema.checks import _fail, positive
-
-
-FLOWER_FIELD_BITS = 30  # Flower's quantizer casts to int32: a message in Z_m, m = 2^bits, must stay below 2^31
 
 
 def users_bound(expected_cohort: float) -> int:
@@ -162,8 +158,8 @@ class DDGaussNoise(MechanismOption):
     in_process_parties: ClassVar[int] = 8  # the parties of a backend=local run left at shares=null
     name: str = "ddgauss"
     bits: int = 20  # the field Z_m, m = 2^bits, of secure aggregation (at most 44)
-    # parties (secure-aggregation participants), each adding one noise share every round; null: every node
-    # over SecAgg+ (backend.num_supernodes), 8 in process (backend=local)
+    # parties (secure-aggregation participants), each adding one noise share every round; null: the sum
+    # protocol's (aggregation=secagg: every node, backend.num_supernodes), 8 in process (backend=local)
     shares: int | None = None
     min_shares: int | None = None  # shares every released round is guaranteed (fewer: withheld); null: all of them
     headroom: float = 4.0  # standard deviations of a coordinate of the sum the field holds (sets the grid step)
@@ -171,7 +167,7 @@ class DDGaussNoise(MechanismOption):
     @property
     def parties(self) -> int:
         """The parties: ``shares``, or in process its default (a SecAgg+ run's config names them:
-        :meth:`resolved`)."""
+        :meth:`fedpriv.sums.secagg.SecAggSum.resolved_mechanism`)."""
         return self.in_process_parties if self.shares is None else int(self.shares)
 
     def check(self, path: str) -> None:
@@ -183,33 +179,10 @@ class DDGaussNoise(MechanismOption):
         if self.min_shares is not None and self.min_shares < 1:
             _fail(f"{path}.min_shares", "at least 1 or null", self.min_shares)
 
-    def resolved(self, spec) -> "DDGaussNoise":
-        """Over SecAgg+ every node is a party: ``shares=null`` is ``backend.num_supernodes``."""
-        if self.shares is None and spec.aggregation == "secagg":
-            return dataclasses.replace(self, shares=int(spec.backend.num_supernodes))
-        return self
-
     def check_run(self, spec) -> None:
-        """What else of the run it needs: clients' own updates in process, nothing that reads the
-        clear sum or a single user's update at the server."""
-        local = spec.backend.name == "local"
-        if local and spec.aggregation != "plain":
-            raise ConfigError("mechanism=ddgauss with backend=local simulates its parties' secure sum in process: "
-                              "leave aggregation=plain (aggregation=secagg runs Flower's SecAgg+ between nodes)")
-        if not local and spec.aggregation != "secagg":
-            raise ConfigError(f"mechanism=ddgauss over backend={spec.backend.name} needs aggregation=secagg: its "
-                              "parties' messages must reach the server only as their sum")
-        nodes = getattr(spec.backend, "num_supernodes", None)
-        if not local and self.shares is not None and self.shares != nodes:
-            raise ConfigError(f"mechanism=ddgauss over SecAgg+: every node is a party, so mechanism.shares must be "
-                              f"backend.num_supernodes={nodes} (leave it unset), got {self.shares}")
-        parties = nodes if not local and self.shares is None else self.parties
-        if self.min_shares is not None and self.min_shares > parties:
-            raise ConfigError(f"mechanism.min_shares={self.min_shares} exceeds the {parties} parties "
-                              "(mechanism.shares)")
-        if not local and self.bits > FLOWER_FIELD_BITS:
-            raise ConfigError(f"mechanism.bits={self.bits}: Flower's SecAgg+ quantizes into int32, so its field holds "
-                              f"at most {FLOWER_FIELD_BITS} bits")
+        """What else of the run it needs: clients' own updates, nothing that reads the clear sum or a
+        single user's update at the server. Where its parties' sum travels, and how many parties
+        there are, the sum protocol checks (fedpriv/sums/: ``aggregation``)."""
         if not spec.algorithm.local_training:
             raise ConfigError(f"mechanism=ddgauss needs clients that send their own updates (algorithm=dp_fedavg), "
                               f"not algorithm={spec.algorithm.name}")

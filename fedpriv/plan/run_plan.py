@@ -37,8 +37,8 @@ from fedpriv.optim.server import SGDOptimizer
 from fedpriv.plan.noise_figure import NoiseFigure, noise_figure
 from fedpriv.run_outputs import planned_outputs
 from fedpriv.sampling import make_sampler
-from fedpriv.secure_sum import SecAggQuantization, protocol_sizes, secagg_quantization
 from fedpriv.schema import GROUPS, RunConfig, as_dict
+from fedpriv.sums import SumPlan, check_query, plan_sum
 from fedpriv.task import Task, load_task
 
 log = logging.getLogger(__name__)
@@ -70,11 +70,9 @@ class RunPlan:
     outputs: tuple[str, ...]
     choice: dict | None  # what plan=auto chose, with its prediction (privacy.json and summary.json `plan`)
     noise: NoiseFigure  # the noise the run's step carries into the model (fedpriv.plan.noise_figure)
-    # aggregation=secagg with central noise: how nodes' sums are quantized, fixed for the run (server and nodes read it)
-    quantization: SecAggQuantization | None = None
-    # aggregation=secagg: SecAgg+'s (shares, threshold) for the run's nodes (fedpriv.secure_sum.protocol_sizes;
-    # the server runs the protocol with them, and a node refuses a setup that differs)
-    secagg_sizes: tuple[int, int] | None = None
+    # the sum protocol's plan (fedpriv.sums.plan_sum: who adds the noise, SecAgg+'s sizes and field); the server's
+    # dispatch and every node read it (a node plans it itself from the config and refuses a server that differs)
+    sums: SumPlan
 
     @property
     def planned_epsilon(self) -> float:
@@ -117,19 +115,9 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
         adopt(mechanism)
     optimizer = spec.optimizer.build(spec.rounds)  # its checks only: the run builds its own (it holds state)
     optimizer.query_plan.check(spec.optimizer.name, mechanism, task.algorithm.per_unit_deltas)
-    if spec.aggregation == "secagg" and (optimizer.query_plan.squares or optimizer.query_plan.pre_clip_scale):
-        raise ConfigError(f"optimizer={spec.optimizer.name} needs each user's update at the server (its squares, or "
-                          "its scale before clipping); aggregation=secagg reveals only the nodes' sum")
-    quantization = sizes = None
-    if spec.aggregation == "secagg":  # the protocol's sizes and the run's fixed grid: refused before any write
-        nodes = int(spec.backend.num_supernodes)
-        try:
-            sizes = protocol_sizes(spec.secagg, nodes, mechanism.min_shares if mechanism.client_noise else None)
-            if not mechanism.client_noise:
-                quantization = secagg_quantization(spec.secagg, privacy.clip_norm, dimension, sampler.expected_cohort,
-                                                   nodes)
-        except ValueError as err:
-            raise ConfigError(f"aggregation=secagg: {err}") from None
+    # the sum protocol: its sizes and the run's fixed grid, refused before any write
+    sums = plan_sum(spec, mechanism, dimension, sampler.expected_cohort)
+    check_query(sums, optimizer.query_plan, spec.optimizer.name, mechanism.name)
     clip = build_adaptive_clip(privacy, sigma, sampler.expected_cohort,
                                squares=optimizer.query_plan.squares, optimizer=spec.optimizer.name)
     reasons = [r for r in (getattr(optimizer, "non_private_reason", None), task.data.info.get("non_private_reason"))
@@ -146,7 +134,7 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     return RunPlan(spec=spec, task=task, population=population, noise_multiplier=sigma,
                    calibrated=privacy.noise_multiplier is None, mechanism_clip=mechanism_clip, ledger=ledger,
                    outputs=planned_outputs(spec, client_dp=task.local.dp is not None), choice=choice,
-                   noise=noise, quantization=quantization, secagg_sizes=sizes)
+                   noise=noise, sums=sums)
 
 
 def server_step(spec: RunConfig) -> tuple[float, float] | None:

@@ -1,6 +1,6 @@
 """The typed run configuration: one dataclass per config section, and one per option of the
 groups that choose between implementations (data, model, algorithm, mechanism, optimizer,
-backend), holding the only copy of every default and the checks of its own fields. The sections
+backend, plan, aggregation), holding the only copy of every default and the checks of its own fields. The sections
 (client, public, privacy, the top level) and the backends live here; every other option's
 dataclass lives next to its implementation, which registers it (:func:`register_option`), and
 public stages may register sections of their own (:func:`register_section`).
@@ -38,4 +38,4 @@ from fedpriv.schema.run_config import RunConfig, resolve_secure, secure_mode  # 
 from fedpriv.schema.sections import (AdaptiveClipping, AlgorithmOption, Audit, BackendOption, Client,  # noqa: F401
                                      DeploymentBackend, ExampleDP, FixedPlan, FlowerBackend, LocalBackend,
                                      MechanismOption, ModelOption, Option, OptimizerOption, PlanOption, Privacy,
-                                     Public, SecAgg, Section, TeacherModel, TextPipeline, meanings)
+                                     Public, Section, SumOption, TeacherModel, TextPipeline, meanings)

@@ -137,7 +137,51 @@ def _option(group: str, data: Any, path: str) -> Option:
 
 def parse(plain: dict) -> RunConfig:
     """The typed, validated view of a composed config (``ConfigError`` on the first problem)."""
-    return _section(plain, RunConfig, "")
+    return _section(_renamed(plain), RunConfig, "")
+
+
+# top-level sections whose keys moved into a group's option, still read for a release (README, "Secure
+# aggregation"): the old key -> (the group, its option). A composed config carries the old section at its
+# defaults (register); a value given there that differs from them is taken into the option.
+RENAMED = {"secagg": ("aggregation", "secagg")}
+
+
+def _renamed(plain: dict) -> dict:
+    """``plain`` with each old section of :data:`RENAMED` taken into its group's option (a shallow
+    copy; the caller's dict is left as it is), and an old plain string ``aggregation: secagg`` read
+    as that option. A value given both ways differently, or under another option, is refused."""
+    if not isinstance(plain, dict) or not any(old in plain for old in RENAMED):
+        return plain
+    out = dict(plain)
+    for old, (group, name) in RENAMED.items():
+        legacy = out.pop(old, None)
+        chosen = out.get(group)
+        if isinstance(chosen, str):  # a config.yaml written before the group existed
+            chosen = {"name": chosen}
+        if legacy is None:
+            if chosen is not None:
+                out[group] = chosen
+            continue
+        if not isinstance(legacy, dict):
+            _fail(old, "a mapping", legacy)
+        defaults = as_dict(option_preset(group, name))
+        given = {k: v for k, v in legacy.items() if k not in defaults or v != defaults[k]}
+        if not given:
+            if chosen is not None:
+                out[group] = chosen
+            continue
+        chosen = dict(chosen or {})
+        if chosen.get("name", DEFAULT_OPTIONS[group]) != name:
+            first = next(iter(given))
+            raise ConfigError(f"{old}.{first} is a setting of {group}={name} (now {group}.{first}): "
+                              f"add {group}={name}, or leave it out")
+        for key, value in given.items():
+            if key in chosen and chosen[key] != value and chosen[key] != defaults.get(key):
+                raise ConfigError(f"{old}.{key}={value} and {group}.{key}={chosen[key]} are both given: {old}.{key} "
+                                  f"is the old spelling of {group}.{key}; give it once")
+            chosen[key] = value
+        out[group] = chosen
+    return out
 
 
 def as_dict(section: Any) -> Any:
@@ -200,6 +244,8 @@ def register() -> None:
     _import_section_plugins()
     store = ConfigStore.instance()
     top = {k: v for k, v in as_dict(RunConfig()).items() if k not in GROUPS}
+    for old, (group, name) in RENAMED.items():  # the old spelling's keys, at the option's defaults (parse)
+        top[old] = {k: v for k, v in as_dict(options(group)[name]).items() if k != "name"}
     store.store(name="fedpriv_defaults", node=top)
     for group in GROUPS:
         for name, option in options(group).items():

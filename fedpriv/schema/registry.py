@@ -15,25 +15,27 @@ from typing import Any
 from fedpriv.errors import ConfigError
 from fedpriv.schema.sections import (AlgorithmOption, BackendOption, DeploymentBackend, FixedPlan, FlowerBackend,
                                      LocalBackend, MechanismOption, ModelOption, Option, OptimizerOption, PlanOption,
-                                     TextPipeline)
+                                     SumOption, TextPipeline)
 
 
 # group -> option name -> its defaults (the ConfigStore entries). The options register themselves
 # from the modules that implement them (register_option); options() imports those modules.
 OPTIONS: dict[str, dict[str, Option]] = {}
 PLUGINS = {"data": "fedpriv.data", "model": "fedpriv.models", "algorithm": "fedpriv.algorithms",
-           "mechanism": "fedpriv.mechanisms", "optimizer": "fedpriv.optim", "plan": "fedpriv.plan.auto"}
-GROUPS = ("data", "model", "algorithm", "mechanism", "optimizer", "backend", "plan")
+           "mechanism": "fedpriv.mechanisms", "optimizer": "fedpriv.optim", "plan": "fedpriv.plan.auto",
+           "aggregation": "fedpriv.sums"}
+GROUPS = ("data", "model", "algorithm", "mechanism", "optimizer", "backend", "plan", "aggregation")
 # the default option of each group (config.yaml's defaults list names the same)
 DEFAULT_OPTIONS = {"data": "synthetic", "model": "lstm", "algorithm": "dp_fedavg", "mechanism": "gaussian",
-                   "optimizer": "momentum", "backend": "local", "plan": "fixed"}
+                   "optimizer": "momentum", "backend": "local", "plan": "fixed", "aggregation": "plain"}
 
 
 # group -> the contract its options meet (register_option checks it)
 GROUP_BASES: dict[str, type[Option]] = {"data": TextPipeline, "model": ModelOption, "algorithm": AlgorithmOption,
                                         "mechanism": MechanismOption, "optimizer": OptimizerOption,
-                                        "backend": BackendOption, "plan": PlanOption}
-_CLASS_ATTRIBUTES = {"model": ("model_class",), "algorithm": ("algorithm_class",), "mechanism": ("default_sampling",)}
+                                        "backend": BackendOption, "plan": PlanOption, "aggregation": SumOption}
+_CLASS_ATTRIBUTES = {"model": ("model_class",), "algorithm": ("algorithm_class",), "mechanism": ("default_sampling",),
+                     "aggregation": ("sees", "noise_by")}
 
 
 def register_option(group: str, name: str, option: Option) -> None:

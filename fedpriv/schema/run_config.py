@@ -10,7 +10,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.schema.checks import PRESENTATION, _key, in_unit_interval, nonnegative, positive
 from fedpriv.schema.registry import _default, sampler_kinds
 from fedpriv.schema.sections import (AlgorithmOption, Audit, BackendOption, Client, LocalBackend, MechanismOption,
-                                     ModelOption, OptimizerOption, PlanOption, Privacy, Public, SecAgg, Section,
+                                     ModelOption, OptimizerOption, PlanOption, Privacy, Public, Section, SumOption,
                                      TextPipeline)
 
 
@@ -56,10 +56,9 @@ class RunConfig(Section):
     public: Public = field(default_factory=Public)
     privacy: Privacy = field(default_factory=Privacy)
     audit: Audit = field(default_factory=Audit)
-    # plain: each node's clipped updates reach the server in the clear; secagg: only the sum of the nodes'
-    # clipped sums, through Flower's SecAgg+ (backend=flower or deployment; docs/PRIVACY.md)
-    aggregation: Literal["plain", "secagg"] = "plain"
-    secagg: SecAgg = field(default_factory=SecAgg)
+    # the sum protocol (fedpriv/sums/): plain, each node's clipped updates reach the server in the clear; secagg,
+    # only the sum of the nodes' clipped sums, through Flower's SecAgg+ (backend=flower or deployment; docs/PRIVACY.md)
+    aggregation: SumOption = field(default_factory=_default("aggregation"))
     data: TextPipeline = field(default_factory=_default("data"))
     model: ModelOption = field(default_factory=_default("model"))
     algorithm: AlgorithmOption = field(default_factory=_default("algorithm"))
@@ -72,20 +71,6 @@ class RunConfig(Section):
     @property
     def secure(self) -> bool:
         return secure_mode(self.privacy.secure_rng, self.backend.name)
-
-    def _check_secure_aggregation(self, path: str) -> None:
-        """``aggregation=secagg``: Flower's SecAgg+ between at least two nodes and nothing that needs
-        one user's clipped update at the server (the field's capacity and the grid are checked with
-        the data's sizes: :func:`fedpriv.secure_sum.secagg_quantization`, at plan time)."""
-        if isinstance(self.backend, LocalBackend):
-            raise ConfigError("aggregation=secagg runs Flower's SecAgg+ between nodes: use backend=flower or a "
-                              "deployment (backend=local simulates a secure sum only for mechanism=ddgauss)")
-        nodes = int(getattr(self.backend, "num_supernodes", 0))
-        if nodes < 2:
-            raise ConfigError(f"aggregation=secagg needs at least 2 nodes, got backend.num_supernodes={nodes}")
-        if self.privacy.clipping == "adaptive":
-            raise ConfigError("aggregation=secagg: adaptive clipping needs each user's clipped flag at the server; "
-                              "use privacy.clipping=fixed")
 
     def check(self, path: str = "") -> None:
         nonnegative(self, "seed", path=path)
@@ -106,9 +91,8 @@ class RunConfig(Section):
                               "(privacy.secure_rng=false, and not backend=deployment)")
         self.model.check_selected(_key(path, "model"))
         self.data.check_run(self)
+        self.aggregation.check_run(self)  # the sum protocol first: it checks the mechanism's noise placement
         self.mechanism.check_run(self)
-        if self.aggregation == "secagg":
-            self._check_secure_aggregation(path)
         if self.client.dropout_rate and not isinstance(self.backend, LocalBackend):
             raise ConfigError(f"client.dropout_rate simulates dropouts in backend=local; under "
                               f"backend={self.backend.name} nodes drop out for real (backend.round_timeout)")

@@ -261,35 +261,6 @@ class Privacy(Section):
 
 
 @dataclass
-class SecAgg(Section):
-    """``secagg``: Flower's SecAgg+ for ``aggregation=secagg`` (server/secagg.py; docs/PRIVACY.md).
-
-    Each node's clipped sum is clipped per coordinate to ``±clipping_range``, quantized to
-    ``2^bits − 1`` levels and summed modulo ``2^modulus_bits`` under pairwise masks; the server
-    learns only the sum of the surviving nodes' vectors."""
-
-    shares: Optional[int] = None  # neighbours each node secret-shares its keys with (odd, > 2); null: all nodes
-    threshold: Optional[int] = None  # shares needed to unmask a node (> shares / 2); null: 2/3 of the shares + 1
-    bits: int = 20  # quantization levels 2^bits - 1 per coordinate of a node's sum
-    modulus_bits: int = 32  # the field of the masked sum, 2^modulus_bits (Flower's masks are drawn in it)
-    # per-coordinate clip of a node's sum, fixed for the run; null: privacy.clip_norm x (m/n + 4 sqrt(m/n)) for
-    # an expected cohort m over n nodes (a busier node is clipped per coordinate: accuracy, never privacy)
-    clipping_range: Optional[float] = None
-    timeout: Optional[float] = None  # seconds each of the protocol's four stages waits (null: no limit)
-
-    def check(self, path: str) -> None:
-        positive(self, "bits", "modulus_bits", "clipping_range", "timeout", path=path)
-        if self.bits >= 31:
-            _fail(_key(path, "bits"), "< 31 (Flower quantizes into int32)", self.bits)
-        if self.modulus_bits > 62:
-            _fail(_key(path, "modulus_bits"), "<= 62", self.modulus_bits)
-        if self.shares is not None and self.shares <= 2:
-            _fail(_key(path, "shares"), "> 2 or null (all nodes)", self.shares)
-        if self.threshold is not None and self.threshold < 2:
-            _fail(_key(path, "threshold"), ">= 2 or null", self.threshold)
-
-
-@dataclass
 class Audit(Section):
     """``audit``: the empirical privacy audit of a run (fedpriv/audit/; docs/PRIVACY.md)."""
 
@@ -366,11 +337,14 @@ class ModelOption(Option):
 class MechanismOption(Option):
     """Contract of a ``mechanism`` option: :meth:`build` makes the mechanism (a
     :class:`fedpriv.mechanisms.base.NoiseMechanism`); ``default_sampling`` is what ``sampling=auto``
-    picks for it."""
+    picks for it. A mechanism states who adds its noise (``client_noise``) and reads neither the
+    backend nor the ``aggregation``: the sum protocol (fedpriv/sums/) checks and plans the rest."""
 
     default_sampling: ClassVar[str]
     accounting_fields: ClassVar[tuple[str, ...]] = ()  # fields its DpEvent depends on: a calculator must be told
-    client_noise: ClassVar[bool] = False  # the parties add the noise inside a secure sum (the server adds none)
+    # the parties add the noise inside a secure sum (the server adds none); such an option has the fields
+    # `shares` (its parties; null: the sum protocol's, fedpriv/sums/) and `min_shares`
+    client_noise: ClassVar[bool] = False
 
     @abc.abstractmethod
     def build(self, noise_multiplier: float, clip_norm: float, noise=None, rounds: int | None = None,
@@ -386,12 +360,6 @@ class MechanismOption(Option):
     def sampling_groups(self) -> int | None:
         """The groups of ``sampling=cyclic_poisson`` (BandMF: its bands)."""
         return None
-
-    def resolved(self, spec) -> "MechanismOption":
-        """This option with the values it leaves to the run (``null``: "the run's") taken from
-        ``spec``, the whole checked ``RunConfig``, so that config.yaml names them (ddgauss: its
-        parties, the nodes of a SecAgg+ run); ``self`` when nothing is left. Idempotent."""
-        return self
 
     def fitted(self, population: int, cohort_size: int, rounds: int, sampling: str) -> "MechanismOption":
         """This option with any default that cannot fit the run (``rounds`` rounds of cohorts of
@@ -448,6 +416,35 @@ class FixedPlan(PlanOption):
 
     def apply(self, spec, population: Optional[int], dimension: int) -> tuple[Any, Optional[dict]]:
         return spec, None
+
+
+@dataclass
+class SumOption(Option):
+    """Contract of an ``aggregation`` option: a sum protocol (fedpriv/sums/: how a round's clipped
+    updates reach the server, and who may add the noise). It declares what the server ``sees`` and
+    who may add the noise (``noise_by``: ``server``, ``parties``: the mechanism's ``client_noise``),
+    refuses at parse time a run it cannot serve (:meth:`check_run`) and plans the run's frozen
+    :class:`fedpriv.sums.SumPlan` (:meth:`plan`) that the server and every node read."""
+
+    sees: ClassVar[str]  # what the server sees of a round
+    noise_by: ClassVar[tuple[str, ...]]  # who may add the noise under it: "server", "parties"
+
+    @abc.abstractmethod
+    def check_run(self, spec) -> None:
+        """Refuse (``ConfigError``) a run configuration (``spec``, the whole ``RunConfig``) this
+        protocol cannot serve: its backend, its mechanism's noise placement, what else of the run
+        needs a user's update at the server."""
+
+    @abc.abstractmethod
+    def plan(self, spec, mechanism, dimension: int, expected_cohort: float):
+        """The run's :class:`fedpriv.sums.SumPlan` for the checked ``spec``, its key-less
+        ``mechanism`` at its σ, the model's ``dimension`` and the expected cohort (public
+        quantities only; ``ValueError`` where the protocol cannot hold the run)."""
+
+    def resolved_mechanism(self, spec) -> "MechanismOption":
+        """``spec``'s mechanism option with what it leaves to the protocol taken from ``spec``
+        (over SecAgg+ a distributed mechanism's parties are the nodes); idempotent."""
+        return spec.mechanism
 
 
 @dataclass
