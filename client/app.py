@@ -5,9 +5,9 @@ update for each user the message names, and packs the deltas and metrics (wire p
 Users are virtual clients: any node can compute any sampled user's update (the node is the
 compute that simulates the devices). In research mode an update depends only on (research key,
 round, user), so the result does not depend on which node ran it; in secure mode each update's
-randomness is fresh OS entropy on the node (:class:`fedpriv.randomness.ClientRandomness`). A
+randomness is fresh OS entropy on the node (:class:`fedpriv.keys.randomness.ClientRandomness`). A
 reply carries statistics of the user's data beside the delta only when diagnostics are on
-(research mode, user-level DP: :func:`fedpriv.config.client_diagnostics_enabled`).
+(research mode, user-level DP: :func:`fedpriv.config.resolve.client_diagnostics_enabled`).
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from client import secagg
-from fedpriv.atomic import create_bytes_atomic
+from fedpriv.release.atomic import create_bytes_atomic
 from fedpriv.cache import cache_root
 from fedpriv.schema import as_dict
 
 from fedpriv.clipping import UnsupportedLayerError
-from fedpriv.codec import decode, refusal_content, train_reply_content
-from fedpriv.config import client_diagnostics_enabled, run_config
-from fedpriv.randomness import ClientRandomness
-from fedpriv.research_key import canonical_config, client_randomness
+from fedpriv.round.codec import decode, refusal_content, train_reply_content
+from fedpriv.config.resolve import client_diagnostics_enabled, run_config
+from fedpriv.keys.randomness import ClientRandomness
+from fedpriv.keys.research_key import canonical_config, client_randomness
 from fedpriv.schema import RunConfig
-from fedpriv.clients import client_updates
+from fedpriv.round.clients import client_updates
 from fedpriv.task import Task, load_task
 from fedpriv.allocator import retain_freed_memory
 
@@ -74,7 +74,7 @@ def node_state_dir(node_config: Mapping[str, Any]) -> Path:
 
 def config_digest(spec: RunConfig) -> str:
     """SHA-256 (hex, under a tag of its own) of the run's public config in its canonical form
-    (:func:`fedpriv.research_key.canonical_config`: exactly the values that change what the run
+    (:func:`fedpriv.keys.research_key.canonical_config`: exactly the values that change what the run
     computes; its run directory, ``resume`` and other presentation left out, so a resumed run has
     the digest of the run it resumes)."""
     text = json.dumps(canonical_config(as_dict(spec)), sort_keys=True, separators=(",", ":"))
@@ -87,7 +87,7 @@ class NodeMemory:
     process: one file ``answered/<config digest>/round-<t>`` per (run config, round), created
     before the reply is computed. Creating it is the claim: it is written in full and ``fsync``ed,
     then published with a hard link that never replaces an existing file
-    (:func:`fedpriv.atomic.create_bytes_atomic`), so of two requests for one round, also concurrent ones
+    (:func:`fedpriv.release.atomic.create_bytes_atomic`), so of two requests for one round, also concurrent ones
     from two processes, exactly one is answered, and a round is remembered across a power cut."""
 
     directory: Path

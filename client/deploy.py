@@ -1,6 +1,6 @@
 """The ClientApp of a Flower deployment (``[tool.flwr.app.components] clientapp``): the
 experiment comes from Flower's run config (``experiment``, ``overrides``), composed from the
-same Hydra tree as ``fedpriv.simulate`` (:func:`fedpriv.compose.deployment_config`).
+same Hydra tree as ``fedpriv.simulate`` (:func:`fedpriv.config.compose.deployment_config`).
 
 Node setting (Flower's node config, ``flower-supernode --node-config``): ``state-dir``, the
 directory where the node remembers the rounds it answered in secure mode, across Flower runs and
@@ -17,11 +17,11 @@ from flwr.clientapp import ClientApp
 
 from client.app import NodeMemory, config_digest, node_state_dir, reply
 from client.secagg import secure_aggregation_mod
-from fedpriv.compose import deployment_config
-from fedpriv.config import run_config
+from fedpriv.config.compose import deployment_config
+from fedpriv.config.resolve import run_config
 from fedpriv.plan import executed_config
-from fedpriv.randomness import ClientRandomness
-from fedpriv.research_key import client_randomness
+from fedpriv.keys.randomness import ClientRandomness
+from fedpriv.keys.research_key import client_randomness
 from fedpriv.schema import RunConfig
 from fedpriv.task import load_task
 

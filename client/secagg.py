@@ -25,13 +25,13 @@ from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, pa
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
 from flwr.compat.common import recorddict_compat as compat
 
-from fedpriv.aggregation import RoundAggregate
-from fedpriv.clients import iter_client_updates
-from fedpriv.distributed_dp import DDGaussCodec
+from fedpriv.round.aggregation import RoundAggregate
+from fedpriv.round.clients import iter_client_updates
+from fedpriv.mechanisms.ddgauss_codec import DDGaussCodec
 from fedpriv.plan import build_plan
-from fedpriv.randomness import ClientRandomness, uint64s
+from fedpriv.keys.randomness import ClientRandomness, uint64s
 from fedpriv.schema import RunConfig, as_dict
-from fedpriv.secure_sum import party_message
+from fedpriv.sums.secure_sum import party_message
 from fedpriv.sums import SumPlan, party_codec, wire
 from fedpriv.task import Task, load_task
 
@@ -134,7 +134,7 @@ def masked_reply(task: Task, msg: Message, request: SecAggRequest, users: list[i
                  rng: ClientRandomness) -> Message:
     """The reply to a checked request for ``users`` (answered once: client/app.py). Central noise:
     the users' updates, each clipped to the node's own C′, summed in user order, one float64 vector.
-    Party noise: the party's message in Z_m (:func:`fedpriv.secure_sum.party_message`) as ``r − c``.
+    Party noise: the party's message in Z_m (:func:`fedpriv.sums.secure_sum.party_message`) as ``r − c``.
     No per-user metric: the mod leaves metrics in the clear."""
     own, conf, round_idx = request.own, request.fitins.config, request.round_idx
     params = torch.from_numpy(np.asarray(parameters_to_ndarrays(request.fitins.parameters)[0],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from fedpriv.atomic import write_atomic
+from fedpriv.release.atomic import write_atomic
 
 
 def cache_root() -> Path:

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 
-from fedpriv.atomic import write_atomic
+from fedpriv.release.atomic import write_atomic
 from fedpriv.errors import ConfigError, OutputError
-from fedpriv.randomness import PAIRED, PAIRED_NOTE, SECURE, mode_label
-from fedpriv.rundir import RunDirectory, read_mapping
+from fedpriv.keys.randomness import PAIRED, PAIRED_NOTE, SECURE, mode_label
+from fedpriv.release.rundir import RunDirectory, read_mapping
 
 BUDGET_KEYS = ("privacy.target_epsilon", "privacy.noise_multiplier")  # the x axis, not a line
 IGNORED_KEYS = ("run_dir",)

@@ -3,8 +3,8 @@
 
 The transport of a round is injected (``round_fn``), so the same loop serves the in-process
 backend, Flower's simulation engine and a real deployment; the DP math lives in
-:mod:`fedpriv.dpfedavg`, :mod:`fedpriv.mechanisms` and :mod:`fedpriv.accounting`. The loop writes
-no file: :mod:`fedpriv.run_outputs` does, and owns their order (a round's checkpoint is durable
+:mod:`fedpriv.round.dpfedavg`, :mod:`fedpriv.mechanisms` and :mod:`fedpriv.accounting`. The loop writes
+no file: :mod:`fedpriv.release.run_outputs` does, and owns their order (a round's checkpoint is durable
 before any output of that round is published, so a resumed run never redoes a published round
 with the same noise, and republishes from the checkpoint whatever a crash kept from being written).
 """
@@ -20,26 +20,26 @@ from tqdm import tqdm
 
 from fedpriv.accounting import PrivacyLedger
 from fedpriv.accounting.ledger import json_epsilon
-from fedpriv.adaptive_clipping import build_adaptive_clip
+from fedpriv.round.adaptive_clipping import build_adaptive_clip
 from fedpriv.audit.run import build_canaries, finish_audit
-from fedpriv.config import diagnostics_enabled, run_config
+from fedpriv.config.resolve import diagnostics_enabled, run_config
 from fedpriv.degradation import Degradation, degradation, run_facts
-from fedpriv.dpfedavg import DPFedAvg
+from fedpriv.round.dpfedavg import DPFedAvg
 from fedpriv.errors import ConfigError, DamagedFileError
 from fedpriv.mechanisms import Mechanism
 from fedpriv.metrics import evaluate
-from fedpriv.console import ADVICE_LOGGER
+from fedpriv.release.console import ADVICE_LOGGER
 from fedpriv.models import set_flat_params
 from fedpriv.plan import RunPlan, build_plan, executed_config
 from fedpriv.plan.auto import cannot_train, overrides
 from fedpriv.plan.noise_figure import A_WARN, PER_ROUND_WARNING, NoiseFigure
 from fedpriv.precision import compute_precision
 from fedpriv.public.stages import Stage, build_stages
-from fedpriv.randomness import RunRandomness, mode_label
-from fedpriv.replies import RoundFn
-from fedpriv.research_key import canonical_config, research_key, run_randomness
-from fedpriv.run_outputs import RunOutputs
-from fedpriv.rundir import CHECKPOINT_FORMAT, SUMMARY_FILE, RunDirectory, short_reason
+from fedpriv.keys.randomness import RunRandomness, mode_label
+from fedpriv.round.replies import RoundFn
+from fedpriv.keys.research_key import canonical_config, research_key, run_randomness
+from fedpriv.release.run_outputs import RunOutputs
+from fedpriv.release.rundir import CHECKPOINT_FORMAT, SUMMARY_FILE, RunDirectory, short_reason
 from fedpriv.schema import RunConfig, as_dict
 from fedpriv.sampling import make_sampler
 from fedpriv.sums import withheld_rounds
@@ -88,7 +88,7 @@ def prepare(cfg: dict, run: RunDirectory | None = None) -> RunSession:
     without touching it. ``run``: a directory the caller has
     already locked (and cleans up on error); otherwise this call locks ``run_dir`` and, on
     error, removes it only if it created it and it is still empty. ``cfg`` is parsed once
-    (:func:`fedpriv.config.run_config`: ``sampling=auto`` and ``privacy.secure_rng=null`` resolved,
+    (:func:`fedpriv.config.resolve.run_config`: ``sampling=auto`` and ``privacy.secure_rng=null`` resolved,
     so config.yaml names what the run does); everything after reads the typed ``RunConfig``. The
     caller's ``cfg`` is then replaced by the run's resolved plain config (``session.cfg``, as in
     config.yaml, mechanism defaults fitted), so that a ClientApp made from it derives the run's key.
@@ -173,7 +173,7 @@ def _say_noise_scale(ledger: PrivacyLedger, noise: NoiseFigure) -> None:
     if noise.accumulated is not None:
         text += (f"; the server step accumulates noise of std {noise.accumulated:.3g} per coordinate over the run "
                  f"(a, with sigma_eff {noise.sigma_eff:.3g})")
-    advice = logging.getLogger(ADVICE_LOGGER)  # on stderr either way (fedpriv/console.py)
+    advice = logging.getLogger(ADVICE_LOGGER)  # on stderr either way (fedpriv/release/console.py)
     if noise.too_noisy and noise.accumulated is not None:
         advice.warning("%s (a above %g: measured runs degrade there; plan=auto, a larger cohort, a smaller "
                        "optimizer.lr or correlated noise lower it)", text, A_WARN)
@@ -306,7 +306,7 @@ def evaluate_params(task: Task, params: torch.Tensor) -> dict[str, float]:
 
 def train(session: RunSession, round_fn: RoundFn) -> dict:
     """Run the remaining rounds; their files are written by the run's output sink
-    (:class:`fedpriv.run_outputs.RunOutputs`, which owns the order of writes). Releases the run
+    (:class:`fedpriv.release.run_outputs.RunOutputs`, which owns the order of writes). Releases the run
     directory's lock on return."""
     outputs = RunOutputs(session.run, session.spec, session.randomness.secure, _tensorboard_texts(session))
     try:

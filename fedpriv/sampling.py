@@ -1,7 +1,7 @@
 """Cohort samplers. Each one states the sampling that the accountant must assume.
 
 A sampler's draw for round ``t`` depends only on ``(key, t)``: the sampling key comes from the
-run's :class:`~fedpriv.randomness.RunRandomness` (secret in secure mode, derived from the config in
+run's :class:`~fedpriv.keys.randomness.RunRandomness` (secret in secure mode, derived from the config in
 research mode), so a resumed run draws the same cohorts as an uninterrupted one without saving
 sampler state, and nobody without the key can tell who was sampled — which amplification by
 sampling assumes. A sampler built without a key (``key=None``) only states its accounting
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedpriv.errors import ConfigError
-from fedpriv.randomness import uint64s, uniforms
+from fedpriv.keys.randomness import uint64s, uniforms
 from fedpriv.schema import register_sampler_kind
 
 POISSON = "poisson"

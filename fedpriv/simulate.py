@@ -16,9 +16,9 @@ import sys
 import threading
 from pathlib import Path
 
-from fedpriv.compose import CONFIG_DIR, check_overrides, compose_config, group_options
-from fedpriv.console import fail as _fail
-from fedpriv.console import format_result, interrupted_message, set_member
+from fedpriv.config.compose import CONFIG_DIR, check_overrides, compose_config, group_options
+from fedpriv.release.console import fail as _fail
+from fedpriv.release.console import format_result, interrupted_message, set_member
 from fedpriv.errors import ConfigError, OutputError, PrivacyBudgetExceeded
 from fedpriv.schema import describe, parse, register
 
@@ -91,7 +91,7 @@ def _given_directories(args: list[str]) -> dict[str, str]:
 
 
 def _note_preexisting(given: dict[str, str]) -> None:
-    from fedpriv.rundir import note_existing  # lazy: rundir imports torch
+    from fedpriv.release.rundir import note_existing  # lazy: rundir imports torch
 
     for key in ("run_dir", "hydra.run.dir"):
         if key in given:
@@ -105,7 +105,7 @@ def _make_output_directory(given: dict[str, str], multirun: bool) -> None:
     the sweep (``hydra.sweep.dir``) where the command line names it, so that one that cannot be a
     directory is one ``error:`` line — exit 2 for a file or a path under one, 1 where the file
     system refuses — with nothing left behind, instead of Hydra's traceback."""
-    from fedpriv.rundir import make_run_directory  # lazy: rundir imports torch
+    from fedpriv.release.rundir import make_run_directory  # lazy: rundir imports torch
 
     keys = ("hydra.sweep.dir",) if multirun else ("hydra.run.dir", "run_dir")
     key = next((k for k in keys if k in given), None)
@@ -127,7 +127,7 @@ def _run(cfg) -> None:
     from omegaconf import OmegaConf
     # lazy: as above
     from fedpriv.backends import backend
-    from fedpriv.rundir import RunDirectory
+    from fedpriv.release.rundir import RunDirectory
     from fedpriv.runner import prepare
 
     hydra_cfg = HydraConfig.get()

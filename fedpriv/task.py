@@ -18,14 +18,14 @@ import torch
 from torch import nn
 
 from fedpriv import schema
-from fedpriv.algorithms import Algorithm, build_algorithm
+from fedpriv.round.algorithms import Algorithm, build_algorithm
 from fedpriv.clipping import BookKeeping
-from fedpriv.cohort_parallel import CohortTrainer
+from fedpriv.round.cohort_parallel import CohortTrainer
 from fedpriv.data.federated import FederatedDataset
 from fedpriv.data.text_pipeline import apply_text_pipeline
 from fedpriv.devices import resolve_device
 from fedpriv.models import get_flat_params
-from fedpriv.training import LocalConfig
+from fedpriv.round.training import LocalConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Task:
     eval_model: nn.Module  # the replica the server evaluates with
     initial_params: torch.Tensor
     local: LocalConfig
-    algorithm: Algorithm  # privacy unit, local steps, batched rounds (fedpriv/algorithms.py)
+    algorithm: Algorithm  # privacy unit, local steps, batched rounds (fedpriv/round/algorithms.py)
     bk: BookKeeping | None = None  # hooks client_model when clients run example-level DP-SGD
     trainer: CohortTrainer | None = None  # cohort-parallel local training (client.parallel > 1)
     device: torch.device = torch.device("cpu")

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpriv.optim.adaptive import DPAdaptive, RoundRelease  # noqa: E402
-from fedpriv.rundir import json_text  # noqa: E402
+from fedpriv.release.rundir import json_text  # noqa: E402
 
 W_STAR = 2.0
 LRS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from experiment_runs import run_once, summary  # noqa: E402  (also puts the checkout on sys.path)
 
-from fedpriv.rundir import RunDirectory, write_json  # noqa: E402
+from fedpriv.release.rundir import RunDirectory, write_json  # noqa: E402
 
 RUNS = {"gaussian": ("post", "bc", "ime", "stp", "stp_raw"), "bandmf": ("post", "stp")}
 LABELS = {"stp_raw": "dpadam_stp, raw s_t"}  # stp_raw: optimizer.stp_normalize=none

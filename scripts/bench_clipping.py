@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpriv.clipping import BookKeeping  # noqa: E402
 from fedpriv.clipping.engine import REPLAY_EVERY  # noqa: E402
 from fedpriv.models import LSTMLanguageModel, TransformerLanguageModel  # noqa: E402
-from fedpriv.rundir import write_json  # noqa: E402
+from fedpriv.release.rundir import write_json  # noqa: E402
 
 VOCAB = 10000
 CONFIGS = {

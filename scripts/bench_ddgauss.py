@@ -5,10 +5,10 @@
 One process, the default config (``mechanism=ddgauss``, its 0.5M-parameter LSTM padded to 2^19),
 alternated per repeat, medians after the first repeat:
 
-* ``local training``: one client's update (:func:`fedpriv.clients.client_update`: what every
+* ``local training``: one client's update (:func:`fedpriv.round.clients.client_update`: what every
   mechanism's client computes);
 * ``round one update``: clip, pad, randomized Hadamard rotation, scale and conditional randomized
-  rounding of that update (:meth:`fedpriv.distributed_dp.DDGaussCodec.rounded`, per user);
+  rounding of that update (:meth:`fedpriv.mechanisms.ddgauss_codec.DDGaussCodec.rounded`, per user);
 * ``noise share``: one party's discrete Gaussian share (:meth:`DDGaussCodec.noise_share`, per party);
 * ``decode``: the server's decoding of the sum (per round).
 
@@ -30,12 +30,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedpriv.clients import client_update  # noqa: E402
-from fedpriv.compose import compose_config  # noqa: E402
+from fedpriv.round.clients import client_update  # noqa: E402
+from fedpriv.config.compose import compose_config  # noqa: E402
 from fedpriv.plan import build_plan  # noqa: E402
-from fedpriv.research_key import client_randomness  # noqa: E402
+from fedpriv.keys.research_key import client_randomness  # noqa: E402
 from fedpriv.schema import RunConfig  # noqa: E402
-from fedpriv.config import run_config  # noqa: E402
+from fedpriv.config.resolve import run_config  # noqa: E402
 from fedpriv.task import load_task  # noqa: E402
 
 

@@ -22,15 +22,15 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fedpriv.aggregation import clip_factor  # noqa: E402
+from fedpriv.round.aggregation import clip_factor  # noqa: E402
 from fedpriv.allocator import retain_freed_memory  # noqa: E402
-from fedpriv.cohort import CohortClipper  # noqa: E402
-from fedpriv.compose import compose_config  # noqa: E402
-from fedpriv.research_key import clients_from_seed, key_from_seed  # noqa: E402
-from fedpriv.rundir import write_json  # noqa: E402
-from fedpriv.clients import client_update  # noqa: E402
+from fedpriv.round.cohort import CohortClipper  # noqa: E402
+from fedpriv.config.compose import compose_config  # noqa: E402
+from fedpriv.keys.research_key import clients_from_seed, key_from_seed  # noqa: E402
+from fedpriv.release.rundir import write_json  # noqa: E402
+from fedpriv.round.clients import client_update  # noqa: E402
 from fedpriv.sampling import make_sampler  # noqa: E402
-from fedpriv.config import run_config  # noqa: E402
+from fedpriv.config.resolve import run_config  # noqa: E402
 from fedpriv.task import load_task  # noqa: E402
 
 

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_clipping import fedpriv_model  # noqa: E402
 from fedpriv.clipping import GaussianKeystream  # noqa: E402
-from fedpriv.keystream import BLOCK, run_blocks  # noqa: E402
-from fedpriv.rundir import write_json  # noqa: E402
+from fedpriv.keys.keystream import BLOCK, run_blocks  # noqa: E402
+from fedpriv.release.rundir import write_json  # noqa: E402
 
 
 def previous_draw(tensors: list[torch.Tensor], std: float, generator: torch.Generator) -> None:

@@ -31,11 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedpriv.cohort_parallel import CohortTrainer  # noqa: E402
+from fedpriv.round.cohort_parallel import CohortTrainer  # noqa: E402
 from fedpriv.models import LSTMLanguageModel, get_flat_params  # noqa: E402
 from fedpriv.models.lstm import LSTM  # noqa: E402
-from fedpriv.research_key import clients_from_seed  # noqa: E402
-from fedpriv.training import LocalConfig  # noqa: E402
+from fedpriv.keys.research_key import clients_from_seed  # noqa: E402
+from fedpriv.round.training import LocalConfig  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

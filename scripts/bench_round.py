@@ -3,7 +3,7 @@
 Compares, in one process:
   * compute  — the summed time of the 100 client updates alone (local SGD, no transport);
   * local    — a full round on ``backend=local``: the clients stream into the round's sum
-               (fedpriv.clients.in_process_round_fn; no message), then clipping, noise, server
+               (fedpriv.round.clients.in_process_round_fn; no message), then clipping, noise, server
                optimizer, EMA;
   * grid     — the same round through the in-process Flower grid (ClientApp, one message per
                node, encode/decode): what ``backend=local`` ran before it streamed its clients;
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def compose(run_dir: Path, args: argparse.Namespace, *extra: str) -> dict:
-    from fedpriv.compose import compose_config
+    from fedpriv.config.compose import compose_config
 
     overrides = ["rounds=%d" % (args.rounds + 2), "cohort_size=100", "sampling=fixed", "progress=false",
                  "eval_every=1000", "privacy.noise_multiplier=1.0", "privacy.clip_norm=1.0",
@@ -53,9 +53,9 @@ def main() -> None:
     import torch
 
     from client.app import make_client_app
-    from fedpriv.research_key import client_randomness
-    from fedpriv.rundir import json_text, write_json
-    from fedpriv.clients import client_update, in_process_round_fn
+    from fedpriv.keys.research_key import client_randomness
+    from fedpriv.release.rundir import json_text, write_json
+    from fedpriv.round.clients import client_update, in_process_round_fn
     from fedpriv.runner import prepare
     from server.app import grid_round_fn, run_flower_simulation
     from server.grid import LocalGrid

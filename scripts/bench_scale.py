@@ -37,15 +37,15 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fedpriv.compose import compose_config  # noqa: E402
+from fedpriv.config.compose import compose_config  # noqa: E402
 from fedpriv.data.stackoverflow_writer import write_examples  # noqa: E402
-from fedpriv.research_key import client_randomness  # noqa: E402
-from fedpriv.aggregation import RoundAggregate  # noqa: E402
-import fedpriv.clients as clients_module  # noqa: E402
-from fedpriv.clients import StreamedReplies, client_updates  # noqa: E402
-from fedpriv.replies import add_updates  # noqa: E402
+from fedpriv.keys.research_key import client_randomness  # noqa: E402
+from fedpriv.round.aggregation import RoundAggregate  # noqa: E402
+import fedpriv.round.clients as clients_module  # noqa: E402
+from fedpriv.round.clients import StreamedReplies, client_updates  # noqa: E402
+from fedpriv.round.replies import add_updates  # noqa: E402
 from fedpriv.runner import prepare  # noqa: E402
-from fedpriv.config import run_config  # noqa: E402
+from fedpriv.config.resolve import run_config  # noqa: E402
 from fedpriv.task import load_task  # noqa: E402
 
 WORDS = 10_000
@@ -143,7 +143,7 @@ def _keeping(updates, kept: list):
 
 
 def _streamed_round(task, params, users: list[int], round_idx: int, rng, dim: int, clip: float, kept: list):
-    """The in-process round a run takes (:class:`fedpriv.clients.StreamedReplies`: local training,
+    """The in-process round a run takes (:class:`fedpriv.round.clients.StreamedReplies`: local training,
     each delta clipped and summed on the device, the sum merged into a host aggregate once), with
     every update it adds kept in ``kept`` for the parity check; returns the host aggregate."""
     real = clients_module.iter_client_updates

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import logging  # noqa: E402
 
 from client.app import make_client_app  # noqa: E402
-from fedpriv.compose import compose_config  # noqa: E402
+from fedpriv.config.compose import compose_config  # noqa: E402
 from fedpriv.runner import prepare  # noqa: E402
 from server.app import round_fn_for  # noqa: E402
 from server.grid import LocalGrid  # noqa: E402

@@ -1,5 +1,5 @@
 """The server mechanisms' noise draw (issue 31, item 1): a StackOverflow-size round's 4.05M
-normals from :class:`fedpriv.randomness.NoiseStream` (ChaCha20 keystream, 64-bit radius words, on
+normals from :class:`fedpriv.keys.randomness.NoiseStream` (ChaCha20 keystream, 64-bit radius words, on
 every core) against the draw it replaced (SHAKE-256 on one core, Box–Muller of 53-bit uniforms in
 float64; reproduced here only to compare) and Book-Keeping's narrow keystream (32-bit radius words).
 
@@ -24,9 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedpriv.clipping import GaussianKeystream  # noqa: E402
-from fedpriv.randomness import KEY_BYTES, NoiseStream, uniforms  # noqa: E402
-from fedpriv.research_key import key_from_seed  # noqa: E402
-from fedpriv.rundir import write_json  # noqa: E402
+from fedpriv.keys.randomness import KEY_BYTES, NoiseStream, uniforms  # noqa: E402
+from fedpriv.keys.research_key import key_from_seed  # noqa: E402
+from fedpriv.release.rundir import write_json  # noqa: E402
 
 COORDINATES = 4_050_748  # the StackOverflow LSTM of scripts/bench_round.py
 

@@ -70,8 +70,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from fedpriv.atomic import write_atomic  # noqa: E402
-from fedpriv.console import OneLineParser, fail  # noqa: E402
+from fedpriv.release.atomic import write_atomic  # noqa: E402
+from fedpriv.release.console import OneLineParser, fail  # noqa: E402
 from fedpriv.data.stackoverflow_writer import VOCAB_FILE_NAME, write_examples  # noqa: E402
 from fedpriv.errors import OutputError  # noqa: E402
 

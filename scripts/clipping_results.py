@@ -5,7 +5,7 @@ C₀ = 0.5), at ε = 8 and ε = 2; plus adaptive clipping started from C₀ = 0.
 (every mechanism at ε = 2; the tree and independent noise at ε = 8). Those adaptive rows use
 Andrew et al.'s server step (``privacy.adaptive.step=bound``: the step scales with C_t). Issue 30's
 rows ``…-adaptive-norm…`` use the default ``step=normalized`` (the step scaled by S/C_t, S =
-``privacy.clip_norm`` = 0.5; fedpriv/adaptive_clipping.py) at ε = 8 and 2 for every mechanism, and
+``privacy.clip_norm`` = 0.5; fedpriv/round/adaptive_clipping.py) at ε = 8 and 2 for every mechanism, and
 from C₀ = 0.05 and 5 (``privacy.adaptive.initial_bound``) at ε = 8.
 
     python scripts/clipping_results.py [--out outputs/clipping] [--jobs 2] [--only NAME ...]
@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from experiment_runs import run_all, summary  # noqa: E402  (also puts the checkout on sys.path)
 
-from fedpriv.rundir import read_jsonl  # noqa: E402
+from fedpriv.release.rundir import read_jsonl  # noqa: E402
 
 MECHANISMS = {"gaussian": ["mechanism=gaussian"], "tree": ["mechanism=tree", "sampling=cyclic"],
               "bandmf": ["mechanism=bandmf", "mechanism.bands=16", "sampling=cyclic_poisson"],

@@ -182,7 +182,7 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from fedpriv.errors import ConfigError
-from fedpriv.rundir import read_mapping
+from fedpriv.release.rundir import read_mapping
 try:
     summary = read_mapping(Path(sys.argv[2]), json.loads)
 except ConfigError:  # missing, unreadable or damaged

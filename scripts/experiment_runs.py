@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
-from fedpriv.rundir import read_mapping  # noqa: E402
+from fedpriv.release.rundir import read_mapping  # noqa: E402
 
 
 def run_once(path: Path, overrides: Sequence[str], threads: int | None = None) -> Path:

@@ -34,7 +34,7 @@ from experiment_runs import check_names, final_and_best, markdown_table, report,
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpriv.degradation import LOSS_RISE  # noqa: E402  (the end-of-run warning's rule)
 from fedpriv.plan.noise_figure import accumulated_noise  # noqa: E402
-from fedpriv.rundir import read_mapping  # noqa: E402
+from fedpriv.release.rundir import read_mapping  # noqa: E402
 
 REAL_TEXT = Path("/work/data/real_text/stackoverflow.sqlite")
 COMMON = ["cohort_size=50", "eval_every=10", "privacy.delta=1e-5", "mechanism=gaussian", "sampling=poisson",

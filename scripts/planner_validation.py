@@ -38,7 +38,7 @@ from planner_calibration import REAL_MODEL, REAL_TEXT  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpriv.data.synthetic import SyntheticConfig  # noqa: E402
-from fedpriv.rundir import read_mapping  # noqa: E402
+from fedpriv.release.rundir import read_mapping  # noqa: E402
 from fedpriv.schema import RunConfig  # noqa: E402
 
 EPSILONS = (8, 4, 2)

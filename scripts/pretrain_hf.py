@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_intermixed_args()
 
-    from fedpriv.compose import compose_config
+    from fedpriv.config.compose import compose_config
     from fedpriv.models import get_flat_params
     from fedpriv.models.hf import HFCausalLM, save_release
     from fedpriv.models.tiny_hf import write_model_dir

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_clipping as bench  # noqa: E402
 from fedpriv.clipping import BookKeeping  # noqa: E402
-from fedpriv.rundir import write_json  # noqa: E402
+from fedpriv.release.rundir import write_json  # noqa: E402
 
 
 def make_pair(name: str):

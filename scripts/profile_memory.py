@@ -4,7 +4,7 @@ through its stages, reported as the peak per stage and the growth timeline.
     python scripts/profile_memory.py [OVERRIDES ...] [--every-mb 40] [--users-every K]   # e.g. rounds=3
 
 Stages: imports, compose, prepare (data, model, calibration), then within the rounds the client
-updates (``fedpriv.clients.client_update``), the server's round (``DPFedAvg.apply_round``: clip,
+updates (``fedpriv.round.clients.client_update``), the server's round (``DPFedAvg.apply_round``: clip,
 sum, noise, optimizer), the checkpoint, the published files and evaluation; what runs outside
 those (the round function's own work) is "rounds (other)". ``--users-every K`` also prints RSS after
 every K client updates against the number of distinct users read so far: memory that grows with the
@@ -90,10 +90,10 @@ def main() -> None:
     parser.add_argument("--users-every", type=int, help="RSS after every K client updates, with the users read")
     args = parser.parse_args()
     sampler = Sampler(args.every_mb)
-    import fedpriv.clients as clients
+    import fedpriv.round.clients as clients
     import fedpriv.runner as runner
-    from fedpriv.compose import compose_config
-    from fedpriv.dpfedavg import DPFedAvg
+    from fedpriv.config.compose import compose_config
+    from fedpriv.round.dpfedavg import DPFedAvg
     from server.app import run_local
 
     logging.getLogger("absl").setLevel(logging.ERROR)

@@ -16,11 +16,11 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedpriv.backends import client_app_factory
-from fedpriv.clients import in_process_round_fn
+from fedpriv.round.clients import in_process_round_fn
 from fedpriv.errors import ConfigError
-from fedpriv.replies import ClientReplies, RoundFn, RoundInputs
+from fedpriv.round.replies import ClientReplies, RoundFn, RoundInputs
 from fedpriv.runner import RunSession, train
-from fedpriv.secure_sum import distributed_round_fn
+from fedpriv.sums.secure_sum import distributed_round_fn
 from fedpriv.schema import FlowerBackend
 from fedpriv.sums import party_codec
 from server.secagg import secagg_round_fn
@@ -87,7 +87,7 @@ def round_fn_for(session: RunSession, grid: Grid | None = None, num_nodes: int =
     """The run's round, chosen from its sum plan (``session.plan.sums``, :mod:`fedpriv.sums`): the
     server's one dispatch on the trust model. Without a ``grid`` (``backend=local``): in this
     process, the parties' secure sum simulated where they add the noise
-    (:func:`fedpriv.secure_sum.distributed_round_fn`), else the clear round (:func:`_local_round_fn`).
+    (:func:`fedpriv.sums.secure_sum.distributed_round_fn`), else the clear round (:func:`_local_round_fn`).
     Over a Flower grid: clear per-user replies (:func:`grid_round_fn`), or the nodes' sums through
     SecAgg+ (``aggregation=secagg``: :func:`server.secagg.secagg_round_fn`, on the ``num_nodes``
     nodes connected before round 1; with the parties' codec where they add the noise)."""
@@ -134,7 +134,7 @@ def run_local(session: RunSession) -> dict:
 def _local_round_fn(session: RunSession, dropout_key: bytes) -> RoundFn:
     """The clear round in this process: the one-pass batched round (DP-FedSGD, DP-SGD) where the
     algorithm allows it, else the clients streamed into the aggregate one by one
-    (:func:`fedpriv.clients.in_process_round_fn`: what the ClientApp computes, without the
+    (:func:`fedpriv.round.clients.in_process_round_fn`: what the ClientApp computes, without the
     message's copies). ``backend=flower`` and deployments carry the same deltas in Flower
     messages (tests: the same model, bit for bit)."""
     task = session.task

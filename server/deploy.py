@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedpriv.compose import check_overrides, deployment_config, deployment_overrides
-from fedpriv.console import format_result
+from fedpriv.config.compose import check_overrides, deployment_config, deployment_overrides
+from fedpriv.release.console import format_result
 from fedpriv.plan import preflight_sweep
-from fedpriv.replies import RoundFn
+from fedpriv.round.replies import RoundFn
 from fedpriv.runner import RunSession, prepare, train
 from server.app import round_fn_for
 
@@ -38,9 +38,9 @@ def deployment_round_fn(session: RunSession, grid: Grid) -> RoundFn:
 
 
 def server_config(run_config: Mapping[str, object]) -> dict:
-    """The deployed run's config (:func:`fedpriv.compose.deployment_config`), after the checks
+    """The deployed run's config (:func:`fedpriv.config.compose.deployment_config`), after the checks
     ``python -m fedpriv.simulate`` makes of its command line, by the same functions
-    (:func:`fedpriv.compose.check_overrides`, :func:`fedpriv.plan.preflight_sweep`): a key given
+    (:func:`fedpriv.config.compose.check_overrides`, :func:`fedpriv.plan.preflight_sweep`): a key given
     twice, a fixed noise multiplier beside a target epsilon, and a setting typed beside
     ``plan=auto`` that the plan replaces (``mechanism=tree``) are refused (``ConfigError``, one
     line: the run fails with it) instead of silently dropped."""

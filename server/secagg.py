@@ -2,7 +2,7 @@
 reach the server only as their sum, through Flower's own SecAgg+ (``flwr.server.workflow.SecAggPlusWorkflow``
 here, ``secaggplus_mod`` in the node half, client/secagg.py; what both share: :mod:`fedpriv.sums.wire`).
 No cryptography is written here, and no DP: the server adds the mechanism's noise to the unmasked
-sum as for a plain round (fedpriv.dpfedavg).
+sum as for a plain round (fedpriv.round.dpfedavg).
 
 Flower's SecAgg+ speaks the legacy Strategy API, so each round runs the workflow once with a fresh
 ``LegacyContext`` and a one-round strategy (:class:`_OneRound`) whose ``configure_fit`` sends every
@@ -45,8 +45,8 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.serverapp import Grid
 
-from fedpriv.replies import RoundFn, RoundInputs
-from fedpriv.secure_sum import SecureSum
+from fedpriv.round.replies import RoundFn, RoundInputs
+from fedpriv.sums.secure_sum import SecureSum
 from fedpriv.sums import SumPlan, wire
 from server.strategy import assign_users
 

@@ -1,13 +1,13 @@
 """The round's transport as a Flower strategy (no DP here): *configure* builds the round's
 messages, *aggregate* turns the replies into ``ClientUpdate``s. All clipping, noise and
-accounting happen in ``fedpriv.dpfedavg.DPFedAvg``.
+accounting happen in ``fedpriv.round.dpfedavg.DPFedAvg``.
 
 Wire protocol (one message per node and round, not per user — a deployed node starts one
 ClientApp process per message):
 
 * server → node: ``arrays/params`` (the global model), ``config`` ``{"round": r, "users": [...]}``;
 * node → server: ``deltas`` (an ArrayRecord keyed by ``str(user)``) and one MetricRecord
-  ``metrics.<user>`` per user; or ``refused`` (:func:`fedpriv.codec.refusal_content`) where the
+  ``metrics.<user>`` per user; or ``refused`` (:func:`fedpriv.round.codec.refusal_content`) where the
   node's per-sample clipping engine refused the model, which ends the run (a ``ConfigError``).
 
 Attribution never trusts the reply: the users of a reply are those the server sent to the
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from fedpriv.codec import decode, encode, refusal
+from fedpriv.round.codec import decode, encode, refusal
 from fedpriv.errors import ConfigError
-from fedpriv.replies import ClientUpdate
+from fedpriv.round.replies import ClientUpdate
 from fedpriv.sums import assign_parties
 
 log = logging.getLogger(__name__)

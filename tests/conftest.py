@@ -47,7 +47,7 @@ def run_cli():
 
 def compose_cfg(*overrides: str, run_dir) -> dict:
     """The resolved config dict that ``python -m fedpriv.simulate OVERRIDES`` would run."""
-    from fedpriv.compose import compose_config
+    from fedpriv.config.compose import compose_config
 
     return compose_config(overrides, run_dir)
 

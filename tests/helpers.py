@@ -15,8 +15,8 @@ import torch
 
 from fedpriv.accounting.tree import tree_accounting
 from fedpriv.data.federated import FederatedDataset
-from fedpriv.randomness import ClientDraws
-from fedpriv.research_key import clients_from_seed
+from fedpriv.keys.randomness import ClientDraws
+from fedpriv.keys.research_key import clients_from_seed
 
 
 # ------------------------------------------------------------------ tree aggregation (fedpriv.accounting.tree)
@@ -100,7 +100,7 @@ def interrupt_and_resume(cfg: dict, crash_round: int, before_resume=None):
 
 def run_dir_files(run_dir: Path) -> set[str]:
     """What a run left in its directory: the top-level names, and the files under checkpoints/
-    (as :func:`fedpriv.run_outputs.planned_outputs` names them)."""
+    (as :func:`fedpriv.release.run_outputs.planned_outputs` names them)."""
     names = {p.name for p in run_dir.iterdir() if p.name != "checkpoints"}
     return names | {f"checkpoints/{p.name}" for p in (run_dir / "checkpoints").iterdir()}
 

@@ -12,14 +12,14 @@ import dp_accounting
 import pytest
 from dp_accounting.rdp import RdpAccountant
 
-from fedpriv.run_outputs import write_privacy
+from fedpriv.release.run_outputs import write_privacy
 from fedpriv.accounting import (PLD, PLD_VALUE_DISCRETIZATION, RDP, PrivacyLedger, calibrate_noise_multiplier,
                                 compute_epsilon)
 from fedpriv.accounting.__main__ import main as cli_main
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.mechanisms.gaussian import GaussianMechanism
 from fedpriv.sampling import FixedSizeSampler, PoissonSampler
-from fedpriv.research_key import key_from_seed
+from fedpriv.keys.research_key import key_from_seed
 from tests.warm_launcher import run_module
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,15 +10,15 @@ import math
 import pytest
 import torch
 
-from fedpriv.dpfedavg import DPFedAvg
-from fedpriv.replies import ClientReplies, ClientUpdate
+from fedpriv.round.dpfedavg import DPFedAvg
+from fedpriv.round.replies import ClientReplies, ClientUpdate
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.optim import DPAdaptive, build_server_optimizer
-from fedpriv.rundir import read_jsonl
+from fedpriv.release.rundir import read_jsonl
 from fedpriv.runner import prepare
 from fedpriv.sampling import make_sampler
-from fedpriv.research_key import key_from_seed, noise_from_seed
+from fedpriv.keys.research_key import key_from_seed, noise_from_seed
 from server.app import run_local
 from tests.conftest import compose_cfg
 
@@ -244,7 +244,7 @@ def test_query_plan_joint_query_is_the_accounted_gaussian():
 
     from fedpriv.errors import ConfigError
     from fedpriv.mechanisms import GaussianMechanism, TreeMechanism
-    from fedpriv.queries import QueryPlan, joint_noise_multiplier
+    from fedpriv.round.queries import QueryPlan, joint_noise_multiplier
 
     for rho in (0.1, 0.5, 0.9):
         assert math.isclose(joint_noise_multiplier(1.7, 1 / math.sqrt(1 - rho), 1 / math.sqrt(rho)), 1.7,

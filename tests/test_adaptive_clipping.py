@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedpriv.adaptive_clipping import AdaptiveClip, build_adaptive_clip, joint_multiplier, update_noise_multiplier
-from fedpriv.aggregation import RoundAggregate
+from fedpriv.round.adaptive_clipping import AdaptiveClip, build_adaptive_clip, joint_multiplier, update_noise_multiplier
+from fedpriv.round.aggregation import RoundAggregate
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import GaussianMechanism
-from fedpriv.queries import QueryPlan, privatize
-from fedpriv.research_key import noise_from_seed
+from fedpriv.round.queries import QueryPlan, privatize
+from fedpriv.keys.research_key import noise_from_seed
 from tests.conftest import compose_cfg
 
 SMOKE = ("+experiment=smoke", "progress=false", "privacy.clipping=adaptive")
@@ -172,7 +172,7 @@ def test_resume_keeps_the_bound_and_equals_an_uninterrupted_run(tmp_path):
 @pytest.mark.parametrize("algorithm", [("algorithm=dp_fedsgd",), ("algorithm=dpsgd", "cohort_size=40")],
                          ids=["one_pass_fedsgd", "central_dpsgd"])
 def test_batched_book_keeping_rounds_clip_to_the_current_bound(tmp_path, algorithm, monkeypatch):
-    from fedpriv.cohort import CohortClipper
+    from fedpriv.round.cohort import CohortClipper
     from fedpriv.runner import prepare
     from server.app import run_local
 
@@ -248,7 +248,7 @@ def test_the_config_separates_the_initial_bound_from_the_step_scale():
 def test_default_count_noise_caps_the_counts_share_of_the_budget():
     """σ_b = max(m/20, σ·√10/2): Andrew et al.'s m/20 where the noise is weak; where it is strong
     the count takes at most a tenth of the query's precision, so z_Δ ≤ σ/√0.9."""
-    from fedpriv.adaptive_clipping import default_count_noise
+    from fedpriv.round.adaptive_clipping import default_count_noise
 
     assert default_count_noise(150, 0.58) == 7.5
     sigma_b = default_count_noise(150, 11.77)

@@ -14,12 +14,12 @@ import pytest
 import torch
 from conftest import ROOT, compose_cfg
 
-from fedpriv.aggregation import RoundAggregate
+from fedpriv.round.aggregation import RoundAggregate
 from fedpriv.audit.bound import epsilon_lower_bound, guess_grid, one_run_audit, p_value
 from fedpriv.audit.canaries import CanarySet
 from fedpriv.audit.estimate import estimate_epsilon, gaussian_epsilon
 from fedpriv.errors import ConfigError
-from fedpriv.research_key import key_from_seed
+from fedpriv.keys.research_key import key_from_seed
 from fedpriv.sampling import make_sampler
 from tests.warm_launcher import run_module
 
@@ -307,9 +307,9 @@ def test_planted_bug_noise_scaled_down_is_caught(tmp_path, monkeypatch):
 
 
 def test_planted_bug_clipping_skipped_is_caught(tmp_path, monkeypatch):
-    import fedpriv.aggregation
+    import fedpriv.round.aggregation
 
-    monkeypatch.setattr(fedpriv.aggregation, "clip_factor", lambda delta, c: (1.0, float(delta.norm())))
+    monkeypatch.setattr(fedpriv.round.aggregation, "clip_factor", lambda delta, c: (1.0, float(delta.norm())))
     audit = _audit(tmp_path)[0]["audit"]
     assert audit["epsilon_lower_bound"] > audit["claimed_epsilon"]
 
@@ -347,8 +347,8 @@ def test_secure_mode_canaries_are_fresh_and_research_mode_reproducible(tmp_path)
     assert coins("r1") == coins("r2")
     assert coins("s1", "privacy.secure_rng=true") != coins("s2", "privacy.secure_rng=true")
     # secure mode: the audit subkey (from the run key, held only by the checkpoint) is in no other file
-    from fedpriv.randomness import RunRandomness
-    from fedpriv.rundir import RunDirectory
+    from fedpriv.keys.randomness import RunRandomness
+    from fedpriv.release.rundir import RunDirectory
 
     run = RunDirectory(tmp_path / "s1")
     subkey = RunRandomness.from_state(run.load_checkpoint()["randomness"]).subkey("audit")

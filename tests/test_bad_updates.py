@@ -10,9 +10,9 @@ from flwr.app import Array, ArrayRecord, Error, Message
 from flwr.clientapp import ClientApp
 
 from client.app import make_client_app
-from fedpriv.aggregation import clip_factor
-from fedpriv.research_key import client_randomness
-from fedpriv.clients import client_update
+from fedpriv.round.aggregation import clip_factor
+from fedpriv.keys.research_key import client_randomness
+from fedpriv.round.clients import client_update
 from fedpriv.runner import prepare
 from server.app import grid_round_fn
 from server.grid import LocalGrid
@@ -97,7 +97,7 @@ def test_a_node_that_stops_replying_times_out_once_and_is_skipped(tmp_path, capl
     in ends with its users counted as dropped and one warning naming the round and the deadline
     (no count of users: it depends on the cohort); later rounds skip the node, so there is no
     second timeout; the run completes, and no metrics row publishes a drop count."""
-    from fedpriv.rundir import read_jsonl
+    from fedpriv.release.rundir import read_jsonl
     from fedpriv.runner import train
 
     cfg = compose_cfg("+experiment=smoke", "progress=false", "rounds=4", run_dir=tmp_path / "r")
@@ -140,7 +140,7 @@ def test_a_deployment_waits_for_a_slow_node_by_default(tmp_path):
     fixed deadline (here 61 s, past the old 60 s default) still has its users summed, so whose
     updates a release holds never depends on how long their data takes. A deadline the operator
     sets still bounds the round (tested above)."""
-    from fedpriv.compose import deployment_config
+    from fedpriv.config.compose import deployment_config
     from server.deploy import deployment_round_fn
 
     cfg = deployment_config({"experiment": "smoke", "overrides": "rounds=1 privacy.secure_rng=false",

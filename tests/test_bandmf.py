@@ -19,7 +19,7 @@ from fedpriv.mechanisms.bandmf import (
     strategy_problem,
 )
 from fedpriv.sampling import CyclicPoissonSampler, CyclicSampler, PoissonSampler, make_sampler
-from fedpriv.research_key import key_from_seed, noise_from_seed
+from fedpriv.keys.research_key import key_from_seed, noise_from_seed
 from tests.helpers import sensitivity_sq_brute_force
 
 

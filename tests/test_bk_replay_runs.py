@@ -86,8 +86,8 @@ def test_bk_replay_every_reaches_every_engine_of_the_run(tmp_path, monkeypatch, 
 
 
 def test_bk_replay_every_changes_no_research_key_and_is_checked(tmp_path):
-    from fedpriv.config import resolve_config
-    from fedpriv.research_key import research_key
+    from fedpriv.config.resolve import resolve_config
+    from fedpriv.keys.research_key import research_key
 
     cfg = resolve_config(compose_cfg(*SMOKE, run_dir=tmp_path / "r"))
     old = json.loads(json.dumps(cfg))

@@ -85,8 +85,8 @@ def test_rmse_cli_for_blt_and_its_errors(capsys):
 
 def _mechanism(rounds=6, buffers=2, sigma=1.0, seed=0):
     from fedpriv.mechanisms.blt import BLTMechanism
-    from fedpriv.randomness import NoiseStream
-    from fedpriv.research_key import key_from_seed
+    from fedpriv.keys.randomness import NoiseStream
+    from fedpriv.keys.research_key import key_from_seed
 
     return BLTMechanism(sigma, 1.0, rounds=rounds, buffers=buffers, noise=NoiseStream(key_from_seed(seed)))
 

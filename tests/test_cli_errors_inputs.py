@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedpriv.errors import ConfigError, DamagedFileError
-from fedpriv.rundir import RunDirectory, short_reason
+from fedpriv.release.rundir import RunDirectory, short_reason
 
 
 def one_error_line(res) -> str:
@@ -81,7 +81,7 @@ def test_refused_run_keeps_parents_that_existed(run_cli, tmp_path):
 
 
 def test_abandon_stops_at_a_parent_that_is_not_empty(tmp_path):
-    from fedpriv.rundir import note_existing
+    from fedpriv.release.rundir import note_existing
 
     run_dir = tmp_path / "x" / "y" / "z"
     note_existing(run_dir)
@@ -182,7 +182,7 @@ def test_an_empty_sqlite_file_is_called_empty(run_cli, tmp_path, make, needle):
     ("privacy.target_epsilon=[4", "privacy.target_epsilon=[a,b]"),
 ])
 def test_a_malformed_override_inside_a_longer_line_is_named_with_its_fix(bad, fix):
-    from fedpriv.compose import check_overrides
+    from fedpriv.config.compose import check_overrides
 
     with pytest.raises(ConfigError) as err:
         check_overrides(["+experiment=smoke", "seed=1", bad, "privacy.delta=1e-3"])
@@ -190,7 +190,7 @@ def test_a_malformed_override_inside_a_longer_line_is_named_with_its_fix(bad, fi
 
 
 def test_a_key_without_a_value_takes_the_next_argument_in_its_fix():
-    from fedpriv.compose import check_overrides
+    from fedpriv.config.compose import check_overrides
 
     with pytest.raises(ConfigError, match=r"override 'rounds' is not key=value; write rounds=3"):
         check_overrides(["+experiment=smoke", "rounds", "3"])
@@ -206,7 +206,7 @@ def test_a_key_given_twice_is_refused_naming_it_and_writes_nothing(run_cli, tmp_
 
 
 def test_group_selections_experiments_and_sweeps_are_not_repeats():
-    from fedpriv.compose import check_overrides
+    from fedpriv.config.compose import check_overrides
 
     check_overrides(["+experiment=smoke", "model=lstm", "model.hidden_size=64"])
     check_overrides(["-m", "+experiment=smoke", "seed=1,2"], multirun=True)
@@ -295,7 +295,7 @@ def test_sweep_members_name_themselves_on_every_stderr_line(run_cli, tmp_path):
 def test_advice_goes_to_stderr_at_any_level_and_results_to_stdout():
     import logging
 
-    from fedpriv.console import ADVICE_LOGGER, BelowLevelFilter, ConsoleFormatter, StderrFilter
+    from fedpriv.release.console import ADVICE_LOGGER, BelowLevelFilter, ConsoleFormatter, StderrFilter
 
     def record(name: str, level: int) -> logging.LogRecord:
         return logging.LogRecord(name, level, __file__, 1, "m", (), None)
@@ -304,8 +304,8 @@ def test_advice_goes_to_stderr_at_any_level_and_results_to_stdout():
     for level in (logging.INFO, logging.WARNING):
         advice = record(ADVICE_LOGGER, level)
         assert to_stderr.filter(advice) and not to_stdout.filter(advice)
-    assert to_stdout.filter(record("fedpriv.observe", logging.INFO))
-    assert not to_stderr.filter(record("fedpriv.observe", logging.INFO))
+    assert to_stdout.filter(record("fedpriv.release.observe", logging.INFO))
+    assert not to_stderr.filter(record("fedpriv.release.observe", logging.INFO))
     assert ConsoleFormatter().format(record(ADVICE_LOGGER, logging.INFO)) == "m"
 
 
@@ -481,7 +481,7 @@ def test_a_run_directory_that_cannot_be_made_removes_the_parents_made_for_it(tmp
     import errno
 
     from fedpriv.errors import OutputError
-    from fedpriv.rundir import make_run_directory
+    from fedpriv.release.rundir import make_run_directory
 
     real = Path.mkdir
 

@@ -571,7 +571,7 @@ def test_noise_std_is_sigma_times_clip() -> None:
 def test_parallel_noise_is_the_same_on_any_thread_count_and_blocks_are_independent() -> None:
     """The keystream's blocks go to a thread pool: the result must not depend on the number of
     threads, and no two blocks (nor two tensors, nor two calls) may repeat keystream."""
-    from fedpriv import keystream as noise_module
+    from fedpriv.keys import keystream as noise_module
 
     sizes = [(3, noise_module.BLOCK // 2), (noise_module.BLOCK + 7,), (5,)]
     before = torch.get_num_threads()
@@ -608,7 +608,7 @@ def test_noise_runs_no_torch_op_on_a_pool_thread(monkeypatch, dtype) -> None:
     one-thread draw and in the tensors' own dtype."""
     import threading
 
-    from fedpriv import keystream as noise_module
+    from fedpriv.keys import keystream as noise_module
 
     callers: set[int] = set()
 

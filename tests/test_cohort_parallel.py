@@ -9,13 +9,13 @@ import torch
 
 from conftest import compose_cfg
 from fedpriv.clipping import BookKeeping
-from fedpriv.cohort_parallel import CohortTrainer
+from fedpriv.round.cohort_parallel import CohortTrainer
 from fedpriv.errors import ConfigError
-from fedpriv.local_dp import ExampleDP
+from fedpriv.round.local_dp import ExampleDP
 from fedpriv.models import LSTMLanguageModel, TransformerLanguageModel, get_flat_params, vmappable
-from fedpriv.research_key import research_key
+from fedpriv.keys.research_key import research_key
 from fedpriv.runner import prepare
-from fedpriv.training import LocalConfig, local_update
+from fedpriv.round.training import LocalConfig, local_update
 
 from helpers import client_draws
 from server.app import client_resources, run_local

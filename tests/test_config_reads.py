@@ -77,7 +77,7 @@ def _call_sites(monkeypatch) -> Counter:
 
 def test_a_default_run_parses_its_config_once(tmp_path, monkeypatch):
     """A smoke run (prepare, then the rounds with backend=local) parses its plain config once, in
-    fedpriv.config.validate; the task, the public stages, the clients, the audit and the research
+    fedpriv.config.resolve.validate; the task, the public stages, the clients, the audit and the research
     key (server and in-process clients) take typed sections."""
     cfg = compose_cfg("+experiment=smoke", "progress=false", "rounds=2", run_dir=tmp_path / "run")
     calls = _call_sites(monkeypatch)
@@ -88,7 +88,7 @@ def test_a_default_run_parses_its_config_once(tmp_path, monkeypatch):
 def test_prepare_leaves_the_callers_dict_as_the_runs_resolved_config(tmp_path):
     """The caller's dict ends as ``session.cfg`` (config.yaml's content: sampling resolved, the
     mechanism's defaults fitted), so a ClientApp made from it derives the run's research key."""
-    from fedpriv.research_key import research_key
+    from fedpriv.keys.research_key import research_key
 
     cfg = compose_cfg("+experiment=smoke", "mechanism=bandmf", "progress=false", run_dir=tmp_path / "run")
     session = prepare(cfg)
@@ -100,8 +100,8 @@ def test_prepare_leaves_the_callers_dict_as_the_runs_resolved_config(tmp_path):
 def test_the_research_key_of_the_typed_config_is_the_key_of_its_plain_form(tmp_path):
     """The run and its clients take the key from the typed config (no parse); it must be the key
     the plain form (config.yaml) gives, in research and paired mode, and secure mode stays fresh."""
-    from fedpriv.config import run_config
-    from fedpriv.research_key import client_randomness, research_key, run_randomness
+    from fedpriv.config.resolve import run_config
+    from fedpriv.keys.research_key import client_randomness, research_key, run_randomness
     from fedpriv.schema import as_dict
 
     for extra in (("+experiment=smoke",), ("+experiment=smoke", "mechanism=bandmf"),

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import compose_cfg
 from fedpriv import schema
-from fedpriv.compose import check_overrides, compose_config
+from fedpriv.config.compose import check_overrides, compose_config
 from fedpriv.errors import ConfigError
 
 # (overrides, text the one-line error must contain): each crashed mid-run, gave a traceback, or
@@ -100,7 +100,7 @@ def test_every_option_composes_to_its_schema_defaults(group):
 def test_a_partial_option_takes_its_presets_defaults():
     """`optimizer=dpadagrad_bc` has lr 0.1 (its preset), not the dataclass's 0.01 — also from a
     partial dict, and the filled config equals the composed one."""
-    from fedpriv.config import validate
+    from fedpriv.config.resolve import validate
 
     assert schema.load("optimizer", {"name": "dpadagrad_bc"}).lr == 0.1
     partial = {"optimizer": {"name": "dpadagrad_bc"}, "data": {"name": "synthetic"}}
@@ -111,7 +111,7 @@ def test_a_partial_option_takes_its_presets_defaults():
 
 def test_defaults_live_in_the_schema_only():
     """The top level composes to RunConfig's defaults, and validate() fills a partial dict with them."""
-    from fedpriv.config import validate
+    from fedpriv.config.resolve import validate
 
     composed = compose_config([])
     top = {k: v for k, v in schema.as_dict(schema.RunConfig()).items() if k not in schema.GROUPS}

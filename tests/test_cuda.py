@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import compose_cfg
-from fedpriv.research_key import research_key
+from fedpriv.keys.research_key import research_key
 from fedpriv.runner import prepare
 from server.app import run_local
 from test_clipping import MODES, assert_rel_close, bk_step, make_case

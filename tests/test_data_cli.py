@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpriv.compose import check_overrides
-from fedpriv.config import run_config
+from fedpriv.config.compose import check_overrides
+from fedpriv.config.resolve import run_config
 from fedpriv.data import files_inspect
 from fedpriv.data.__main__ import main
 from fedpriv.data.files import NO_PUBLIC_TOKENIZATION

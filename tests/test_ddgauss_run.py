@@ -1,4 +1,4 @@
-"""``mechanism=ddgauss`` as a run option (fedpriv/mechanisms/ddgauss.py, fedpriv/secure_sum.py): the
+"""``mechanism=ddgauss`` as a run option (fedpriv/mechanisms/ddgauss.py, fedpriv/sums/secure_sum.py): the
 parties add the noise, a simulated secure sum reveals only the total, the ledger charges the
 distributed discrete Gaussian's own event, a round below the guaranteed shares is withheld, and
 every configuration it cannot serve is one ``error:`` line."""
@@ -11,18 +11,18 @@ import math
 import pytest
 import torch
 
-import fedpriv.clients as clients
+import fedpriv.round.clients as clients
 from conftest import compose_cfg
 from fedpriv.accounting.accountant import RDP, compute_epsilon
-from fedpriv.aggregation import RoundAggregate
+from fedpriv.round.aggregation import RoundAggregate
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT
 from fedpriv.plan import preflight
-from fedpriv.randomness import ClientRandomness
-from fedpriv.replies import ClientReplies, ClientUpdate
+from fedpriv.keys.randomness import ClientRandomness
+from fedpriv.round.replies import ClientReplies, ClientUpdate
 from fedpriv.runner import prepare
 from fedpriv.sampling import make_sampler
-from fedpriv.secure_sum import SecureSum, assign_parties, distributed_round_fn
+from fedpriv.sums.secure_sum import SecureSum, assign_parties, distributed_round_fn
 from fedpriv.schema import load
 
 SMOKE = ("+experiment=smoke", "progress=false", "mechanism=ddgauss")

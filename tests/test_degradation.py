@@ -156,7 +156,7 @@ def test_loss_falling_with_accuracy_near_zero_names_the_vocabulary():
 
 def _summary(tmp_path, name: str, *overrides: str) -> dict:
     """A run of ``overrides`` in process, after the checks the command line gets; its summary."""
-    from fedpriv.compose import check_overrides
+    from fedpriv.config.compose import check_overrides
     from fedpriv.plan import preflight_sweep
     from fedpriv.runner import prepare
     from server.app import run_local

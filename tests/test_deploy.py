@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedpriv.rundir import RunDirectory
+from fedpriv.release.rundir import RunDirectory
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "deploy_local.sh"
@@ -118,8 +118,8 @@ def test_a_deployment_aggregates_through_secagg_plus(tmp_path, mechanism):
 
 
 def test_deployments_default_to_secure_mode(tmp_path):
-    from fedpriv.compose import deployment_config
-    from fedpriv.config import run_config
+    from fedpriv.config.compose import deployment_config
+    from fedpriv.config.resolve import run_config
     from fedpriv.schema.run_config import secure_mode
 
     # the config a deployed run's server and clients compose (what deploy_local.sh passes to flwr run)
@@ -149,7 +149,7 @@ def test_a_deployed_run_refuses_a_setting_typed_beside_plan_auto_that_the_plan_r
     """Issue 52: a deployment with ``overrides="plan=auto mechanism=tree"`` ran the plan's bandmf
     and dropped mechanism=tree without a word; the ServerApp now fails the run with the one line
     ``python -m fedpriv.simulate`` gives for the same settings, before its run directory is made."""
-    from fedpriv.compose import check_overrides, deployment_config
+    from fedpriv.config.compose import check_overrides, deployment_config
     from fedpriv.errors import ConfigError
     from fedpriv.plan import preflight_sweep
 

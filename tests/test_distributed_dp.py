@@ -1,4 +1,4 @@
-"""The distributed discrete Gaussian's encoding (fedpriv/distributed_dp.py): the rotation is
+"""The distributed discrete Gaussian's encoding (fedpriv/mechanisms/ddgauss_codec.py): the rotation is
 orthonormal and its own inverse, conditional rounding is unbiased and meets the accountant's norm
 bound, the discrete Gaussian sampler has the discrete Gaussian's moments and mass, and the sum of
 the clients' shares mod m decodes to the sum of their clipped updates plus noise of the planned
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedpriv.accounting.ddgauss import DistributedDiscreteGaussian, expected_wraps, granularity_for_bits
-from fedpriv.distributed_dp import (DDGaussCodec, conditional_round, discrete_gaussian, hadamard, padded_dim,
+from fedpriv.mechanisms.ddgauss_codec import (DDGaussCodec, conditional_round, discrete_gaussian, hadamard, padded_dim,
                                     randomized_round)
 
 KEY = bytes(range(32))

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedpriv.aggregation import RoundAggregate
-from fedpriv.dpfedavg import DPFedAvg
-from fedpriv.replies import ClientReplies, ClientUpdate
+from fedpriv.round.aggregation import RoundAggregate
+from fedpriv.round.dpfedavg import DPFedAvg
+from fedpriv.round.replies import ClientReplies, ClientUpdate
 from fedpriv.mechanisms import GaussianMechanism
 from fedpriv.mechanisms.base import ADD_REMOVE, REPLACE_ONE
 from fedpriv.optim import ServerSGD
 from fedpriv.sampling import FixedSizeSampler, PoissonSampler
-from fedpriv.research_key import key_from_seed, noise_from_seed
+from fedpriv.keys.research_key import key_from_seed, noise_from_seed
 
 
 @pytest.mark.parametrize("scale", [1e-3, 0.5, 1.0, 3.0, 1e4])
@@ -96,7 +96,7 @@ def test_noise_stream_resumes_from_state_dict():
 
 
 def test_secure_rng_is_not_replayable_from_config():
-    from fedpriv.research_key import run_randomness
+    from fedpriv.keys.research_key import run_randomness
 
     cfg = {"seed": 0, "privacy": {"secure_rng": True}}
     a = GaussianMechanism(1.0, 1.0, noise=run_randomness(cfg).noise())

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedpriv.aggregation import clip_factor
-from fedpriv.cohort import CohortClipper, pack_chunks
+from fedpriv.round.aggregation import clip_factor
+from fedpriv.round.cohort import CohortClipper, pack_chunks
 from fedpriv.models import build_model, get_flat_params
-from fedpriv.training import LocalConfig, local_update
+from fedpriv.round.training import LocalConfig, local_update
 
 from helpers import client_draws
 from tests.conftest import compose_cfg
@@ -140,7 +140,7 @@ def test_a_unit_with_no_rows_contributes_nothing_in_every_round_path(cohort):
     unit's norm (under adaptive clipping that unit was counted twice); with >= 3 units it crashed.
     An empty unit's delta is 0 with norm 0 in the one-pass round, the per-client loop and the
     cohort-parallel trainer alike, and the other units' norms and sum do not move."""
-    from fedpriv.cohort_parallel import CohortTrainer
+    from fedpriv.round.cohort_parallel import CohortTrainer
 
     torch.manual_seed(0)
     kwargs = dict(embed_dim=8, hidden_size=12, projection_dim=8)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fedpriv import schema
-from fedpriv.config import run_config
+from fedpriv.config.resolve import run_config
 from fedpriv.data.files import NO_PUBLIC_TOKENIZATION, FilesUsers, write_tiny_files
 from fedpriv.data.files_index import split_of
 from fedpriv.data.stackoverflow import load_stackoverflow

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import ROOT, compose_cfg
-from fedpriv.compose import check_overrides
+from fedpriv.config.compose import check_overrides
 from fedpriv.plan import preflight_sweep
 from fedpriv.errors import ConfigError
 
@@ -126,8 +126,8 @@ def test_an_empty_run_dir_is_refused_and_nothing_is_written_in_the_current_direc
 # --- 5. the resume line and SIGTERM -------------------------------------------------------------------
 
 def test_the_resume_line_names_the_interpreter_that_ran_and_quotes_what_needs_quoting(tmp_path):
-    from fedpriv.console import interrupted_message
-    from fedpriv.rundir import RunDirectory
+    from fedpriv.release.console import interrupted_message
+    from fedpriv.release.rundir import RunDirectory
 
     line = interrupted_message(RunDirectory(tmp_path / "a b"), ["+experiment=[smoke,distill]", "rounds=3"])
     command = line.split("start again with: ", 1)[1]

@@ -1,4 +1,4 @@
-"""``backend=local``'s in-process round (fedpriv.clients.StreamedReplies): each client's delta is
+"""``backend=local``'s in-process round (fedpriv.round.clients.StreamedReplies): each client's delta is
 clipped into the sum as soon as it exists and dropped — the round never holds the cohort's deltas —
 and the sum is the one Flower's message path builds from the same clients (bit for bit)."""
 
@@ -10,9 +10,9 @@ import weakref
 import pytest
 import torch
 
-import fedpriv.clients as clients
+import fedpriv.round.clients as clients
 from conftest import compose_cfg
-from fedpriv.aggregation import RoundAggregate
+from fedpriv.round.aggregation import RoundAggregate
 from fedpriv.runner import prepare
 from server.app import grid_round_fn
 from server.grid import LocalGrid

@@ -53,7 +53,7 @@ def _offenders(paths: list[Path], forbidden: tuple[str, ...], package: str | Non
 
 @pytest.mark.parametrize("room,forbidden", [
     ("fedpriv", ("server", "client")),  # the library never imports its Flower glue
-    ("server", ("client",)),  # server and clients meet only through fedpriv.codec
+    ("server", ("client",)),  # server and clients meet only through fedpriv.round.codec
     ("client", ("server",)),
     ("fedpriv/clipping", ("fedpriv.models",)),  # per-sample clipping knows no model
     ("fedpriv/data", ("fedpriv.public",)),  # the text pipeline's pieces live in fedpriv/text
@@ -77,15 +77,16 @@ def test_the_checker_sees_imports(tmp_path):
         "probe.py imports server.app", "probe.py imports server.app.run_local"]
 
 
-# the round's pieces take explicit inputs (fedpriv.replies.RoundInputs): none of them reaches back
+# the round's pieces take explicit inputs (fedpriv.round.replies.RoundInputs): none of them reaches back
 # into the run loop, and the wire format knows no server state
-ROUND_PIECES = ("algorithms.py", "dpfedavg.py", "task.py", "codec.py", "replies.py", "clients.py", "training.py",
-                "cohort.py", "aggregation.py", "queries.py", "secure_sum.py")
+ROUND_PIECES = ("round/algorithms.py", "round/dpfedavg.py", "task.py", "round/codec.py", "round/replies.py",
+                "round/clients.py", "round/training.py", "round/cohort.py", "round/aggregation.py", "round/queries.py",
+                "sums/secure_sum.py")
 
 
 @pytest.mark.parametrize("name", ROUND_PIECES)
 def test_round_pieces_never_import_the_run_loop(name):
-    forbidden = ("fedpriv.runner",) + (("fedpriv.dpfedavg",) if name == "codec.py" else ())
+    forbidden = ("fedpriv.runner",) + (("fedpriv.round.dpfedavg",) if name == "round/codec.py" else ())
     assert _offenders([ROOT / "fedpriv" / name], forbidden) == []
 
 
@@ -182,18 +183,19 @@ def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
 _PKG = r"(\..+)?"
 # read by more than one data source: word-count files, TFF's word rows, the lazy per-user reader
 SHARED_TEXT_READING = r"fedpriv\.(text\.vocabulary|data\.word_rows|data\.lazy_users)"
-FOUNDATIONS = (r"fedpriv\.(schema(\..+)?|research_key|content_digest|cache|randomness|keystream|rundir|atomic|devices"
+FOUNDATIONS = (r"fedpriv\.(schema(\..+)?|keys\.(research_key|content_digest|randomness|keystream)|cache"
+               r"|release\.(rundir|atomic)|devices"
                r"|allocator|errors|precision)")
 NEVER = [
-    (r"fedpriv\.randomness", r"(?!fedpriv\.errors$|fedpriv\.keystream$).*", "imports",
+    (r"fedpriv\.keys\.randomness", r"(?!fedpriv\.errors$|fedpriv\.keys\.keystream$).*", "imports",
      "randomness takes bytes and keys: nothing above errors (and the keystream it draws from)"),
-    (r"fedpriv\.schema" + _PKG, r"fedpriv\.(runner|compose|plan|sampling|accounting|mechanisms|sums)" + _PKG, "imports",
+    (r"fedpriv\.schema" + _PKG, r"fedpriv\.(runner|config|plan|sampling|accounting|mechanisms|sums)" + _PKG, "imports",
      "the config knows no run, sampler, accountant, mechanism or sum protocol (registries are filled from below)"),
     (FOUNDATIONS, "(?!" + FOUNDATIONS + "$).*", "imports", "a foundation imports foundations only"),
     (r"fedpriv\.mechanisms" + _PKG, r"fedpriv\.clipping" + _PKG, "imports", "mechanisms never import clipping"),
     (r"fedpriv\.accounting" + _PKG, r"fedpriv\.mechanisms" + _PKG, "imports",
      "accounting never imports mechanisms (mechanisms state their events to it)"),
-    (r"fedpriv\.(models|data)" + _PKG, r"fedpriv\.(compose|runner)", "reaches",
+    (r"fedpriv\.(models|data)" + _PKG, r"fedpriv\.(config\.compose|runner)", "reaches",
      "a model or dataset never reaches up to the composer or the runner"),
     (r".*", "CLI", "imports", "CLIs live on the top floor: nothing imports one"),
     (SHARED_TEXT_READING, r"fedpriv\.data\.(?!federated$|word_rows$|lazy_users$).+", "imports",
@@ -205,13 +207,14 @@ NEVER = [
 # module no pattern names (a new one) has no floor yet and is not checked here.
 FLOORS = [
     ("entry points", "CLI"),
-    ("run composition", r"fedpriv\.(compose|runner|run_outputs|degradation|backends|audit\.run|observe|console"
-                        r"|tensorboard_events)|fedpriv\.plan" + _PKG),
+    ("run composition", r"fedpriv\.(config\.compose|runner|degradation|backends|audit\.run"
+                        r"|release\.(run_outputs|observe|console|tensorboard_events))|fedpriv\.plan" + _PKG),
     ("foundations", FOUNDATIONS),
+    # the round before the parts: the simulated secure sum (the round's floor) sits in the sums package
+    ("the round", r"fedpriv\.(task|round\.(algorithms|training|cohort|cohort_parallel|clients|dpfedavg|local_dp)"
+     r"|sums\.secure_sum|config\.resolve)"),
     ("parts", r"fedpriv\.(models|data|text|mechanisms|accounting|clipping|optim|public|audit|sums)" + _PKG
-     + r"|fedpriv\.(sampling|aggregation|queries|replies|codec|adaptive_clipping|lora|metrics|distributed_dp)"),
-    ("the round", r"fedpriv\.(task|algorithms|training|cohort|cohort_parallel|clients|secure_sum|dpfedavg|local_dp"
-     r"|config)"),
+     + r"|fedpriv\.(sampling|round\.(aggregation|queries|replies|codec|adaptive_clipping)|metrics)"),
 ]
 _FLOOR_ORDER = ["entry points", "run composition", "the round", "parts", "foundations"]
 
@@ -286,16 +289,16 @@ def test_graph_checks_see_what_they_guard():
     """Not vacuous: the graph has the edges a reader sees, a planted cycle is found, and each rule
     matches the modules it names."""
     graph = import_graph()
-    assert {"fedpriv.errors", "fedpriv.randomness"} <= graph["fedpriv.sampling"]
+    assert {"fedpriv.errors", "fedpriv.keys.randomness"} <= graph["fedpriv.sampling"]
     assert "fedpriv.runner" in graph["fedpriv.simulate"]
     assert len(graph) > 100 and {"server.app", "client.app"} <= set(graph)
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     planted = {**graph, "fedpriv.models.lstm": graph["fedpriv.models.lstm"] | {"fedpriv.task"},
                "fedpriv.task": graph["fedpriv.task"] | {"fedpriv.runner"},  # through another module
-               "fedpriv.randomness": {"fedpriv.schema"}, "fedpriv.accounting.ledger": {"fedpriv.mechanisms.base"}}
+               "fedpriv.keys.randomness": {"fedpriv.schema"}, "fedpriv.accounting.ledger": {"fedpriv.mechanisms.base"}}
     bad = never_violations(planted)
     assert any(b.startswith("fedpriv.models.lstm reaches fedpriv.runner") for b in bad)
-    assert any(b.startswith("fedpriv.randomness imports fedpriv.schema") for b in bad)
+    assert any(b.startswith("fedpriv.keys.randomness imports fedpriv.schema") for b in bad)
     assert any(b.startswith("fedpriv.accounting.ledger imports fedpriv.mechanisms.base") for b in bad)
     assert upward_imports(planted) == ["fedpriv.models.lstm (parts) imports fedpriv.task (the round)",
                                        "fedpriv.task (the round) imports fedpriv.runner (run composition)"]
@@ -307,7 +310,7 @@ def test_graph_checks_see_what_they_guard():
         {**graph, "fedpriv.data.word_rows": graph["fedpriv.data.word_rows"] | {"fedpriv.data.stackoverflow"}}))
     assert _is_cli("fedpriv.simulate") and _is_cli("fedpriv.audit.__main__") and not _is_cli("fedpriv.runner")
     assert floor_of("fedpriv.data.__main__") == "entry points" and floor_of("fedpriv.data.files_inspect") == "parts"
-    assert "fedpriv.compose" in graph["fedpriv.data.__main__"]  # the CLI composes; the parts below it never do
+    assert "fedpriv.config.compose" in graph["fedpriv.data.__main__"]  # the CLI composes; the parts below it never do
 
 
 # ---- function-level imports: a module's imports sit at its top; one inside a function stays there

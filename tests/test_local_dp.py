@@ -10,10 +10,10 @@ import torch
 from fedpriv.accounting import compute_epsilon
 from fedpriv.clipping import BookKeeping
 from fedpriv.errors import ConfigError
-from fedpriv.local_dp import ExampleDP, resolve_example_dp
+from fedpriv.round.local_dp import ExampleDP, resolve_example_dp
 from fedpriv.metrics import sequence_token_losses
 from fedpriv.models import build_model, get_flat_params
-from fedpriv.training import LocalConfig, local_update
+from fedpriv.round.training import LocalConfig, local_update
 
 from helpers import client_draws
 

@@ -1,4 +1,4 @@
-"""LoRA (fedpriv.lora.add_lora, peft adapters with frozen base weights) under Book-Keeping, on tiny
+"""LoRA (fedpriv.models.lora.add_lora, peft adapters with frozen base weights) under Book-Keeping, on tiny
 random-init GPT-2 and Llama, against the per-sample autograd loop of tests/test_clipping_hf.py.
 Nothing is downloaded."""
 
@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from fedpriv.clipping import BookKeeping, UnsupportedLayerError  # noqa: E402
-from fedpriv.lora import add_lora, lora_state_dict, trainable_parameter_count  # noqa: E402
+from fedpriv.models.lora import add_lora, lora_state_dict, trainable_parameter_count  # noqa: E402
 from tests.test_clipping_hf import (MODES, check_against_loop, gpt2_lm_loss, hf_lm_loss,  # noqa: E402
                                     loop_per_sample_grads, reference, tiny_gpt2, tiny_llama, tokens)
 from tests.test_clipping_hf import one_thread  # noqa: E402, F401 (a module fixture: one torch thread)
@@ -253,8 +253,8 @@ def test_peft_variants_with_their_own_parameters_fail_closed() -> None:
 
 def test_peft_is_imported_only_by_add_lora() -> None:
     script = ("import sys\n"
-              "import fedpriv.clipping as c, fedpriv.lora as lora\n"
-              "assert 'peft' not in sys.modules, 'importing fedpriv.clipping / fedpriv.lora imported peft'\n"
+              "import fedpriv.clipping as c, fedpriv.models.lora as lora\n"
+              "assert 'peft' not in sys.modules, 'importing fedpriv.clipping / fedpriv.models.lora imported peft'\n"
               "import torch\n"
               "from transformers import GPT2Config, GPT2LMHeadModel\n"
               "m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11, n_positions=8))\n"
@@ -269,7 +269,7 @@ def test_peft_is_imported_only_by_add_lora() -> None:
 def test_missing_peft_names_the_hf_extra() -> None:
     script = ("import sys\n"
               "sys.modules['peft'] = None  # as if not installed\n"
-              "import torch, fedpriv.lora as lora\n"
+              "import torch, fedpriv.models.lora as lora\n"
               "try:\n"
               "    lora.add_lora(torch.nn.Sequential(torch.nn.Linear(2, 2)), 1, targets=['0'])\n"
               "except ImportError as e:\n"

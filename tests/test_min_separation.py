@@ -70,7 +70,7 @@ def test_overlapping_columns_and_bad_probabilities_are_refused():
 
 
 def test_min_separation_sampler_keeps_participations_apart_at_the_expected_cohort():
-    from fedpriv.research_key import key_from_seed
+    from fedpriv.keys.research_key import key_from_seed
     from fedpriv.sampling import MinSeparationSampler, _MIN_SEP_RUNS, make_sampler
 
     key = key_from_seed(3)

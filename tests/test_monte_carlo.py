@@ -241,7 +241,7 @@ def test_the_ledger_splits_the_confidence_over_its_prefix_claims():
     so the smallest holds at 1 − γ (union bound), and calibration uses the same settings."""
     from fedpriv.accounting.ledger import MC_PREFIX_CHECKPOINTS, PrivacyLedger, prefix_checkpoints
     from fedpriv.mechanisms.gaussian import GaussianMechanism
-    from fedpriv.research_key import key_from_seed
+    from fedpriv.keys.research_key import key_from_seed
     from fedpriv.sampling import make_sampler
 
     assert prefix_checkpoints(16) == [2, 4, 6, 8, 10, 12, 14, 16] and prefix_checkpoints(3) == [1, 2, 3]
@@ -301,7 +301,7 @@ def test_cli_refuses_what_cannot_be_accounted():
 
 
 def test_balls_in_bins_sampler_gives_each_user_one_secret_bin_and_its_rounds():
-    from fedpriv.research_key import key_from_seed
+    from fedpriv.keys.research_key import key_from_seed
     from fedpriv.sampling import BallsInBinsSampler, make_sampler
 
     key = key_from_seed(5)
@@ -363,7 +363,7 @@ def test_a_run_with_balls_in_bins_claims_the_monte_carlo_bound(tmp_path, mechani
                 if "epsilon" in json.loads(line)]
     assert epsilons == sorted(epsilons) and epsilons[-1] == privacy["epsilon"]
     # the result line (and the model card, which quotes it) states the claim's confidence
-    from fedpriv.console import format_result
+    from fedpriv.release.console import format_result
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert claim["confidence"] == 0.999

@@ -24,7 +24,7 @@ def _env() -> dict:
 # --- 1. warnings read `warning: ...`; info lines stay as they are ------------------------------
 
 def test_cli_warnings_go_to_stderr_with_a_prefix_info_lines_to_stdout_and_no_bar_into_a_pipe(run_cli, tmp_path):
-    # delta 0.05 >= 1/N for the smoke corpus's 40 users: fedpriv.config warns; progress stays on (the default)
+    # delta 0.05 >= 1/N for the smoke corpus's 40 users: fedpriv.config.resolve warns; progress stays on (the default)
     proc = run_cli("+experiment=smoke", "rounds=1", "privacy.delta=0.05", "verbose=true", "progress=true",
                    f"run_dir={tmp_path / 'run'}")
     assert proc.returncode == 0, proc.stderr
@@ -41,7 +41,7 @@ def test_cli_warnings_go_to_stderr_with_a_prefix_info_lines_to_stdout_and_no_bar
 def test_below_level_filter():
     import logging
 
-    from fedpriv.console import BelowLevelFilter
+    from fedpriv.release.console import BelowLevelFilter
 
     def record(level: int) -> logging.LogRecord:
         return logging.LogRecord("fedpriv.x", level, __file__, 1, "m", (), None)
@@ -54,7 +54,7 @@ def test_below_level_filter():
 def test_console_formatter_prefixes_by_level():
     import logging
 
-    from fedpriv.console import ConsoleFormatter
+    from fedpriv.release.console import ConsoleFormatter
 
     fmt = ConsoleFormatter()
 
@@ -115,7 +115,7 @@ def test_library_logs_decide_what_ray_flower_and_the_nodes_print(tmp_path, monke
 # --- 2. Ctrl-C: one line, exit 130, the checkpoint resumes --------------------------------------
 
 def test_sigint_prints_one_line_exits_130_and_resumes(tmp_path):
-    from fedpriv.rundir import RunDirectory
+    from fedpriv.release.rundir import RunDirectory
 
     run_dir = tmp_path / "run"
     rounds = 12  # 0.05-1 s a round on 2 cores: far from done when its first checkpoint lands; resumed in < 20 s
@@ -216,7 +216,7 @@ def _summary(rounds: int) -> dict:
 
 @pytest.mark.parametrize("rounds, text", [(1, ", 1 round ["), (3, ", 3 rounds ["), (0, ", 0 rounds [")])
 def test_result_line_plural(rounds, text):
-    from fedpriv.console import format_result
+    from fedpriv.release.console import format_result
 
     assert text in format_result(_summary(rounds))
 

@@ -12,12 +12,12 @@ import math
 import pytest
 import torch
 
-from fedpriv.config import run_config
+from fedpriv.config.resolve import run_config
 from fedpriv.errors import ConfigError
 from fedpriv.plan import preflight
 from fedpriv.plan.auto import MIN_ROUNDS, choose, cohort_grid
 from fedpriv.plan.noise_figure import A_TARGET, iterate_noise_factor
-from fedpriv.research_key import noise_from_seed
+from fedpriv.keys.research_key import noise_from_seed
 from fedpriv.sampling import make_sampler
 from fedpriv.schema import load
 from tests.conftest import compose_cfg
@@ -214,7 +214,7 @@ def test_ties_go_to_the_smaller_noise_enough_rounds_gaussian_then_the_most_progr
 
 def _checked(*args: str, multirun: bool = False) -> None:
     """What ``python -m fedpriv.simulate ARGS`` checks before Hydra starts (every member)."""
-    from fedpriv.compose import check_overrides
+    from fedpriv.config.compose import check_overrides
     from fedpriv.plan import preflight_sweep
 
     preflight_sweep(check_overrides(list(args), multirun=multirun))

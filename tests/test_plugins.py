@@ -27,7 +27,7 @@ from fedpriv.accounting.monte_carlo import MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import NoiseMechanism
 from fedpriv.optim.base import ServerOptimizerBase
-from fedpriv.research_key import key_from_seed, noise_from_seed
+from fedpriv.keys.research_key import key_from_seed, noise_from_seed
 from fedpriv.sampling import SAMPLERS, Sampler, make_sampler
 from fedpriv.schema import options
 from tests.conftest import compose_cfg
@@ -222,7 +222,7 @@ def test_sampler_draws_cohorts_a_mechanism_accounts(kind):
 
 @pytest.mark.parametrize("name", _names("optimizer"))
 def test_optimizer_builds_steps_and_checkpoints(name):
-    from fedpriv.queries import RoundRelease
+    from fedpriv.round.queries import RoundRelease
 
     option = options("optimizer")[name]
     opt, twin = option.build(ROUNDS), option.build(ROUNDS)
@@ -254,7 +254,7 @@ def test_optimizer_runs_a_round_of_smoke(tmp_path, name):
 
 @pytest.mark.parametrize("name", _names("algorithm"))
 def test_algorithm_builds_and_runs_a_round_of_smoke(tmp_path, name):
-    from fedpriv.algorithms import Algorithm
+    from fedpriv.round.algorithms import Algorithm
 
     option = options("algorithm")[name]
     assert isinstance(option.build(schema.Client()), Algorithm)
@@ -265,7 +265,7 @@ def test_algorithm_builds_and_runs_a_round_of_smoke(tmp_path, name):
 def test_model_builds_under_book_keeping_and_runs_a_round_of_smoke(tmp_path, name):
     from fedpriv.clipping import BookKeeping
 
-    from fedpriv.config import run_config
+    from fedpriv.config.resolve import run_config
     from fedpriv.task import load_dataset
 
     overrides = options("model")[name].example_overrides(tmp_path)

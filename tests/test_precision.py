@@ -8,13 +8,13 @@ import torch
 from torch import nn
 
 from fedpriv.clipping import BookKeeping
-from fedpriv.cohort_parallel import CohortTrainer
+from fedpriv.round.cohort_parallel import CohortTrainer
 from fedpriv.errors import ConfigError
-from fedpriv.local_dp import ExampleDP
+from fedpriv.round.local_dp import ExampleDP
 from fedpriv.models import LSTMLanguageModel, get_flat_params
 from fedpriv.precision import _switches, as_fp32, compute_precision, exact_fp32
 from fedpriv.schema import Client, load
-from fedpriv.training import LocalConfig, local_update
+from fedpriv.round.training import LocalConfig, local_update
 
 from helpers import client_draws
 
@@ -163,8 +163,8 @@ def test_lower_precision_with_per_sample_clipping_exits_2_and_writes_nothing(run
     (("algorithm=dp_fedsgd", "algorithm.one_pass=false"), False), (("algorithm=dpsgd",), True)])
 def test_which_algorithms_take_a_lower_precision(tmp_path, overrides, refused):
     from conftest import compose_cfg
-    from fedpriv.algorithms import build_algorithm
-    from fedpriv.config import run_config
+    from fedpriv.round.algorithms import build_algorithm
+    from fedpriv.config.resolve import run_config
 
     algorithm = build_algorithm(run_config(compose_cfg("+experiment=smoke", *overrides, run_dir=tmp_path / "r")))
     algorithm.check_precision("fp32")
@@ -180,10 +180,10 @@ def test_the_device_clip_and_sum_and_evaluation_run_in_ieee_float32(tmp_path, mo
     """With client.precision=bf16 and cohort-parallel chunks, each delta is clipped and added with
     autocast off and the float32 switches IEEE (the round's sum keeps its bound); evaluation too
     (metrics compare across modes), even when called inside a bf16 block."""
-    import fedpriv.clients as clients
+    import fedpriv.round.clients as clients
     import fedpriv.runner as runner
     from conftest import compose_cfg
-    from fedpriv.aggregation import RoundAggregate
+    from fedpriv.round.aggregation import RoundAggregate
     from fedpriv.runner import prepare
 
     seen = _spy_precision(monkeypatch, RoundAggregate, "add")

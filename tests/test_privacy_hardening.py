@@ -15,7 +15,7 @@ import torch
 
 from client.app import make_client_app
 from fedpriv.errors import ConfigError, DamagedFileError, OutputError, RunDirectoryBusy
-from fedpriv.rundir import read_jsonl
+from fedpriv.release.rundir import read_jsonl
 from fedpriv.runner import prepare, train
 from server.app import grid_round_fn, run_local
 from server.grid import LocalGrid
@@ -87,7 +87,7 @@ def test_secure_key_is_only_in_the_owner_only_checkpoint(tmp_path):
             data = path.read_bytes()
             assert key not in data and key.hex().encode() not in data, path
     # what it derives is not derivable from the published config either
-    from fedpriv.research_key import research_key
+    from fedpriv.keys.research_key import research_key
 
     assert research_key(session.cfg) != key
 
@@ -103,7 +103,7 @@ def test_secure_cohorts_do_not_follow_from_the_seed(tmp_path):
 
 
 def test_client_randomness_is_fresh_in_secure_mode():
-    from fedpriv.research_key import client_randomness
+    from fedpriv.keys.research_key import client_randomness
 
     secure = client_randomness({"seed": 0, "privacy": {"secure_rng": True}})
     a, b = secure.draws(3, 7), secure.draws(3, 7)
@@ -121,8 +121,8 @@ def test_client_randomness_is_fresh_in_secure_mode():
 def _reply(cfg, users=(0, 1)):
     from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-    from fedpriv.codec import encode
-    from fedpriv.config import run_config
+    from fedpriv.round.codec import encode
+    from fedpriv.config.resolve import run_config
     from fedpriv.task import load_task
 
     params = load_task(run_config(dict(cfg))).initial_params
@@ -174,7 +174,7 @@ def test_curves_plot_reads_no_training_statistics(tmp_path):
 # ------------------------------------------------------------------ finding 6: cyclic-Poisson groups
 
 def test_cyclic_poisson_groups_are_stable_when_users_are_added():
-    from fedpriv.research_key import key_from_seed
+    from fedpriv.keys.research_key import key_from_seed
     from fedpriv.sampling import make_sampler, user_groups
 
     key = key_from_seed(0)
@@ -194,7 +194,7 @@ class Crash(RuntimeError):
 
 
 def test_nothing_of_a_round_is_published_before_its_checkpoint(tmp_path, monkeypatch):
-    from fedpriv.rundir import RunDirectory
+    from fedpriv.release.rundir import RunDirectory
 
     cfg = compose_cfg(*SMOKE, "rounds=3", run_dir=tmp_path / "r")
     session = prepare(cfg)
@@ -213,7 +213,7 @@ def test_nothing_of_a_round_is_published_before_its_checkpoint(tmp_path, monkeyp
 
 
 def test_a_crash_after_the_checkpoint_is_republished_not_redone(tmp_path, monkeypatch):
-    from fedpriv.rundir import RunDirectory
+    from fedpriv.release.rundir import RunDirectory
 
     full = _run(tmp_path, "full", "rounds=3")
     cfg = compose_cfg(*SMOKE, "rounds=3", run_dir=tmp_path / "cut")
@@ -238,7 +238,7 @@ def test_a_crash_after_the_checkpoint_is_republished_not_redone(tmp_path, monkey
 
 
 def test_one_atomic_write_helper_serves_every_output():
-    """Every module that writes a file goes through fedpriv.atomic.write_atomic."""
+    """Every module that writes a file goes through fedpriv.release.atomic.write_atomic."""
     import re
 
     writers = []
@@ -369,7 +369,7 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path):
     run = tmp_path / "r"
     script = f"""
 import errno, os, sys
-import fedpriv.atomic as atomic
+import fedpriv.release.atomic as atomic
 real = atomic.os.fsync
 calls = {{"n": 0}}
 def fsync(fd):

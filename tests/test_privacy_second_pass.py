@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from fedpriv.clipping import BookKeeping, GaussianKeystream
-from fedpriv.local_dp import ExampleDP
+from fedpriv.round.local_dp import ExampleDP
 from fedpriv.models import build_model, get_flat_params
-from fedpriv.randomness import ClientDraws
-from fedpriv.research_key import client_randomness, clients_from_seed
-from fedpriv.training import LocalConfig, local_update
+from fedpriv.keys.randomness import ClientDraws
+from fedpriv.keys.research_key import client_randomness, clients_from_seed
+from fedpriv.round.training import LocalConfig, local_update
 
 ROOT = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)
@@ -117,7 +117,7 @@ class _ConstantKeystream:
 def test_keystream_radius_bounds(monkeypatch, wide_tail, bound):
     """The largest normal each resolution can produce (an all-zero radius word: u = 2^-33 or
     2^-65) is 6.76 or 9.49, and an all-ones word gives a radius of 0 (u = 1, never above)."""
-    import fedpriv.keystream as noise
+    import fedpriv.keys.keystream as noise
 
     monkeypatch.setattr(noise, "Cipher", _ConstantKeystream(0))
     z = GaussianKeystream(b"\x03" * 32, wide_tail=wide_tail).normal((6,))
@@ -130,7 +130,7 @@ def test_keystream_radius_bounds(monkeypatch, wide_tail, bound):
 def test_mechanism_noise_is_a_wide_keystream_under_each_draws_own_key():
     """The server mechanisms' draw k is the wide-tailed ChaCha20 keystream under SHAKE-256(key ‖
     "noise" ‖ k): a resumed stream (its draw count restored) continues it; draws are unrelated."""
-    from fedpriv.randomness import KEY_BYTES, NoiseStream, keystream
+    from fedpriv.keys.randomness import KEY_BYTES, NoiseStream, keystream
 
     key = b"\x07" * 32
     stream = NoiseStream(key)
@@ -145,7 +145,7 @@ def test_mechanism_noise_is_a_wide_keystream_under_each_draws_own_key():
 def test_example_masks_are_keyed_poisson_draws():
     """The Poisson masks come from the client's key (not a torch generator): rate q, and two keys
     give unrelated masks."""
-    from fedpriv.local_dp import example_schedule
+    from fedpriv.round.local_dp import example_schedule
 
     dp = ExampleDP(sampling_rate=0.3, steps=4, clip_norm=1.0, noise_multiplier=1.0, delta=1e-6)
     gen = torch.Generator().manual_seed(0)
@@ -169,7 +169,7 @@ def test_secure_client_keys_are_fresh_256_bit_keys_and_research_keys_follow_the_
 # names of the functions under fedpriv/ allowed to seed a torch generator, with why none of them is
 # a secret draw; anything else calling manual_seed fails this test
 SEEDED_NOT_SECRET = {
-    ("fedpriv/randomness.py", "_order_generator"): "the minibatch order of plain local SGD (no guarantee uses it)",
+    ("fedpriv/keys/randomness.py", "_order_generator"): "the minibatch order of plain local SGD (no guarantee uses it)",
     ("fedpriv/clipping/provenance.py", "separability_probe"): "fixed probe weights of a structural check",
     ("fedpriv/clipping/provenance.py", "_directions"): "fixed projection directions of the same check",
     ("fedpriv/task.py", "_model"): "the public initial weights (the seed is in the public config)",
@@ -208,8 +208,8 @@ def test_no_generator_used_for_a_secret_draw_is_seeded_with_manual_seed():
     """Done-when of issue 26: under fedpriv/, manual_seed appears only where the draw is public or
     structural (the allowlist says why); client noise, masks and BK's noise come from keystreams."""
     assert _seeding_calls() == set(SEEDED_NOT_SECRET)
-    noise_module = (ROOT / "fedpriv/keystream.py").read_text()
-    local_dp = (ROOT / "fedpriv/local_dp.py").read_text()
+    noise_module = (ROOT / "fedpriv/keys/keystream.py").read_text()
+    local_dp = (ROOT / "fedpriv/round/local_dp.py").read_text()
     assert "manual_seed" not in noise_module and "manual_seed" not in local_dp
     assert "torch.rand" not in local_dp and "torch.randn" not in noise_module
 
@@ -306,11 +306,11 @@ def test_an_audited_run_says_so_from_round_one(tmp_path):
 
 
 def test_atomic_writes_never_touch_the_process_umask_and_create_with_explicit_modes(tmp_path, monkeypatch):
-    """fedpriv/atomic.py used to set the umask to 0 for a moment: another thread creating a file in
+    """fedpriv/release/atomic.py used to set the umask to 0 for a moment: another thread creating a file in
     that window got permissive modes. Files are now created with their mode in the open call."""
     import os
 
-    from fedpriv.atomic import write_atomic
+    from fedpriv.release.atomic import write_atomic
 
     def forbidden(mask):
         raise AssertionError("os.umask called")
@@ -456,7 +456,7 @@ def test_a_round_whose_clients_replied_before_a_crash_is_charged_again(tmp_path,
     recorded before the clients are asked and the example-level epsilon charges every release."""
     from client.app import make_client_app
     from conftest import compose_cfg
-    from fedpriv.local_dp import resolve_example_dp
+    from fedpriv.round.local_dp import resolve_example_dp
     from fedpriv.runner import prepare, train
     from server.app import grid_round_fn, run_local
     from server.grid import LocalGrid
@@ -506,7 +506,7 @@ def test_with_a_public_population_one_more_user_moves_nobody_else(kind):
     (3 of 10,000 over 200 rounds in the review). With the rate fixed by the config's public
     population, the other users' participation is identical, and add/remove-one holds."""
     from fedpriv.mechanisms.base import ADD_REMOVE, ZERO_OUT, amplified_relation
-    from fedpriv.research_key import key_from_seed
+    from fedpriv.keys.research_key import key_from_seed
     from fedpriv.sampling import make_sampler
 
     key, n, m, groups = key_from_seed(7), 10_000, 100, 4
@@ -536,7 +536,7 @@ def test_zero_out_and_add_remove_give_the_sampled_gaussian_the_same_epsilon(acco
 def test_privacy_json_names_the_relation_that_holds(tmp_path):
     from conftest import compose_cfg
     from fedpriv.errors import ConfigError
-    from fedpriv.research_key import research_key
+    from fedpriv.keys.research_key import research_key
     from fedpriv.runner import prepare
     from server.app import run_local
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import compose_cfg
 
-from fedpriv.rundir import FIXED_TIME
+from fedpriv.release.rundir import FIXED_TIME
 from fedpriv.schema import sampler_kinds
 
 SMOKE = ("+experiment=smoke", "progress=false", "rounds=1")
@@ -75,7 +75,7 @@ def test_a_path_whose_times_cannot_be_set_warns_and_never_raises(tmp_path, monke
     warning, never an exception that would mask the run's own outcome."""
     import warnings
 
-    from fedpriv import rundir
+    from fedpriv.release import rundir
 
     run = rundir.RunDirectory(tmp_path / "r")
     run.path.mkdir()
@@ -128,7 +128,7 @@ def test_every_sampler_that_takes_a_public_population_publishes_only_rates_from_
     and noise blocks of summary.json, the same epsilon per round and the same console lines:
     before, cyclic_poisson and b_min_sep published ``sampling.rate`` = m/40 (m/44). A kind that
     draws from the data's own units refuses ``population`` (nothing to publish)."""
-    from fedpriv.console import format_result
+    from fedpriv.release.console import format_result
     from fedpriv.errors import ConfigError
     from fedpriv.runner import prepare
     from fedpriv.sampling import PUBLIC_RATE_KINDS, make_sampler
@@ -164,7 +164,7 @@ def test_under_a_public_population_no_refusal_or_warning_reads_the_datas_count(t
     of 45 was refused for exceeding "the population of 40 users" (a refusal that one user more or
     less decides, printing the count); now the cohort is checked against the public 50 alone, and
     the δ ≥ 1/N warning names N = 50."""
-    from fedpriv.config import run_config, validate_against_data
+    from fedpriv.config.resolve import run_config, validate_against_data
     from fedpriv.errors import ConfigError
     from fedpriv.plan import preflight
 

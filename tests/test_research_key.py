@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from fedpriv import schema
-from fedpriv.config import resolve_config
+from fedpriv.config.resolve import resolve_config
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.gaussian import GaussianNoise
-from fedpriv.randomness import PAIRED_NOTE
-from fedpriv.research_key import research_key
-from fedpriv.research_key import canonical_config
+from fedpriv.keys.randomness import PAIRED_NOTE
+from fedpriv.keys.research_key import research_key
+from fedpriv.keys.research_key import canonical_config
 from fedpriv.runner import prepare
 from server.app import run_local
 from tests.conftest import compose_cfg
@@ -146,7 +146,7 @@ def test_paired_runs_share_cohorts_and_noise_whatever_else_differs(tmp_path):
     _, sc = _paired_run(tmp_path, "unpaired", "optimizer=dpadam_post")
     assert sc["final"]["loss"] != sa["final"]["loss"]
     # the same mechanism stream: paired runs with noise draw the same normals
-    from fedpriv.research_key import run_randomness
+    from fedpriv.keys.research_key import run_randomness
 
     keys = {run_randomness(s.cfg).noise().normal((4,)).sum().item() for s in (a, b)}
     assert len(keys) == 1
@@ -179,7 +179,7 @@ def test_a_research_deployments_clients_derive_the_key_of_the_servers_fitted_con
     import json
 
     from client.deploy import _config
-    from fedpriv.research_key import client_randomness
+    from fedpriv.keys.research_key import client_randomness
     from fedpriv.runner import prepare
     from tests.conftest import compose_cfg
 

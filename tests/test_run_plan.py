@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import fedpriv.rundir as rundir
-import fedpriv.run_outputs as run_outputs
+import fedpriv.release.rundir as rundir
+import fedpriv.release.run_outputs as run_outputs
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.plan import RunPlan, preflight
 from fedpriv.runner import prepare
@@ -75,7 +75,7 @@ def test_the_sink_writes_in_the_declared_order(tmp_path, monkeypatch):
 
 
 def test_the_loop_writes_no_file():
-    """fedpriv/runner.py hands every write to fedpriv/run_outputs.py: no write call of its own."""
+    """fedpriv/runner.py hands every write to fedpriv/release/run_outputs.py: no write call of its own."""
     source = (ROOT / "fedpriv" / "runner.py").read_text()
     writes = re.findall(r"\.(write_\w+|save_\w+|save|settle_times)\(|\b(write_json|write_atomic)\(", source)
     assert writes == []

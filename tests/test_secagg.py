@@ -13,16 +13,16 @@ import pytest
 import torch
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 
-import fedpriv.clients as clients
+import fedpriv.round.clients as clients
 from client.app import make_client_app
 from conftest import compose_cfg
-from fedpriv.aggregation import RoundAggregate
+from fedpriv.round.aggregation import RoundAggregate
 from fedpriv.errors import ConfigError
 from fedpriv.plan import preflight
 from fedpriv.runner import prepare, train
 from server.app import round_fn_for
 from server.grid import LocalGrid
-from fedpriv.secure_sum import party_message
+from fedpriv.sums.secure_sum import party_message
 from fedpriv.sums.secagg import SecAggSum, secagg_quantization
 
 SECAGG = ("+experiment=smoke", "progress=false", "backend=flower", "aggregation=secagg")
@@ -216,7 +216,7 @@ def test_distributed_noise_over_secagg_plus_takes_every_node_as_a_party(tmp_path
     (config.yaml names them; every share guaranteed, so SecAgg+'s threshold is all of them), and a
     round's sum holds a share from each; in process the default stays 8 parties. An explicit other
     count is refused (below)."""
-    from fedpriv.config import resolve_config
+    from fedpriv.config.resolve import resolve_config
 
     cfg = compose_cfg(*SECAGG, f"backend.num_supernodes={NODES}", "mechanism=ddgauss", run_dir=tmp_path / "p")
     plan = preflight(cfg)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import compose_cfg
-from fedpriv.rundir import read_jsonl
+from fedpriv.release.rundir import read_jsonl
 from fedpriv.runner import prepare
 from fedpriv.schema import options
 from helpers import interrupt_and_resume
@@ -154,7 +154,7 @@ def test_help_gives_a_runs_refusals_and_describes_a_sweeps_first_member(run_cli)
 
 
 def test_every_key_of_every_registered_option_has_a_meaning():
-    from fedpriv.compose import compose_config
+    from fedpriv.config.compose import compose_config
     from fedpriv.schema import GROUPS, describe, options, parse
 
     lines = describe(parse(compose_config([])))

@@ -213,7 +213,7 @@ def test_file_is_not_modified(db: Path) -> None:
 def test_index_note(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The advice to make an indexed copy is given (as advice: stderr) by the load that makes the
     pass over the table; a load that finds the map cached, or an indexed file, says nothing."""
-    from fedpriv.console import ADVICE_LOGGER
+    from fedpriv.release.console import ADVICE_LOGGER
 
     (tmp_path / "stackoverflow.word_count").write_text(WORD_COUNTS)
     plain = make_db(tmp_path / "stackoverflow.sqlite")

@@ -190,7 +190,7 @@ def test_a_node_plans_its_sum_with_the_servers_function(tmp_path, monkeypatch, e
     (party noise) is the server's."""
     import client.secagg as node
     import fedpriv.plan.run_plan as run_plan
-    from fedpriv.config import run_config
+    from fedpriv.config.resolve import run_config
     from fedpriv.plan import preflight
     from fedpriv.sums import SumPlan, party_codec
 

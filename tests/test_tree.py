@@ -17,7 +17,7 @@ from fedpriv.mechanisms.__main__ import main as mechanisms_main
 from fedpriv.mechanisms.tree import node_variances
 from fedpriv.optim.server import ServerFTRL, ServerSGD
 from fedpriv.sampling import CyclicSampler, PoissonSampler
-from fedpriv.research_key import key_from_seed, noise_from_seed
+from fedpriv.keys.research_key import key_from_seed, noise_from_seed
 from tests.helpers import brute_force_sensitivity_sq, tree_event
 
 ZERO_OUT = dp_accounting.NeighboringRelation.REPLACE_SPECIAL

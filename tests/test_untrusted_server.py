@@ -22,14 +22,14 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 import client.app as client_app
 import client.deploy as deployed_node
-import fedpriv.clients as clients
+import fedpriv.round.clients as clients
 from client.app import make_client_app
 from conftest import compose_cfg
-from fedpriv.codec import decode, encode
-from fedpriv.compose import deployment_config
-from fedpriv.config import run_config
+from fedpriv.round.codec import decode, encode
+from fedpriv.config.compose import deployment_config
+from fedpriv.config.resolve import run_config
 from fedpriv.runner import prepare, train
-from fedpriv.secure_sum import party_message
+from fedpriv.sums.secure_sum import party_message
 from fedpriv.task import load_task
 from server.app import round_fn_for
 from server.deploy import deployment_round_fn, server_config

@@ -32,8 +32,8 @@ import functools
 import sys
 from typing import Any, Callable, Sequence
 
-from fedpriv.console import OneLineParser as _Parser
-from fedpriv.console import console_logging, fail as _fail
+from fedpriv.release.console import OneLineParser as _Parser
+from fedpriv.release.console import console_logging, fail as _fail
 from fedpriv.errors import ConfigError
 
 

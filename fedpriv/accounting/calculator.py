@@ -28,7 +28,7 @@ from fedpriv.accounting.accountant import (RDP, accountant_delta, calibrate_nois
 from fedpriv.accounting.monte_carlo import MC, BallsInBinsDpEvent, MonteCarloDpEvent, MonteCarloSettings
 from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.errors import ConfigError
-from fedpriv.rundir import json_text
+from fedpriv.release.rundir import json_text
 from fedpriv.schema import MechanismOption, load, option_preset, options
 from fedpriv.sampling import (B_MIN_SEP, BALLS_IN_BINS, CYCLIC, CYCLIC_POISSON, FIXED_SIZE, POISSON, PUBLIC_RATE_KINDS,
                               SAMPLERS, BinsBound, ParticipationBound, ParticipationPattern, PoissonSampler, Sampler,

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 from fedpriv.audit.bound import epsilon_lower_bound
 from fedpriv.audit.report import analyse, headline, read_scores
-from fedpriv.console import OneLineParser, fail
+from fedpriv.release.console import OneLineParser, fail
 from fedpriv.errors import ConfigError, DamagedFileError
-from fedpriv.rundir import json_text
+from fedpriv.release.rundir import json_text
 
 
 def _confidence(text: str) -> float:

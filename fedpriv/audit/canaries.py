@@ -9,7 +9,7 @@ delta with no data, whose norm is past the clip bound, so the server's clipping 
 ``C · u_j`` (under a plan that scales deltas before clipping, the raw delta is divided by the
 scale first, so the clipped contribution is again ``C · u_j`` in the clipped space).
 It enters the round's clipped sum where every unit's reply does
-(:meth:`~fedpriv.aggregation.RoundAggregate.add`), before the mechanism's noise; for central
+(:meth:`~fedpriv.round.aggregation.RoundAggregate.add`), before the mechanism's noise; for central
 DP-SGD a canary unit is a gradient canary (an example whose clipped gradient contribution is
 ``C · u_j``), added beside Book-Keeping's clipped sum.
 
@@ -40,9 +40,9 @@ import time
 import numpy as np
 import torch
 
-from fedpriv.aggregation import RoundAggregate
+from fedpriv.round.aggregation import RoundAggregate
 from fedpriv.errors import ConfigError
-from fedpriv.randomness import keystream, uniforms
+from fedpriv.keys.randomness import keystream, uniforms
 
 OVERSHOOT = 10.0  # a canary's raw delta has norm OVERSHOOT · C (its clipped contribution is C · u)
 MAX_DENSE_VALUES = 1 << 31  # refuse 2M × support above this many stored values (8 GiB of float32 values,

@@ -7,9 +7,9 @@ from typing import Any
 
 from fedpriv.audit.canaries import CanarySet
 from fedpriv.audit.report import PLOT_FILE, SCORES_FILE, analyse, plot_png, scores_record
-from fedpriv.randomness import SECURE
+from fedpriv.keys.randomness import SECURE
 from fedpriv.schema import Audit
-from fedpriv.rundir import json_text
+from fedpriv.release.rundir import json_text
 
 
 def build_canaries(audit: Audit, clip_norm: float, dim: int, sampler, randomness) -> CanarySet | None:
@@ -36,7 +36,7 @@ def audit_label(audit: Audit) -> dict[str, Any] | None:
 def finish_audit(canaries: CanarySet, released, audit: Audit, delta: float, epsilon: float,
                  mode: str) -> tuple[dict[str, Any], dict[str, bytes]]:
     """Score the final model: the summary's ``audit`` block and the files the run writes for it
-    (``audit_scores.json``, one line, and ``audit.png``; :mod:`fedpriv.run_outputs` writes them).
+    (``audit_scores.json``, one line, and ``audit.png``; :mod:`fedpriv.release.run_outputs` writes them).
     ``delta``: ``privacy.delta``; ``epsilon``: the ledger's claim (infinite for a non-private run)."""
     record = scores_record(canaries.scores(released), canaries.coins, float(delta),
                            epsilon if math.isfinite(epsilon) else None, float(audit.confidence),

@@ -11,7 +11,7 @@ imported; this package imports no model).
 """
 
 from fedpriv.clipping.engine import MODES, BookKeeping, record_call, validate
-from fedpriv.keystream import GaussianKeystream
+from fedpriv.keys.keystream import GaussianKeystream
 from fedpriv.clipping.provenance import UnsupportedLayerError, computed_from, flat_positions
 from fedpriv.clipping.rules import HINTS, RULES, LayerRule, no_contributions, register_hint, register_rule
 

@@ -21,7 +21,7 @@ One step, given the per-sample losses ``ℓ_i`` of a batch-first forward:
 6. ``p.grad = Σ_i c_i G_i + σ·C·N(0, I)`` formed from the kept factors (book-keeping), e.g.
    ``Σ_i c_i Σ_t g_{i,t} a_{i,t}ᵀ`` for a Linear weight. ``p.grad`` is *set*, never accumulated.
    The noise is read from a secret ChaCha20 keystream on every core
-   (:class:`fedpriv.keystream.GaussianKeystream`).
+   (:class:`fedpriv.keys.keystream.GaussianKeystream`).
 
 Which inputs are per sample is *proven*, never guessed from a shape, that no sample's loss
 depends on another sample's rows, and (by a forward replay with some samples perturbed, on a
@@ -52,7 +52,7 @@ from torch.profiler import record_function
 
 from fedpriv.clipping.contributions import (Contribution, Dense, Grouping, Outer, Rows, concat,
                                             bucket_view, cross, per_sample, weighted_sum)
-from fedpriv.keystream import GaussianKeystream, stream_key
+from fedpriv.keys.keystream import GaussianKeystream, stream_key
 from fedpriv.precision import as_fp32, exact_fp32
 from fedpriv.clipping.provenance import (FLAT_LISTENERS, Provenance, UnsupportedLayerError, ambiguous_batch_dim,
                                          check_separable, separability_probe)
@@ -188,7 +188,7 @@ class BookKeeping:
     a group (all of one user's sequences) the clipping unit; units are the distinct ids in
     increasing order.
 
-    The noise (:attr:`noise`, a :class:`~fedpriv.keystream.GaussianKeystream`) is read from
+    The noise (:attr:`noise`, a :class:`~fedpriv.keys.keystream.GaussianKeystream`) is read from
     ChaCha20 under a 256-bit key. ``noise_key=None`` (the default, the secure mode): a fresh key
     from the OS CSPRNG, never stored or shown, so nobody can regenerate the noise — not even the
     caller. ``noise_key=<bytes>`` (at least 16): seeded, reproducible, and exactly as secret as

@@ -119,8 +119,8 @@ from torch import Tensor, nn
 
 from fedpriv.clipping.rules import LayerRule
 from fedpriv.errors import ConfigError
-from fedpriv.keystream import GaussianKeystream
-from fedpriv.randomness import KEY_BYTES, keystream, uint64s
+from fedpriv.keys.keystream import GaussianKeystream
+from fedpriv.keys.randomness import KEY_BYTES, keystream, uint64s
 
 # the attached engines' forward replays (``flattened(rows)`` is called for each :func:`flat_positions`; the
 # replay attributes a model output with that many rows to those samples)
@@ -371,7 +371,7 @@ class Provenance:
 
 class KeyedDraws:
     """The random choices of one perturbed replay (which samples, and how), read from keyed streams
-    under ``SHAKE-256(key ‖ label ‖ index)`` (:func:`fedpriv.randomness.keystream`), never from a
+    under ``SHAKE-256(key ‖ label ‖ index)`` (:func:`fedpriv.keys.randomness.keystream`), never from a
     seeded ``torch.Generator`` or torch's global RNG (neither is touched): without ``key`` a model
     cannot predict which rows are perturbed, nor the values. ``key`` (32 bytes) is the engine's,
     ``label`` names the check, ``index`` counts the engine's draws (no two share a stream).
@@ -379,7 +379,7 @@ class KeyedDraws:
     * :meth:`chosen`: each sample with probability ½ (the top bit of a 64-bit word), then one
       kept or perturbed sample flipped where all, or none, were chosen;
     * :meth:`normal`: standard normals (the ChaCha20 Gaussian keystream of
-      :class:`~fedpriv.keystream.GaussianKeystream`, float32, cast to the tensor's dtype);
+      :class:`~fedpriv.keys.keystream.GaussianKeystream`, float32, cast to the tensor's dtype);
     * :meth:`indices`: uniform in ``[0, high)`` (a 64-bit word mod ``high``: bias below ``high/2⁶⁴``).
 
     Each call reads on in its own stream, so the draws depend only on the key, the index and the

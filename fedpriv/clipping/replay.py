@@ -38,8 +38,8 @@ from fedpriv.clipping.provenance import (CallPrint, KeyedDraws, UnsupportedLayer
                                          replay_mismatch, rows_within, same_state, same_values, state_print,
                                          value_print)
 from fedpriv.clipping.rules import FORWARDS, RULES
-from fedpriv.keystream import GaussianKeystream
-from fedpriv.randomness import KEY_BYTES, keystream
+from fedpriv.keys.keystream import GaussianKeystream
+from fedpriv.keys.randomness import KEY_BYTES, keystream
 
 REPLAY_FIRST = 4  # the forward replay runs on an engine's first steps ...
 REPLAY_EVERY = 8  # ... and on every REPLAY_EVERY-th after (``replay_every``; 1: every step)

@@ -35,15 +35,15 @@ import shlex
 import sys
 from pathlib import Path
 
-from fedpriv.atomic import create_bytes_atomic, write_atomic
-from fedpriv.compose import check_overrides
-from fedpriv.config import run_config
-from fedpriv.console import OneLineParser, console_logging, fail
+from fedpriv.release.atomic import create_bytes_atomic, write_atomic
+from fedpriv.config.compose import check_overrides
+from fedpriv.config.resolve import run_config
+from fedpriv.release.console import OneLineParser, console_logging, fail
 from fedpriv.data.files import NAME as FILES
 from fedpriv.data.files_inspect import inspect_files, lines
 from fedpriv.errors import ConfigError, OutputError
 from fedpriv.plan.auto import grid_problem
-from fedpriv.rundir import json_text
+from fedpriv.release.rundir import json_text
 from fedpriv.text.corpora import public_word_counts
 from fedpriv.text.vocabulary import word_count_text
 

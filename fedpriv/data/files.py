@@ -56,7 +56,7 @@ from typing import Any, Literal, Optional
 
 import numpy as np
 
-from fedpriv.atomic import write_atomic
+from fedpriv.release.atomic import write_atomic
 from fedpriv.cache import cache_root
 import fedpriv.data.files_source as files_source
 import fedpriv.data.word_rows as word_rows
@@ -71,7 +71,7 @@ from fedpriv.text import corpora
 from fedpriv.text.tokenizers import Tokenizer, WordTokenizer, encode_rows, rows_to_texts
 from fedpriv.text.vocabulary import read_word_counts
 
-advice = logging.getLogger("fedpriv.advice")  # fedpriv.console.ADVICE_LOGGER: on stderr, never among results
+advice = logging.getLogger("fedpriv.advice")  # fedpriv.release.console.ADVICE_LOGGER: on stderr, never among results
 
 NAME = "files"
 # the refusal of a run with no public tokenization (one line, naming every way to give one)
@@ -427,7 +427,8 @@ class FilesData(TextPipeline):
 
     def check_run(self, spec) -> None:
         files_source.check_named(self.path, self.user_column, self.text_column, self.split_column)
-        # model=hf with data.tokenizer=hf reads its own tokenizer when data.tokenizer_path is unset (fedpriv.config)
+        # model=hf with data.tokenizer=hf reads its own tokenizer when data.tokenizer_path is unset
+        # (fedpriv.config.resolve)
         self.check_public_tokenization(getattr(spec.model, "path", None) if spec.model.name == "hf" else None)
 
     def check_public_tokenization(self, model_path: str | None = None) -> None:

@@ -52,11 +52,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fedpriv.atomic import write_atomic
+from fedpriv.release.atomic import write_atomic
 import fedpriv.data.files_source as files_source
 from fedpriv.data.files_source import TEST, TRAIN, FilesSource, make_private, publish_dir, temporary_dir
 from fedpriv.errors import ConfigError, OutputError
-from fedpriv.rundir import short_reason
+from fedpriv.release.rundir import short_reason
 
 FORMAT = "fedpriv-files-index-v1"
 TEST_SPLIT_KEY = b"fedpriv/data=files/test-split/v1"

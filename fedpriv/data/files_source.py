@@ -70,11 +70,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fedpriv.atomic import write_atomic
+from fedpriv.release.atomic import write_atomic
 from fedpriv.cache import cache_root
-from fedpriv.content_digest import files_of, identity
+from fedpriv.keys.content_digest import files_of, identity
 from fedpriv.errors import ConfigError, OutputError
-from fedpriv.rundir import short_reason
+from fedpriv.release.rundir import short_reason
 from fedpriv.text.corpora import datasets_module
 
 FORMAT = "fedpriv-files-v2"  # the layout of a cache entry; part of its key (v2: record batches of BATCH_ROWS)

@@ -25,8 +25,8 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from fedpriv.atomic import create_atomic
-from fedpriv.console import OneLineParser, fail
+from fedpriv.release.atomic import create_atomic
+from fedpriv.release.console import OneLineParser, fail
 from fedpriv.data.stackoverflow import _check_schema, _connect, _has_client_index
 from fedpriv.errors import ConfigError
 
@@ -64,7 +64,7 @@ def _check_destination(src: Path, dst: Path) -> None:
 
 
 def index_copy(src: Path, dst: Path) -> None:
-    """Copy ``src`` to ``dst`` with the index, atomically (:func:`fedpriv.atomic.create_atomic`:
+    """Copy ``src`` to ``dst`` with the index, atomically (:func:`fedpriv.release.atomic.create_atomic`:
     a temporary file in ``dst``'s directory, published as ``dst`` once complete and synced, never
     replacing a ``dst`` that appeared meanwhile; removed on any failure)."""
 

@@ -59,7 +59,7 @@ from fedpriv.cache import cache_root, load_entry, save_entry
 from fedpriv.data.word_rows import test_subset
 
 logger = logging.getLogger(__name__)
-advice = logging.getLogger("fedpriv.advice")  # fedpriv.console.ADVICE_LOGGER: on stderr, never among results
+advice = logging.getLogger("fedpriv.advice")  # fedpriv.release.console.ADVICE_LOGGER: on stderr, never among results
 
 FORMAT = "stackoverflow-rowmap-v1"
 TRAIN, TEST = "train", "test"

@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
-from fedpriv.atomic import write_atomic
+from fedpriv.release.atomic import write_atomic
 from fedpriv.data.tf_example import encode_example
 
 VOCAB_FILE_NAME = "stackoverflow.word_count"  # TFF's vocabulary file, beside the sqlite file (the reader's too)

@@ -30,9 +30,9 @@ from fedpriv.mechanisms.blt import ERRORS, MAX_BUFFERS, optimize_auto
 from fedpriv.mechanisms.blt import optimize as optimize_blt
 from fedpriv.mechanisms.analysis import prefix_rmse
 from fedpriv.mechanisms.tree import TreeMechanism
-from fedpriv.console import OneLineParser as _Parser
+from fedpriv.release.console import OneLineParser as _Parser
 from fedpriv.errors import ConfigError
-from fedpriv.rundir import json_text
+from fedpriv.release.rundir import json_text
 from fedpriv.sampling import ParticipationBound
 from fedpriv.schema import load, options
 

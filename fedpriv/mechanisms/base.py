@@ -18,7 +18,7 @@ import dp_accounting
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.randomness import NoiseStream
+from fedpriv.keys.randomness import NoiseStream
 
 ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 REPLACE_ONE = dp_accounting.NeighboringRelation.REPLACE_ONE

@@ -57,7 +57,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.analysis import lbfgs_minimize, toeplitz_matrix, toeplitz_prefix_column
 from fedpriv.mechanisms.base import ZERO_OUT, amplified_relation, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
-from fedpriv.randomness import NoiseStream
+from fedpriv.keys.randomness import NoiseStream
 from fedpriv.accounting.monte_carlo import BallsInBinsDpEvent
 from fedpriv.sampling import CYCLIC, BallsInBinsPattern, Sampler, SeparatedPattern
 from fedpriv.schema import MechanismOption, positive, register_option

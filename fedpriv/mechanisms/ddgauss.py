@@ -6,7 +6,7 @@ Secure Aggregation" (ICML 2021). Round t's users are Poisson-sampled (rate q) an
 clipped updates to the integer grid of step γ after the round's randomized Hadamard rotation,
 adds one share of discrete Gaussian noise (every party, whether or not it holds a user), and
 hands its message mod ``2^bits`` to secure aggregation, which reveals only their sum
-(:mod:`fedpriv.distributed_dp` encodes and decodes). The server adds nothing: :meth:`noise` is
+(:mod:`fedpriv.mechanisms.ddgauss_codec` encodes and decodes). The server adds nothing: :meth:`noise` is
 zero, and the decoded sum already carries ``Σ`` of the shares.
 
 Accounting (:mod:`fedpriv.accounting.ddgauss`): with at least ``min_shares`` shares summed, one
@@ -32,7 +32,7 @@ import torch
 from fedpriv.accounting.ddgauss import (BETA, MAX_BITS, DistributedDiscreteGaussian,
                                         DistributedDiscreteGaussianDpEvent, expected_wraps, granularity_for_bits,
                                         padded_dim)
-from fedpriv.distributed_dp import DDGaussCodec
+from fedpriv.mechanisms.ddgauss_codec import DDGaussCodec
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import NoiseMechanism, amplified_relation, trivial_event
 from fedpriv.sampling import POISSON, PoissonPattern, Sampler

@@ -25,7 +25,7 @@ from fedpriv.schema import MechanismOption, register_option
 class GaussianMechanism(NoiseMechanism):
     """Adds ``N(0, (noise_multiplier * clip_norm)^2)`` to every coordinate of a round's sum.
 
-    Draws come from ``noise`` (:class:`~fedpriv.randomness.NoiseStream`, keyed by the run key:
+    Draws come from ``noise`` (:class:`~fedpriv.keys.randomness.NoiseStream`, keyed by the run key:
     secret in secure mode); its position is part of ``state_dict``, so a resumed run continues the
     same stream. ``noise=None``: a mechanism that only states its accounting (calculators).
     """

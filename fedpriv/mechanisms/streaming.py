@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from fedpriv.mechanisms.base import NoiseMechanism
-from fedpriv.randomness import NoiseStream
+from fedpriv.keys.randomness import NoiseStream
 
 Draw = Callable[[], torch.Tensor]
 

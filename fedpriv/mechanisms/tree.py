@@ -34,7 +34,7 @@ from fedpriv.accounting.tree import tree_accounting
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import ZERO_OUT, trivial_event
 from fedpriv.mechanisms.streaming import CorrelatedMechanism, StreamingOperator
-from fedpriv.randomness import NoiseStream
+from fedpriv.keys.randomness import NoiseStream
 from fedpriv.sampling import CYCLIC, Sampler, SeparatedPattern
 from fedpriv.schema import MechanismOption, positive, register_option
 

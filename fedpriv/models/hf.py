@@ -19,7 +19,7 @@ fully fine-tuned or with LoRA adapters only (optional extra ``hf``; nothing is d
   on the non-pad targets only (``keep``, :func:`fedpriv.clipping.flat_positions`). The split is
   checked once, at load, against the model's own logits on a probe; a family whose head does
   something else keeps the whole forward in ``features`` (same logits, no saving).
-- ``lora_rank > 0``: :func:`fedpriv.lora.add_lora` freezes every base weight, so the trainable
+- ``lora_rank > 0``: :func:`fedpriv.models.lora.add_lora` freezes every base weight, so the trainable
   parameters (what is clipped, noised, sent, checkpointed) are the adapters only; the embedding
   pre-hook that lets Book-Keeping trace the first adapters' inputs sits on this wrapper, the
   module the engine is given.
@@ -46,9 +46,9 @@ import torch
 from torch import nn
 
 from fedpriv.clipping import flat_positions
-from fedpriv.atomic import fsync_directory, write_atomic
+from fedpriv.release.atomic import fsync_directory, write_atomic
 from fedpriv.errors import ConfigError, OutputError
-from fedpriv.lora import add_lora, look_up_embeddings_first, merge_adapters
+from fedpriv.models.lora import add_lora, look_up_embeddings_first, merge_adapters
 from fedpriv.models.flat import set_flat_params
 from fedpriv.models.tiny_hf import write_model_dir
 from fedpriv.schema import LOCATION, ModelOption, nonnegative, positive, register_option
@@ -240,7 +240,7 @@ def _save_adapter(lm: nn.Module, directory: Path, base_name: str | None) -> None
 
 def _share_modes(directory: Path, reference: Path) -> None:
     """Give every file under ``directory`` the mode of ``reference``, a file fedpriv wrote (0644
-    masked by the process umask, :mod:`fedpriv.atomic`; the umask is never read or changed):
+    masked by the process umask, :mod:`fedpriv.release.atomic`; the umask is never read or changed):
     safetensors creates its files owner-only, and a release is for sharing. Directories keep the
     mode ``mkdir`` gave them (0777 masked by the umask)."""
     mode = stat.S_IMODE(reference.stat().st_mode)

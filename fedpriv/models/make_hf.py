@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from fedpriv.compose import compose_config
+from fedpriv.config.compose import compose_config
 from fedpriv.errors import ConfigError
 from fedpriv.models.tiny_hf import FAMILIES, write_model_dir
 from fedpriv.task import load_dataset

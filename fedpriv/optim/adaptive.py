@@ -55,7 +55,7 @@ import torch
 
 from fedpriv.errors import ConfigError
 from fedpriv.optim.base import ServerOptimizerBase
-from fedpriv.queries import QueryPlan, RoundRelease
+from fedpriv.round.queries import QueryPlan, RoundRelease
 from fedpriv.schema import OptimizerOption, in_unit_interval, positive, register_option
 
 RULES = ("adam", "adagrad")

@@ -7,7 +7,7 @@ import abc
 
 import torch
 
-from fedpriv.queries import QueryPlan, RoundRelease
+from fedpriv.round.queries import QueryPlan, RoundRelease
 
 
 class ServerOptimizerBase(abc.ABC):

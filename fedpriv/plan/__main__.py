@@ -10,7 +10,7 @@ for the checks a run makes (the cohort against the population, Book-Keeping's su
 Bad input: one ``error:`` line, exit 2, as ``python -m fedpriv.simulate`` words it (the same checks
 of the command line, and a setting typed beside ``plan=auto`` that the plan would replace). A plan
 that cannot train (under one full-size server step in all) is printed with a ``warning:`` line, as
-are dp_accounting's warnings (:func:`fedpriv.console.console_logging`; its notes of excluded RDP
+are dp_accounting's warnings (:func:`fedpriv.release.console.console_logging`; its notes of excluded RDP
 orders are dropped where they are logged, :mod:`fedpriv.accounting.accountant`).
 """
 
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import sys
 
-from fedpriv.compose import check_overrides
-from fedpriv.console import console_logging, fail
+from fedpriv.config.compose import check_overrides
+from fedpriv.release.console import console_logging, fail
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.plan.auto import cannot_train, overrides
 from fedpriv.plan.run_plan import preflight
-from fedpriv.rundir import json_text
+from fedpriv.release.rundir import json_text
 
 
 def lines(plan) -> list[str]:

@@ -27,15 +27,15 @@ from dataclasses import dataclass
 from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.accounting.ledger import prefix_claim_settings
 from fedpriv.accounting.monte_carlo import MonteCarloSettings
-from fedpriv.adaptive_clipping import build_adaptive_clip
+from fedpriv.round.adaptive_clipping import build_adaptive_clip
 from fedpriv.audit.run import audit_label
-from fedpriv.config import run_config, validate_against_data
+from fedpriv.config.resolve import run_config, validate_against_data
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import Mechanism
-from fedpriv.observe import check_observability
+from fedpriv.release.observe import check_observability
 from fedpriv.optim.server import SGDOptimizer
 from fedpriv.plan.noise_figure import NoiseFigure, noise_figure
-from fedpriv.run_outputs import planned_outputs
+from fedpriv.release.run_outputs import planned_outputs
 from fedpriv.sampling import make_sampler
 from fedpriv.schema import GROUPS, RunConfig, as_dict
 from fedpriv.sums import SumPlan, check_query, plan_sum
@@ -55,7 +55,7 @@ class RunPlan:
     ``ledger``: the accounting of the planned rounds on key-less sampler and mechanism (budget
     checked; the run's ledger is this one bound to the keyed ones, :meth:`PrivacyLedger.bind`);
     ``outputs``: the files the run writes, in the order of their first write
-    (:mod:`fedpriv.run_outputs`); ``noise``: σ_eff, σ·√d/m̄ and the accumulated noise a
+    (:mod:`fedpriv.release.run_outputs`); ``noise``: σ_eff, σ·√d/m̄ and the accumulated noise a
     (:mod:`fedpriv.plan.noise_figure`). Book-Keeping's support of the model is checked while
     planning wherever the backend runs a round that clips per sample on the server's side (the
     clients' engines are checked when the task is loaded)."""
@@ -261,7 +261,7 @@ def preflight_sweep(members: Sequence[tuple[str, dict, Sequence[str]]]) -> None:
     """:func:`preflight` for every member of a ``-m`` sweep of more than one (what needs the data:
     population, sampler and mechanism, budget), and for a single run whose command line chooses a
     plan option (the settings typed beside it, :func:`check_typed`), as ``(its overrides, its
-    config, the settings typed for it)`` from :func:`fedpriv.compose.check_overrides`, before Hydra
+    config, the settings typed for it)`` from :func:`fedpriv.config.compose.check_overrides`, before Hydra
     starts the first (``ConfigError``)."""
     single = len(members) < 2
     for member, plain, typed in members:

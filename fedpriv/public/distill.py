@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpriv.atomic import write_atomic
+from fedpriv.release.atomic import write_atomic
 from fedpriv.errors import ConfigError
 
 INDEX = "index.json"

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedpriv.atomic import write_atomic
+from fedpriv.release.atomic import write_atomic
 from fedpriv.cache import cache_root
 from fedpriv.metrics import token_loss
 from fedpriv.models import TransformerLanguageModel

@@ -17,7 +17,7 @@ ConfigStore entries, so YAML under configs/ keeps only experiments and the defau
 each as one :class:`~fedpriv.errors.ConfigError` line (exit 2 on the CLI), before anything is
 written. A composed config already holds every key, so the dict the run computes with is exactly
 what Hydra composed (its research key, a hash of the config, is what reproducibility rests on);
-a partial dict given to ``fedpriv.config.validate`` is completed with the defaults first.
+a partial dict given to ``fedpriv.config.resolve.validate`` is completed with the defaults first.
 
 The package's modules, each one job: :mod:`.checks` (field validators, field roles),
 :mod:`.sections` (the sections and each group's contract), :mod:`.registry` (options,

@@ -58,5 +58,5 @@ def divisible(section: Any, name: str, by: str, path: str) -> None:
 # one): it is left out of the research key and may change on resume.
 PRESENTATION = {"presentation": True}
 # ``field(metadata=LOCATION)``: the field says where an input lives; the research key covers the
-# input's identity (its size and content digest, :mod:`fedpriv.content_digest`), not its path.
+# input's identity (its size and content digest, :mod:`fedpriv.keys.content_digest`), not its path.
 LOCATION = {"location": True}

@@ -140,8 +140,8 @@ def parse(plain: dict) -> RunConfig:
     return _section(_renamed(plain), RunConfig, "")
 
 
-# top-level sections whose keys moved into a group's option, still read for a release (README, "Secure
-# aggregation"): the old key -> (the group, its option). A composed config carries the old section at its
+# top-level sections whose keys moved into a group's option, still read for a release
+# (docs/SECURE_AGGREGATION.md): the old key -> (the group, its option). A composed config carries the old section at its
 # defaults (register); a value given there that differs from them is taken into the option.
 RENAMED = {"secagg": ("aggregation", "secagg")}
 

@@ -21,7 +21,7 @@ from fedpriv.schema.sections import (AlgorithmOption, BackendOption, DeploymentB
 # group -> option name -> its defaults (the ConfigStore entries). The options register themselves
 # from the modules that implement them (register_option); options() imports those modules.
 OPTIONS: dict[str, dict[str, Option]] = {}
-PLUGINS = {"data": "fedpriv.data", "model": "fedpriv.models", "algorithm": "fedpriv.algorithms",
+PLUGINS = {"data": "fedpriv.data", "model": "fedpriv.models", "algorithm": "fedpriv.round.algorithms",
            "mechanism": "fedpriv.mechanisms", "optimizer": "fedpriv.optim", "plan": "fedpriv.plan.auto",
            "aggregation": "fedpriv.sums"}
 GROUPS = ("data", "model", "algorithm", "mechanism", "optimizer", "backend", "plan", "aggregation")

@@ -84,7 +84,7 @@ class Section(abc.ABC):  # noqa: B024 — abstract so that group bases can decla
 
 @dataclass
 class ExampleDP(Section):
-    """``client.example``: example-level DP-SGD on each client (fedpriv/local_dp.py states the math)."""
+    """``client.example``: example-level DP-SGD on each client (fedpriv/round/local_dp.py states the math)."""
 
     sampling_rate: float = 0.25  # each local step Poisson-samples each of the client's rows with this rate
     steps: int = 4  # DP-SGD steps per round
@@ -184,7 +184,7 @@ class Public(Section):
 @dataclass
 class AdaptiveClipping(Section):
     """``privacy.adaptive``: the clip bound's update under ``privacy.clipping=adaptive``
-    (fedpriv/adaptive_clipping.py states the math; defaults from Andrew et al. 2021)."""
+    (fedpriv/round/adaptive_clipping.py states the math; defaults from Andrew et al. 2021)."""
 
     target_quantile: float = 0.5  # γ: the share of users the bound should leave unclipped
     learning_rate: float = 0.2  # η_C of C_{t+1} = C_t · exp(−η_C (b̃_t − γ))
@@ -381,7 +381,7 @@ class OptimizerOption(Option):
 
 @dataclass
 class AlgorithmOption(Option):
-    """Contract of an ``algorithm`` option: ``algorithm_class`` (a :class:`fedpriv.algorithms.Algorithm`)
+    """Contract of an ``algorithm`` option: ``algorithm_class`` (a :class:`fedpriv.round.algorithms.Algorithm`)
     built from the option by :meth:`build`."""
 
     algorithm_class: ClassVar[type]

@@ -76,7 +76,7 @@ def party_codec(plan: SumPlan, mechanism):
 
 
 def check_query(plan: SumPlan, query, optimizer: str, mechanism: str) -> None:
-    """Refuse (``ConfigError``) a server optimizer's query (:class:`fedpriv.queries.QueryPlan`) that
+    """Refuse (``ConfigError``) a server optimizer's query (:class:`fedpriv.round.queries.QueryPlan`) that
     reads what the protocol keeps from the server: under party noise the clear sum, each update's
     scale before clipping or the noise's scale; under a secure sum each user's update."""
     if plan.noise_by == PARTIES and (query.pre_clip_scale or query.noiseless or query.update_noise_factor != 1.0):

@@ -1,7 +1,7 @@
 """``aggregation=plain``: each node's users' clipped updates reach the server in the clear; the
 server adds the mechanism's noise to their sum. Under a mechanism whose parties add the noise
 (``client_noise``: ``mechanism=ddgauss``) the parties' secure sum is simulated in this process
-(``backend=local`` only: :mod:`fedpriv.secure_sum`), so the server sees only their sum."""
+(``backend=local`` only: :mod:`fedpriv.sums.secure_sum`), so the server sees only their sum."""
 
 from __future__ import annotations
 

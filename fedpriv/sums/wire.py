@@ -1,5 +1,5 @@
 """What the server and every node share on the secure path (``aggregation=secagg``), as
-:mod:`fedpriv.codec` is for the clear path: Flower's int32 limit, the weight every node sends,
+:mod:`fedpriv.round.codec` is for the clear path: Flower's int32 limit, the weight every node sends,
 the field Flower's quantizer runs in, the run's fixed quantization and the keys of the round's
 instructions. The server half is server/secagg.py, the node half client/secagg.py; both read
 these from here and nowhere else.
@@ -74,7 +74,7 @@ class SecAggQuantization:
 
 def field_of(codec) -> Field:
     """Distributed DP through Flower's SecAgg+: ``(Q, c, M)`` under which Flower's quantizer is the
-    identity on a party's message ``r`` ∈ Z_m (``codec``: a :class:`fedpriv.distributed_dp.DDGaussCodec`)
+    identity on a party's message ``r`` ∈ Z_m (``codec``: a :class:`fedpriv.mechanisms.ddgauss_codec.DDGaussCodec`)
     sent as ``r − c`` (``Q = m − 1``, ``c = Q/2``: ``(x + c)·Q/2c = r`` exactly, an integer that
     stochastic rounding keeps), summed mod ``M = m``."""
     m = codec.modulus

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from fedpriv.cache import cache_root
 from fedpriv.errors import ConfigError
-from fedpriv.rundir import short_reason
+from fedpriv.release.rundir import short_reason
 from fedpriv.schema.sections import missing_path_message
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")

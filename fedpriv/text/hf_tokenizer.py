@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from fedpriv.errors import ConfigError
-from fedpriv.rundir import short_reason
+from fedpriv.release.rundir import short_reason
 from fedpriv.text.tokenizers import UNKNOWN_WORD
 
 # the least share of a model's embedding rows its tokenizer must cover: a model's table is at most

@@ -1,5 +1,5 @@
-"""What clients compute in a round, beside the rest of the client code (:mod:`fedpriv.training`:
-local steps; :mod:`fedpriv.cohort_parallel`: the same in lockstep): a client's delta from the global
+"""What clients compute in a round, beside the rest of the client code (:mod:`fedpriv.round.training`:
+local steps; :mod:`fedpriv.round.cohort_parallel`: the same in lockstep): a client's delta from the global
 parameters and its own draws. The Flower ClientApp (client/app.py), ``backend=local``'s in-process
 round (:func:`in_process_round_fn`) and the benchmarks call these; the server side never does.
 """
@@ -11,15 +11,15 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import torch
 
-from fedpriv.aggregation import RoundAggregate
-from fedpriv.config import client_diagnostics_enabled
+from fedpriv.round.aggregation import RoundAggregate
+from fedpriv.config.resolve import client_diagnostics_enabled
 from fedpriv.precision import exact_fp32
-from fedpriv.randomness import ClientRandomness, uniforms
-from fedpriv.research_key import client_randomness
-from fedpriv.replies import ClientUpdate, RoundFn, RoundInputs, add_updates
+from fedpriv.keys.randomness import ClientRandomness, uniforms
+from fedpriv.keys.research_key import client_randomness
+from fedpriv.round.replies import ClientUpdate, RoundFn, RoundInputs, add_updates
 from fedpriv.schema import RunConfig
 from fedpriv.task import Task
-from fedpriv.training import local_update
+from fedpriv.round.training import local_update
 
 
 def client_update(task: Task, params: torch.Tensor, user: int, round_idx: int, rng: ClientRandomness,
@@ -36,7 +36,7 @@ def iter_client_updates(task: Task, params: torch.Tensor, users: list[int], roun
                         rng: ClientRandomness, diagnostics: bool = False, host: bool = True) -> Iterator[ClientUpdate]:
     """What the clients ``users`` compute in round ``round_idx``, in their order: one after another,
     each computed when it is asked for, or in cohort-parallel chunks (``client.parallel > 1``:
-    :mod:`fedpriv.cohort_parallel`; all of them at once), which give each user the same delta up to
+    :mod:`fedpriv.round.cohort_parallel`; all of them at once), which give each user the same delta up to
     float rounding (the same draws per user). Deltas come in host memory, or with ``host=False``
     (cohort-parallel chunks only) on the device that computed them."""
     if task.trainer is None:
@@ -58,12 +58,12 @@ def client_updates(task: Task, params: torch.Tensor, users: list[int], round_idx
 class StreamedReplies:
     """A round's replies computed in this process as they are added (pfl-research's round shape:
     train one user → clip into the sum → drop the delta). Users are trained and added in user
-    order, the order :class:`~fedpriv.replies.ClientReplies` adds a message's replies in, so the
+    order, the order :class:`~fedpriv.round.replies.ClientReplies` adds a message's replies in, so the
     sum is bit-identical to the one Flower's message path builds from the same deltas; the round
     holds one delta at a time (with ``client.parallel > 1``, the cohort's deltas: the chunks are
     formed over the whole cohort), never an encoded copy. Cohort-parallel deltas are clipped and
     summed on the device that computed them, in user order, and the sum is copied to host memory
-    once (:meth:`~fedpriv.aggregation.RoundAggregate.beside`): bit-identical on the CPU, equal up to
+    once (:meth:`~fedpriv.round.aggregation.RoundAggregate.beside`): bit-identical on the CPU, equal up to
     the device's float rounding of norms and sums on a GPU."""
 
     def __init__(self, task: Task, params: torch.Tensor, users: list[int], round_idx: int,
@@ -111,8 +111,8 @@ def in_process_round_fn(task: Task, spec: RunConfig, dropout_key: bytes | None =
     """``backend=local``'s round for the run's resolved typed config ``spec``: the cohort's clients
     run here and stream into the aggregate (:class:`StreamedReplies`); no message, no wire encoding.
     Their randomness and diagnostics are the ClientApp's for ``spec``
-    (:func:`~fedpriv.research_key.client_randomness`,
-    :func:`fedpriv.config.client_diagnostics_enabled`), so they compute what they compute behind
+    (:func:`~fedpriv.keys.research_key.client_randomness`,
+    :func:`fedpriv.config.resolve.client_diagnostics_enabled`), so they compute what they compute behind
     Flower. With ``client.dropout_rate``, each sampled user fails to reply with that probability
     (:func:`dropped`, keyed by ``dropout_key``): it counts as dropped, the denominator stays fixed."""
     rng, diagnostics = client_randomness(spec), client_diagnostics_enabled(spec)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fedpriv.atomic import write_atomic
+from fedpriv.release.atomic import write_atomic
 
 EVENT_FILE = "events.out.tfevents.fedpriv"
 WALL_TIME = 0.0  # every event's time: none is recorded

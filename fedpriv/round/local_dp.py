@@ -16,7 +16,7 @@ from user sampling is claimed), so after R rounds the example-level event is
 ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(σ_e)), R·K)``. The guarantee is
 against the server too: a client's reply carries the privatized delta and nothing else (no loss,
 no counts), and its masks and noise are read from its own 256-bit round key (OS entropy in secure
-mode, never stored or sent; see :class:`fedpriv.randomness.ClientDraws`). The server's user-level
+mode, never stored or sent; see :class:`fedpriv.keys.randomness.ClientDraws`). The server's user-level
 clipping and noise are a separate guarantee on top.
 """
 
@@ -36,7 +36,7 @@ from fedpriv.accounting import calibrate_noise_multiplier, compute_epsilon
 from fedpriv.clipping import BookKeeping, GaussianKeystream
 from fedpriv.data.federated import rows_tensor
 from fedpriv.metrics import sequence_token_losses
-from fedpriv.randomness import ClientDraws
+from fedpriv.keys.randomness import ClientDraws
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,10 @@ def resolve_example_dp(client: schema.Client | Mapping[str, Any], rounds: int,
 
 def example_schedule(num_rows: int, dp: ExampleDP, draws: ClientDraws) -> tuple[GaussianKeystream, list[torch.Tensor]]:
     """A client's secret randomness for one round of example-level DP-SGD, read from its round
-    key (:class:`fedpriv.randomness.ClientDraws`): the noise stream (ChaCha20 under the key's
+    key (:class:`fedpriv.keys.randomness.ClientDraws`): the noise stream (ChaCha20 under the key's
     noise subkey) and the Poisson mask of every step (row i joins step k's batch iff its k-th
     mask uniform is below q). The per-client loop and the cohort-parallel trainer
-    (:mod:`fedpriv.cohort_parallel`) both draw it here."""
+    (:mod:`fedpriv.round.cohort_parallel`) both draw it here."""
     noise = GaussianKeystream(draws.noise_key)
     masks = [torch.from_numpy(draws.mask_uniforms(k, num_rows) < dp.sampling_rate) for k in range(dp.steps)]
     return noise, masks

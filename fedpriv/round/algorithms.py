@@ -5,7 +5,7 @@ cohort's clipped sum in one batched pass. Nothing else tests an algorithm's name
 * :class:`FedAvg` — DP-FedAvg ("Learning Differentially Private Recurrent Language Models",
   McMahan et al. 2018): local epochs on each sampled user, the delta clipped to C (user level);
 * :class:`ExampleLevelFedAvg` — the same with example-level DP-SGD on every client (the local
-  steps run through Book-Keeping; ``fedpriv.local_dp`` states its accounting);
+  steps run through Book-Keeping; ``fedpriv.round.local_dp`` states its accounting);
 * :class:`FedSGD` — DP-FedSGD: one full-batch gradient step per user; in process, the cohort's
   clipped sum comes from one batched Book-Keeping pass (equal to the per-client loop);
 * :class:`DPSGD` — central DP-SGD ("Deep Learning with Differential Privacy", Abadi et al. 2016)
@@ -26,11 +26,11 @@ from torch import nn
 from fedpriv import schema
 from fedpriv.clipping import BookKeeping, UnsupportedLayerError
 from fedpriv.clipping.engine import REPLAY_EVERY
-from fedpriv.cohort import CohortClipper, CohortSum
+from fedpriv.round.cohort import CohortClipper, CohortSum
 from fedpriv.errors import ConfigError
-from fedpriv.local_dp import resolve_example_dp
-from fedpriv.replies import RoundInputs
-from fedpriv.training import LocalConfig
+from fedpriv.round.local_dp import resolve_example_dp
+from fedpriv.round.replies import RoundInputs
+from fedpriv.round.training import LocalConfig
 
 
 class PooledExamples(Sequence):

@@ -1,7 +1,7 @@
 """A run's outputs: the one module that decides which files a run writes and in which order.
 
 The training loop hands the sink what a moment of the run produced; the sink writes it
-(:class:`~fedpriv.rundir.RunDirectory` does each write atomically and durably). The order, which
+(:class:`~fedpriv.release.rundir.RunDirectory` does each write atomically and durably). The order, which
 is what a crash may leave behind:
 
 1. **Start**: ``config.yaml`` (the resolved config); a resumed run then republishes whatever its
@@ -29,12 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedpriv.accounting.ledger import PRIVACY_FILE, PrivacyLedger
-from fedpriv.atomic import write_atomic
+from fedpriv.release.atomic import write_atomic
 from fedpriv.audit.report import PLOT_FILE, SCORES_FILE
-from fedpriv.config import diagnostics_enabled
-from fedpriv.console import format_result
-from fedpriv.observe import TENSORBOARD_DIR, RoundObserver
-from fedpriv.rundir import (CHECKPOINT_FILE, CLIENT_RELEASES_FILE, CONFIG_FILE, DIAGNOSTICS_FILE, METRICS_FILE,
+from fedpriv.config.resolve import diagnostics_enabled
+from fedpriv.release.console import format_result
+from fedpriv.release.observe import TENSORBOARD_DIR, RoundObserver
+from fedpriv.release.rundir import (CHECKPOINT_FILE, CLIENT_RELEASES_FILE, CONFIG_FILE, DIAGNOSTICS_FILE, METRICS_FILE,
                             SUMMARY_FILE, RunDirectory, write_json)
 from fedpriv.schema import RunConfig
 

@@ -12,7 +12,7 @@ keeps exactly the values that change what the run computes:
   it is the group's default option. Adding a defaulted field to a section therefore changes no key,
   no golden and no resume;
 * a field marked ``schema.LOCATION`` enters as the identity of the input it names (size and
-  SHA-256, :func:`fedpriv.content_digest.identity`), never as its path: the same data file at two
+  SHA-256, :func:`fedpriv.keys.content_digest.identity`), never as its path: the same data file at two
   paths gives the same research run. An input read although its field is unset (the vocabulary
   beside a data file, :meth:`~fedpriv.schema.Section.implied_locations`) enters the same way;
 * integers given to float fields are floats (``lr=2`` and ``lr=2.0`` are one run).
@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedpriv import schema
-from fedpriv.content_digest import identity
-from fedpriv.randomness import RESEARCH, ClientRandomness, NoiseStream, RunRandomness
+from fedpriv.keys.content_digest import identity
+from fedpriv.keys.randomness import RESEARCH, ClientRandomness, NoiseStream, RunRandomness
 
 CONFIG_TAG = b"fedpriv research run key v2\x00"
 PAIRED_TAG = b"fedpriv paired research key v1\x00"

@@ -128,7 +128,7 @@ class OneLineParser(argparse.ArgumentParser):
 # --- what the run CLIs (fedpriv.simulate, server.deploy) print ------------------------------------
 
 class RunDirectoryView(Protocol):
-    """What :func:`interrupted_message` reads of a :class:`fedpriv.rundir.RunDirectory` (named by
+    """What :func:`interrupted_message` reads of a :class:`fedpriv.release.rundir.RunDirectory` (named by
     its methods, not imported: the run directory's module imports torch, which the CLIs' ``--help``
     and the accounting calculator do without)."""
 
@@ -165,7 +165,7 @@ def interrupted_message(run: RunDirectoryView, overrides: list[str]) -> str:
 def mode_text(privacy: dict) -> str:
     """What every printed epsilon line says about the randomness behind it."""
     randomness = privacy.get("randomness") or {}
-    from fedpriv.randomness import RESEARCH_NOTE, mode_label  # lazy: its keystream's cryptography, off the CLIs
+    from fedpriv.keys.randomness import RESEARCH_NOTE, mode_label  # lazy: its keystream's cryptography, off the CLIs
 
     return f"{mode_label(randomness)} mode: {randomness.get('note', RESEARCH_NOTE)}"
 

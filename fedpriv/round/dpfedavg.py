@@ -3,9 +3,9 @@
 One round t flows one way:
 1. ``cohort(t)`` — the sampler's draw (the sampling the accountant assumes);
 2. the round's replies (client deltas, or a one-pass clipped sum) are added to a
-   :class:`~fedpriv.aggregation.RoundAggregate`: each delta clipped to C (user-level
+   :class:`~fedpriv.round.aggregation.RoundAggregate`: each delta clipped to C (user-level
    sensitivity), non-finite or malformed ones rejected, summed in user order;
-3. :func:`fedpriv.queries.privatize` adds the mechanism's noise z_t and divides by the fixed
+3. :func:`fedpriv.round.queries.privatize` adds the mechanism's noise z_t and divides by the fixed
    expected cohort size — the queries the optimizer declared once in its query plan;
 4. the server optimizer steps on the release (post-processing).
 The only thing that reaches upstream is the plan (declared before round 1) and, for a
@@ -20,13 +20,13 @@ import logging
 import numpy as np
 import torch
 
-from fedpriv.adaptive_clipping import AdaptiveClip
-from fedpriv.aggregation import RoundAggregate
+from fedpriv.round.adaptive_clipping import AdaptiveClip
+from fedpriv.round.aggregation import RoundAggregate
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import Mechanism
 from fedpriv.optim.server import ServerOptimizer
-from fedpriv.queries import privatize
-from fedpriv.replies import Replies, RoundInputs
+from fedpriv.round.queries import privatize
+from fedpriv.round.replies import Replies, RoundInputs
 from fedpriv.sampling import Sampler
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class DPFedAvg:
         self.sampler = sampler
         self.mechanism = mechanism
         self.fixed_clip_norm = clip_norm
-        self.clip = clip  # adaptive clipping (fedpriv.adaptive_clipping), or None: the fixed bound
+        self.clip = clip  # adaptive clipping (fedpriv.round.adaptive_clipping), or None: the fixed bound
         self.optimizer = optimizer
         self.plan = optimizer.query_plan  # declared once (checked by the runner against mechanism and algorithm)
         self.ema_decay = ema_decay
@@ -91,9 +91,9 @@ class DPFedAvg:
 
     def apply_round(self, round_idx: int, cohort: np.ndarray, replies: Replies,
                     diagnostics: bool = False) -> tuple[dict[str, float], dict[str, float]]:
-        """Aggregate ``replies`` (from users of ``cohort``: :class:`~fedpriv.replies.ClientReplies`,
+        """Aggregate ``replies`` (from users of ``cohort``: :class:`~fedpriv.round.replies.ClientReplies`,
         summed in user order with the cohort's missing users dropped and foreign, duplicate or
-        malformed replies rejected; or a :class:`~fedpriv.cohort.CohortSum`, a sum already clipped
+        malformed replies rejected; or a :class:`~fedpriv.round.cohort.CohortSum`, a sum already clipped
         to C per user covering exactly the cohort) into one privatized server step.
 
         Returns ``(released, diagnostics)``: ``released`` holds only quantities computed from the

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedpriv.aggregation import RoundAggregate
+from fedpriv.round.aggregation import RoundAggregate
 from fedpriv.errors import ConfigError
 
 
@@ -81,9 +81,9 @@ def privatize(agg: RoundAggregate, noise: torch.Tensor, plan: QueryPlan, mechani
     """The round's release per ``plan``: ``(Σ + z_t·f₁)/D`` (divided by ``s_t`` when scaled before
     clipping), and what else the plan declares. ``noise`` is the mechanism's z_t for the round; the
     squares' noise is drawn after it, from the same stream. With adaptive clipping (``clip``, an
-    :class:`~fedpriv.adaptive_clipping.AdaptiveClip`) the mechanism runs at unit sensitivity on one
+    :class:`~fedpriv.round.adaptive_clipping.AdaptiveClip`) the mechanism runs at unit sensitivity on one
     more coordinate, the centred count's: its update block is scaled by C_t·z_Δ/σ and the count read
-    off the last coordinate (the joint query of :mod:`fedpriv.adaptive_clipping`)."""
+    off the last coordinate (the joint query of :mod:`fedpriv.round.adaptive_clipping`)."""
     unit, count_noise = 1.0, 0.0
     if clip is not None:
         noise, count_noise, unit = noise[:-1], float(noise[-1]), clip.update_scale

@@ -6,13 +6,13 @@ Every client of a chunk has its own copy of the parameters, stacked on a leading
 then ``θ[c] ← θ[c] − η g[c]`` — the per-client loop's step, computed for all clients at once
 (the model ensembling pattern of ``torch.func``). Clients are ragged: they take different
 numbers of steps on batches of different sizes. Each client's steps come from the same schedule
-the loop draws (:func:`fedpriv.training.batch_schedule`, :func:`fedpriv.local_dp.example_schedule`,
+the loop draws (:func:`fedpriv.round.training.batch_schedule`, :func:`fedpriv.round.local_dp.example_schedule`,
 from the same per-client draws), batches are padded to the chunk's widest with all-pad rows,
 and a client past its last step gets an all-pad batch. A pad row adds nothing to a loss, so:
 
 * plain SGD: client c's step-k loss is ``Σ CE / n_ck`` over its real batch's non-pad targets
   (``n_ck`` its count; 1 for a client with no step k, whose loss and gradient are then exactly 0);
-* example-level DP-SGD (``client.dp=example``, :mod:`fedpriv.local_dp`): per-example gradients
+* example-level DP-SGD (``client.dp=example``, :mod:`fedpriv.round.local_dp`): per-example gradients
   (a second ``vmap``, over rows), each clipped to ``C_e`` (``g · C_e / max(‖g‖, C_e)``; a pad row's
   gradient is 0), summed, plus ``σ_e C_e N(0, I)`` drawn from the client's own noise stream over
   its parameters in the loop's order, divided by the fixed ``D``.
@@ -35,11 +35,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
-from fedpriv.local_dp import ExampleDP, example_schedule
-from fedpriv.randomness import ClientDraws
+from fedpriv.round.local_dp import ExampleDP, example_schedule
+from fedpriv.keys.randomness import ClientDraws
 from fedpriv.models import set_flat_params, vmappable
 from fedpriv.precision import as_fp32, compute_precision, exact_fp32
-from fedpriv.training import LocalConfig, batch_schedule
+from fedpriv.round.training import LocalConfig, batch_schedule
 
 
 @dataclass
@@ -75,7 +75,7 @@ class CohortTrainer:
     """Local updates of many clients from one global model, ``parallel`` clients per chunk.
 
     ``updates(params, rows, draws)`` returns, for every client, the delta the per-client
-    loop (:func:`fedpriv.training.local_update`) computes with the same draws, and, with
+    loop (:func:`fedpriv.round.training.local_update`) computes with the same draws, and, with
     ``diagnostics``, the loop's metrics (mean batch loss, sentences, steps; user-level DP only).
     """
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from fedpriv.errors import ConfigError
 from fedpriv.schema import GROUPS, known_keys, options, parse, register, unknown_key
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
 # Hydra's own command-line flags (anything else that starts with '-' is a mistyped override)

@@ -23,7 +23,7 @@ accuracy loss, not a privacy one, not detected): about d·erfc(k/√2) of them p
 size (:func:`fedpriv.accounting.ddgauss.expected_wraps`, in privacy.json).
 
 Randomness: the rounding's and the noise's uniforms come from SHAKE-256 under the client's key
-(:func:`fedpriv.randomness.uniforms`), secret in secure mode; the rotation's signs from the round's
+(:func:`fedpriv.keys.randomness.uniforms`), secret in secure mode; the rotation's signs from the round's
 key. The discrete Gaussian is sampled as Canonne, Kamath and Steinke's "The Discrete Gaussian for
 Differential Privacy" (Algorithm 3: discrete Laplace proposals of scale ⌊σ⌋+1, accepted with
 probability ``exp(−(|y| − σ²/t)²/(2σ²))``), vectorized in float64: like every floating-point
@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from fedpriv.accounting.ddgauss import MAX_BITS, DistributedDiscreteGaussian, padded_dim
-from fedpriv.randomness import uniforms
+from fedpriv.keys.randomness import uniforms
 
 MAX_ROUNDING_TRIES = 100  # conditional rounding fails with probability ≤ β per try (β < 1)
 

@@ -4,9 +4,9 @@ the messages modulo the field, the server decodes what the sum reveals (``backen
 
 Round t's cohort is dealt to the mechanism's ``shares`` parties by user id (user u to party
 u mod n: :func:`fedpriv.sums.assign_parties`, the one user→party rule); each party trains its users
-(:func:`fedpriv.clients.iter_client_updates`: what the ClientApp computes), rounds each update on
-the grid under its own secret key (:meth:`fedpriv.distributed_dp.DDGaussCodec.rounded`) and adds
-one noise share, holding a user or not (:meth:`~fedpriv.distributed_dp.DDGaussCodec.message`).
+(:func:`fedpriv.round.clients.iter_client_updates`: what the ClientApp computes), rounds each update on
+the grid under its own secret key (:meth:`fedpriv.mechanisms.ddgauss_codec.DDGaussCodec.rounded`) and adds
+one noise share, holding a user or not (:meth:`~fedpriv.mechanisms.ddgauss_codec.DDGaussCodec.message`).
 The secure sum is simulated as what secure aggregation reveals: the messages' sum mod m, nothing
 else; the server receives it decoded (:class:`SecureSum`) and the set of users whose updates it
 holds, never one update. No cryptography runs here: the masks of SecAgg/SecAgg+ cancel in the
@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedpriv.aggregation import RoundAggregate
-from fedpriv.clients import dropped, iter_client_updates
-from fedpriv.config import client_diagnostics_enabled
-from fedpriv.distributed_dp import DDGaussCodec
-from fedpriv.randomness import ClientRandomness
-from fedpriv.replies import RoundFn, RoundInputs
-from fedpriv.research_key import client_randomness
+from fedpriv.round.aggregation import RoundAggregate
+from fedpriv.round.clients import dropped, iter_client_updates
+from fedpriv.config.resolve import client_diagnostics_enabled
+from fedpriv.mechanisms.ddgauss_codec import DDGaussCodec
+from fedpriv.keys.randomness import ClientRandomness
+from fedpriv.round.replies import RoundFn, RoundInputs
+from fedpriv.keys.research_key import client_randomness
 from fedpriv.schema import RunConfig
 from fedpriv.sums import assign_parties
 from fedpriv.task import Task
@@ -72,7 +72,7 @@ def party_message(codec: DDGaussCodec, task: Task, params: torch.Tensor, members
                   round_key: bytes, rng: ClientRandomness, party: int, diagnostics: bool = False) -> PartyMessage:
     """What party ``party`` sends in round ``round_idx``: its ``members``' updates (trained from
     ``params`` with their draws from ``rng``), each rounded on the grid under the party's secret
-    key (:meth:`~fedpriv.randomness.ClientRandomness.party_key`), summed, plus its one noise share,
+    key (:meth:`~fedpriv.keys.randomness.ClientRandomness.party_key`), summed, plus its one noise share,
     mod m. The in-process round and a Flower node under ``aggregation=secagg`` both call it."""
     key = rng.party_key(round_idx, party)
     rounded = torch.zeros(codec.mechanism.dim, dtype=torch.int64)
@@ -95,9 +95,9 @@ def distributed_round_fn(task: Task, spec: RunConfig, mechanism, round_key: byte
                          dropout_key: bytes | None = None) -> RoundFn:
     """``backend=local``'s round for a ``client_noise`` ``mechanism`` (module docstring): the
     parties' keys and the users' draws are the ClientApp's for ``spec``
-    (:func:`~fedpriv.research_key.client_randomness`); ``round_key`` keys the rotation's signs
+    (:func:`~fedpriv.keys.research_key.client_randomness`); ``round_key`` keys the rotation's signs
     (public randomness: privacy does not rest on it). With ``client.dropout_rate`` each party fails
-    with that probability (:func:`~fedpriv.clients.dropped`): its users count as dropped and its
+    with that probability (:func:`~fedpriv.round.clients.dropped`): its users count as dropped and its
     share is missing from the sum, which then holds fewer shares (withheld below ``min_shares``)."""
     rng, diagnostics = client_randomness(spec), client_diagnostics_enabled(spec)
     codec = mechanism.codec()

@@ -1,6 +1,6 @@
 """A client's local update: E epochs of minibatch SGD from the global model, returned as a delta.
 
-Determinism: the client's draws come from :class:`fedpriv.randomness.ClientRandomness` —
+Determinism: the client's draws come from :class:`fedpriv.keys.randomness.ClientRandomness` —
 derived from ``(research key, round, user)`` in research mode, so every backend and a resumed
 run reproduce the same client update; fresh OS entropy in secure mode.
 """
@@ -16,11 +16,11 @@ from torch import nn
 from fedpriv.clipping import BookKeeping
 from fedpriv.clipping.engine import REPLAY_EVERY
 from fedpriv.data.federated import rows_tensor
-from fedpriv.local_dp import ExampleDP, dp_sgd_steps
+from fedpriv.round.local_dp import ExampleDP, dp_sgd_steps
 from fedpriv.metrics import token_loss
 from fedpriv.models import get_flat_params, set_flat_params
 from fedpriv.precision import compute_precision
-from fedpriv.randomness import ClientDraws
+from fedpriv.keys.randomness import ClientDraws
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def local_update(model: nn.Module, global_params: torch.Tensor, rows: np.ndarray
     ``delta = θ_local − θ_global`` as a flat float32 vector. ``metrics`` is empty unless
     ``diagnostics`` (research mode, user-level DP only): then the mean training loss and the
     numbers of sentences and steps — statistics of the user's data that no epsilon covers. With
-    ``cfg.dp`` the steps are example-level DP-SGD (:mod:`fedpriv.local_dp`) through ``bk``, a
+    ``cfg.dp`` the steps are example-level DP-SGD (:mod:`fedpriv.round.local_dp`) through ``bk``, a
     BookKeeping engine hooked on ``model``, and nothing but the delta is returned. ``draws``: the
     client's randomness this round (the minibatch order; the DP masks and noise). The steps run
     in ``cfg.precision`` (:func:`fedpriv.precision.compute_precision`); the delta is float32.
@@ -72,7 +72,7 @@ def batch_schedule(num_rows: int, cfg: LocalConfig, generator: torch.Generator) 
     """The row indices of every local step of plain minibatch SGD: ``cfg.epochs`` passes, each in
     a fresh ``randperm`` order from ``generator``, cut into batches of ``cfg.batch_size`` (the
     last one smaller), at most ``cfg.max_steps`` steps in all. The per-client loop and the
-    cohort-parallel trainer (:mod:`fedpriv.cohort_parallel`) both take their steps from here."""
+    cohort-parallel trainer (:mod:`fedpriv.round.cohort_parallel`) both take their steps from here."""
     steps: list[torch.Tensor] = []
     for _ in range(cfg.epochs):
         order = torch.randperm(num_rows, generator=generator)

@@ -3,7 +3,7 @@
 A round function (:data:`RoundFn`) receives :class:`RoundInputs` — the round, its cohort, the
 parameters clients start from and the round's clip bound, all it may read — and returns
 :class:`Replies`: the clients' deltas (:class:`ClientReplies` of :class:`ClientUpdate`) or a sum
-already clipped per unit (:class:`fedpriv.cohort.CohortSum`, the one-pass path). Either adds itself
+already clipped per unit (:class:`fedpriv.round.cohort.CohortSum`, the one-pass path). Either adds itself
 to the round's aggregate through the one method :meth:`Replies.add_to`; the server never asks which.
 """
 
@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from fedpriv.aggregation import RoundAggregate
+from fedpriv.round.aggregation import RoundAggregate
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedpriv.replies import ClientUpdate
+from fedpriv.round.replies import ClientUpdate
 
 STYPE = "fedpriv.raw"
 

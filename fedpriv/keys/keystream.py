@@ -11,7 +11,7 @@ uniform ``u ∈ (0, 1]`` has two resolutions:
 * ``wide_tail=False`` (clients' example-level noise, Book-Keeping's per-step noise): a 32-bit word
   ``w``, ``u = w·2⁻³² + 2⁻³³``, so ``|z| ≤ √(2·33·ln 2) ≈ 6.76``; the block reads P radius words,
   then P angle words.
-* ``wide_tail=True`` (the server mechanisms' noise, :class:`fedpriv.randomness.NoiseStream`): a
+* ``wide_tail=True`` (the server mechanisms' noise, :class:`fedpriv.keys.randomness.NoiseStream`): a
   64-bit word ``w``, ``u = fl32(w)·2⁻⁶⁴ + 2⁻⁶⁵`` (the float32 conversion keeps 24 significant bits
   at every scale, so small ``u`` keep their relative precision), so ``|z| ≤ √(2·65·ln 2) ≈ 9.49``;
   the block reads P 64-bit radius words, then P angle words. About 1.5× (2 threads) to 1.7×

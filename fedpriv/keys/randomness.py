@@ -6,7 +6,7 @@ function of FIPS 202 used as a keystream: without the key its output is indistin
 uniform bits). Two modes decide where the 32-byte run key comes from:
 
 * **research** (``privacy.secure_rng=false``): ``key = SHA-256(tag ‖ canonical JSON of the run's
-  config)`` (:mod:`fedpriv.research_key`: the values that change what the run computes, where they
+  config)`` (:mod:`fedpriv.keys.research_key`: the values that change what the run computes, where they
   differ from their defaults; inputs by content, not by path). A run is reproducible from its seed
   and config, and two runs whose configs differ in anything that changes the training (budget,
   noise, clip, learning rate, seed, ...) share no noise, no cohort and no mask — unless they ask
@@ -15,12 +15,12 @@ uniform bits). Two modes decide where the 32-byte run key comes from:
   release".
 * **secure** (``privacy.secure_rng=true``; the default for deployments): ``key`` is 32 bytes of the
   OS CSPRNG (:func:`secrets.token_bytes`). It is kept only in the checkpoint (written owner-only;
-  see :mod:`fedpriv.rundir`), which is therefore secret: nothing else written or sent holds it.
+  see :mod:`fedpriv.release.rundir`), which is therefore secret: nothing else written or sent holds it.
 
 Clients draw their own randomness per (round, user) (:class:`ClientDraws`): a 256-bit secret key
 — derived from the research key in research mode, fresh OS entropy in secure mode (never stored,
 never sent) — from which the example-level DP masks (SHAKE-256 uniforms) and noise (a ChaCha20
-keystream, :class:`fedpriv.keystream.GaussianKeystream`) are read, so the server cannot
+keystream, :class:`fedpriv.keys.keystream.GaussianKeystream`) are read, so the server cannot
 replay them; and a ``torch.Generator`` for the minibatch order of plain local SGD, which no
 guarantee relies on.
 
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpriv.keystream import GaussianKeystream
+from fedpriv.keys.keystream import GaussianKeystream
 
 RESEARCH = "research"
 SECURE = "secure"
@@ -94,7 +94,7 @@ class RunRandomness:
     @staticmethod
     def fresh() -> "RunRandomness":
         """Secure mode: a fresh key from the OS CSPRNG (a research key is derived by the caller:
-        :func:`fedpriv.research_key.run_randomness`)."""
+        :func:`fedpriv.keys.research_key.run_randomness`)."""
         return RunRandomness(secrets.token_bytes(KEY_BYTES), SECURE)
 
     @property
@@ -134,7 +134,7 @@ class RunRandomness:
 
 class NoiseStream:
     """Gaussian noise for a mechanism: draw ``k`` is the normals of a ChaCha20 keystream
-    (:class:`~fedpriv.keystream.GaussianKeystream`, 64-bit radius words: ``|z| ≤ 9.49``,
+    (:class:`~fedpriv.keys.keystream.GaussianKeystream`, 64-bit radius words: ``|z| ≤ 9.49``,
     on every core) under the draw's own key ``SHAKE-256(key ‖ "noise" ‖ k)`` (32 bytes).
 
     The state is the number of draws so far (checkpointed), so a resumed run continues the same
@@ -209,7 +209,7 @@ class ClientRandomness:
 
     def party_key(self, round_idx: int, party: int) -> bytes:
         """The secret key of secure-aggregation party ``party`` in round ``round_idx`` (its users'
-        rounding and its noise share under distributed DP, :mod:`fedpriv.distributed_dp`): fresh
+        rounding and its noise share under distributed DP, :mod:`fedpriv.mechanisms.ddgauss_codec`): fresh
         OS entropy in secure mode; derived from the research key and ``(round, party)`` in
         research mode (a label no client draw uses)."""
         if self.research is None:

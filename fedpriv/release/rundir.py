@@ -13,8 +13,8 @@ secure mode it holds the run key, so it is secret).
   with its missing parents; :func:`note_existing` records, before that, which ancestor existed).
   A path that cannot be a directory (a file, under a file, where the file system refuses) is one
   line before Hydra is reached: :func:`make_run_directory` creates it first.
-* **Writes**: every file through :func:`fedpriv.atomic.write_atomic` (tmp + fsync + rename +
-  directory fsync). The run's output sink (:mod:`fedpriv.run_outputs`) makes a round's
+* **Writes**: every file through :func:`fedpriv.release.atomic.write_atomic` (tmp + fsync + rename +
+  directory fsync). The run's output sink (:mod:`fedpriv.release.run_outputs`) makes a round's
   checkpoint durable *before* it publishes any output of the round, so a resumed run never redoes
   (and re-releases) a published round.
 * **Times** (secure mode): every file and directory of the run directory gets the access and
@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import yaml
 
-from fedpriv.atomic import write_atomic
+from fedpriv.release.atomic import write_atomic
 from fedpriv.errors import ConfigError, DamagedFileError, OutputError, RunDirectoryBusy
 
 CHECKPOINT_FORMAT = 2

@@ -2,7 +2,7 @@
 
 Both carry exactly the round's ``metrics.jsonl`` row — quantities the epsilon covers and
 test-set metrics — never the statistics of training users (those go, in research mode only, to
-``diagnostics.jsonl``; see :mod:`fedpriv.rundir`).
+``diagnostics.jsonl``; see :mod:`fedpriv.release.rundir`).
 
 * ``verbose=true``: one INFO line per round on the ``fedpriv.rounds`` logger, as ``key=value``
   pairs — ``round=12 epsilon=0.6164 mode=research`` (plus the test metrics on evaluation rounds).
@@ -10,7 +10,7 @@ test-set metrics — never the statistics of training users (those go, in resear
 * ``tensorboard=true``: every numeric metric of the round as a scalar under
   ``RUN_DIR/tensorboard``, and the run's randomness mode (and, for an audited run, its canaries)
   as text entries, in an event file with no wall-clock time, host name or PID
-  (:mod:`fedpriv.tensorboard_events`; needs the ``tensorboard`` package:
+  (:mod:`fedpriv.release.tensorboard_events`; needs the ``tensorboard`` package:
   ``pip install -e ".[tensorboard]"``).
 """
 
@@ -65,7 +65,7 @@ class RoundObserver:
         self.events = None
         if spec.tensorboard:
             check_observability(spec)
-            from fedpriv.tensorboard_events import EventFile  # lazy: the optional tensorboard package
+            from fedpriv.release.tensorboard_events import EventFile  # lazy: the optional tensorboard package
 
             self.events = EventFile(run_dir / TENSORBOARD_DIR, texts or {}, history or [])
 
