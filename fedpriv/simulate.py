@@ -18,7 +18,8 @@ from pathlib import Path
 
 from fedpriv.config.compose import CONFIG_DIR, check_overrides, compose_config, group_options
 from fedpriv.release.console import fail as _fail
-from fedpriv.release.console import format_result, interrupted_message, set_member
+from fedpriv.release.console import interrupted_message, set_member
+from fedpriv.release.result_lines import format_result
 from fedpriv.errors import ConfigError, OutputError, PrivacyBudgetExceeded
 from fedpriv.schema import describe, parse, register
 

@@ -20,7 +20,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedpriv.config.compose import check_overrides, deployment_config, deployment_overrides
-from fedpriv.release.console import format_result
+from fedpriv.release.result_lines import format_result
 from fedpriv.plan import preflight_sweep
 from fedpriv.round.replies import RoundFn
 from fedpriv.runner import RunSession, prepare, train

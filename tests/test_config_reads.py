@@ -82,7 +82,7 @@ def test_a_default_run_parses_its_config_once(tmp_path, monkeypatch):
     cfg = compose_cfg("+experiment=smoke", "progress=false", "rounds=2", run_dir=tmp_path / "run")
     calls = _call_sites(monkeypatch)
     run_local(prepare(cfg))
-    assert dict(calls) == {"config.validate": 1}
+    assert dict(calls) == {"resolve.validate": 1}
 
 
 def test_prepare_leaves_the_callers_dict_as_the_runs_resolved_config(tmp_path):

@@ -198,6 +198,9 @@ NEVER = [
     (r"fedpriv\.(models|data)" + _PKG, r"fedpriv\.(config\.compose|runner)", "reaches",
      "a model or dataset never reaches up to the composer or the runner"),
     (r".*", "CLI", "imports", "CLIs live on the top floor: nothing imports one"),
+    (r"fedpriv\.release\.console", r"fedpriv\.(audit|round|sums|plan)" + _PKG, "imports",
+     "the console formats what every command prints; the run's end-of-run lines quote the audit "
+     "(release/result_lines.py)"),
     (SHARED_TEXT_READING, r"fedpriv\.data\.(?!federated$|word_rows$|lazy_users$).+", "imports",
      "the pieces every federated text source shares (issue 53) know no source"),
 ]
@@ -208,7 +211,7 @@ NEVER = [
 FLOORS = [
     ("entry points", "CLI"),
     ("run composition", r"fedpriv\.(config\.compose|runner|degradation|backends|audit\.run"
-                        r"|release\.(run_outputs|observe|console|tensorboard_events))|fedpriv\.plan" + _PKG),
+                        r"|release\.(run_outputs|result_lines|observe|console|tensorboard_events))|fedpriv\.plan" + _PKG),
     ("foundations", FOUNDATIONS),
     # the round before the parts: the simulated secure sum (the round's floor) sits in the sums package
     ("the round", r"fedpriv\.(task|round\.(algorithms|training|cohort|cohort_parallel|clients|dpfedavg|local_dp)"

@@ -424,17 +424,17 @@ def test_the_one_pass_and_central_refusals_are_one_line_exit_2_and_a_fixed_rerun
 
 
 def test_make_hf_and_pretrain_hf_write_a_directory_model_hf_loads(tmp_path):
-    """docs/HF_MODELS.md's `python -m fedpriv.models.make_hf DIR` and scripts/pretrain_hf.py (issue 29's
+    """docs/HF_MODELS.md's `python -m fedpriv.make_hf DIR` and scripts/pretrain_hf.py (issue 29's
     experiment, two public steps here): both write a model directory HFCausalLM loads."""
     import subprocess
     import sys
 
     from tests.conftest import ROOT
 
-    made = run_module("fedpriv.models.make_hf", str(tmp_path / "m"), "--hidden", "16", "--heads", "2", cwd=ROOT,
+    made = run_module("fedpriv.make_hf", str(tmp_path / "m"), "--hidden", "16", "--heads", "2", cwd=ROOT,
                       timeout=120)
     assert made.returncode == 0 and "wrote a random-init llama model (304 token ids)" in made.stdout, made.stderr
-    again = run_module("fedpriv.models.make_hf", str(tmp_path / "m"), cwd=ROOT, timeout=120)
+    again = run_module("fedpriv.make_hf", str(tmp_path / "m"), cwd=ROOT, timeout=120)
     assert again.returncode == 2 and again.stderr.startswith("error: ") and "not empty" in again.stderr
     pre = subprocess.run([sys.executable, "scripts/pretrain_hf.py", str(tmp_path / "p"), "--steps", "2",
                           "--hidden", "16", "--heads", "2", "+experiment=smoke"], cwd=ROOT, capture_output=True,

@@ -363,7 +363,7 @@ def test_a_run_with_balls_in_bins_claims_the_monte_carlo_bound(tmp_path, mechani
                 if "epsilon" in json.loads(line)]
     assert epsilons == sorted(epsilons) and epsilons[-1] == privacy["epsilon"]
     # the result line (and the model card, which quotes it) states the claim's confidence
-    from fedpriv.release.console import format_result
+    from fedpriv.release.result_lines import format_result
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert claim["confidence"] == 0.999

@@ -216,7 +216,7 @@ def _summary(rounds: int) -> dict:
 
 @pytest.mark.parametrize("rounds, text", [(1, ", 1 round ["), (3, ", 3 rounds ["), (0, ", 0 rounds [")])
 def test_result_line_plural(rounds, text):
-    from fedpriv.release.console import format_result
+    from fedpriv.release.result_lines import format_result
 
     assert text in format_result(_summary(rounds))
 

@@ -128,7 +128,7 @@ def test_every_sampler_that_takes_a_public_population_publishes_only_rates_from_
     and noise blocks of summary.json, the same epsilon per round and the same console lines:
     before, cyclic_poisson and b_min_sep published ``sampling.rate`` = m/40 (m/44). A kind that
     draws from the data's own units refuses ``population`` (nothing to publish)."""
-    from fedpriv.release.console import format_result
+    from fedpriv.release.result_lines import format_result
     from fedpriv.errors import ConfigError
     from fedpriv.runner import prepare
     from fedpriv.sampling import PUBLIC_RATE_KINDS, make_sampler

@@ -1,6 +1,6 @@
 """A small random-init Hugging Face causal LM and a word-level tokenizer, written to a local
 directory offline: a model directory for ``model=hf`` (and ``public.teacher=hf``) when none is at
-hand, used by ``python -m fedpriv.models.make_hf`` (the command), the tests and
+hand, used by ``python -m fedpriv.make_hf`` (the command), the tests and
 scripts/pretrain_hf.py.
 
 The tokenizer (``tokenizers`` WordLevel, whitespace split) numbers the dataset's words as the

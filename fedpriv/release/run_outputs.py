@@ -32,7 +32,7 @@ from fedpriv.accounting.ledger import PRIVACY_FILE, PrivacyLedger
 from fedpriv.release.atomic import write_atomic
 from fedpriv.audit.report import PLOT_FILE, SCORES_FILE
 from fedpriv.config.resolve import diagnostics_enabled
-from fedpriv.release.console import format_result
+from fedpriv.release.result_lines import format_result
 from fedpriv.release.observe import TENSORBOARD_DIR, RoundObserver
 from fedpriv.release.rundir import (CHECKPOINT_FILE, CLIENT_RELEASES_FILE, CONFIG_FILE, DIAGNOSTICS_FILE, METRICS_FILE,
                             SUMMARY_FILE, RunDirectory, write_json)

@@ -6,7 +6,7 @@ This module is the command (an entry point, the top floor: it composes the confi
 dataset whose words the tokenizer knows; nothing imports it); what it writes is
 :func:`fedpriv.models.tiny_hf.write_model_dir`.
 
-    python -m fedpriv.models.make_hf DIR [--family llama] [--hidden 64] [--layers 2] [--heads 4]
+    python -m fedpriv.make_hf DIR [--family llama] [--hidden 64] [--layers 2] [--heads 4]
         [OVERRIDES...]   # the data whose words it knows: Hydra overrides, default +experiment=smoke
 """
 
@@ -32,7 +32,7 @@ def _words(overrides: Sequence[str]) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedpriv.models.make_hf", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fedpriv.make_hf", description=__doc__.split("\n\n")[0])
     parser.add_argument("directory")
     parser.add_argument("--family", choices=FAMILIES, default="llama")
     parser.add_argument("--hidden", type=int, default=64)
