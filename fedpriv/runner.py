@@ -21,7 +21,7 @@ from tqdm import tqdm
 from fedpriv.accounting import PrivacyLedger
 from fedpriv.accounting.ledger import json_epsilon
 from fedpriv.round.adaptive_clipping import build_adaptive_clip
-from fedpriv.audit.run import build_canaries, finish_audit
+from fedpriv.audit.run import finish_audit
 from fedpriv.config.resolve import diagnostics_enabled, run_config
 from fedpriv.degradation import Degradation, degradation, run_facts
 from fedpriv.round.dpfedavg import DPFedAvg
@@ -31,6 +31,7 @@ from fedpriv.metrics import evaluate
 from fedpriv.release.console import ADVICE_LOGGER
 from fedpriv.models import set_flat_params
 from fedpriv.plan import RunPlan, build_plan, executed_config
+from fedpriv.plan.run_plan import KeyedParts
 from fedpriv.plan.auto import cannot_train, overrides
 from fedpriv.plan.noise_figure import A_WARN, PER_ROUND_WARNING, NoiseFigure
 from fedpriv.precision import compute_precision
@@ -41,7 +42,6 @@ from fedpriv.keys.research_key import canonical_config, research_key, run_random
 from fedpriv.release.run_outputs import RunOutputs
 from fedpriv.release.rundir import CHECKPOINT_FORMAT, SUMMARY_FILE, RunDirectory, short_reason
 from fedpriv.schema import RunConfig, as_dict
-from fedpriv.sampling import make_sampler
 from fedpriv.sums import withheld_rounds
 from fedpriv.task import Task, load_task
 from fedpriv.allocator import retain_freed_memory
@@ -61,6 +61,7 @@ class RunSession:
     stages: list[Stage]  # public-data hooks (fedpriv/public/stages.py): the loop names none
     randomness: RunRandomness
     plan: RunPlan  # what the config and the population decided before any key was drawn
+    keyed: KeyedParts  # the parts that hold a key of the run's randomness (RunPlan.instantiate)
     start_round: int = 0
     wall_s: float = 0.0
     client_releases: int = 0  # rounds whose clients' example-level DP replies reached the server
@@ -127,10 +128,8 @@ def _build(spec: RunConfig, task: Task, run: RunDirectory, plan: RunPlan | None)
         if warning := cannot_train(plan.choice, privacy.target_epsilon):
             logging.getLogger(ADVICE_LOGGER).warning("%s", warning)
     randomness = _randomness(spec, checkpoint, run)
-    sampler = make_sampler(spec.sampling, plan.population, spec.cohort_size, randomness.subkey("sampling"),
-                           groups=spec.mechanism.sampling_groups(), public_population=spec.population)
-    mechanism = spec.mechanism.build(plan.noise_multiplier, plan.mechanism_clip, noise=randomness.noise("mechanism"),
-                                     rounds=spec.rounds, sampler=sampler, dimension=plan.ledger.dimension)
+    keyed = plan.instantiate(randomness)  # the one construction site of the parts that hold a key
+    sampler, mechanism = keyed.sampler, keyed.mechanism
     _adopt_strategy(mechanism, checkpoint, run)
     ledger = plan.ledger.bind(mechanism, sampler, randomness.describe())
     optimizer = spec.optimizer.build(spec.rounds)
@@ -146,11 +145,12 @@ def _build(spec: RunConfig, task: Task, run: RunDirectory, plan: RunPlan | None)
     initial = task.initial_params
     for stage in stages:
         initial = stage.initial_params(initial)
-    canaries = build_canaries(spec.audit, privacy.clip_norm, initial.numel(), sampler, randomness)
+    if initial.numel() != plan.ledger.dimension:  # the canaries and the noise are sized by the plan
+        raise RuntimeError(f"the public stages changed the model's size ({plan.ledger.dimension} -> {initial.numel()})")
     server = DPFedAvg(initial, sampler, mechanism, privacy.clip_norm, optimizer, ema_decay=spec.ema_decay,
-                      canaries=canaries, clip=clip)
+                      canaries=keyed.canaries, clip=clip)
     session = RunSession(spec=spec, run=run, task=task, server=server, ledger=ledger, stages=stages,
-                         randomness=randomness, plan=plan)
+                         randomness=randomness, plan=plan, keyed=keyed)
     if checkpoint is not None:
         _restore(session, checkpoint)
     _count_client_releases(session, checkpoint)

@@ -93,9 +93,9 @@ def round_fn_for(session: RunSession, grid: Grid | None = None, num_nodes: int =
     nodes connected before round 1; with the parties' codec where they add the noise)."""
     sums = session.plan.sums
     protocol, codec = sums.protocol, party_codec(sums, session.server.mechanism)
-    rotation = session.randomness.subkey("ddgauss rotation") if codec is not None else None
+    rotation = session.keyed.rotation_key if codec is not None else None
     if grid is None:
-        dropout_key = session.randomness.subkey("dropout")  # client.dropout_rate's draws (secret in secure mode)
+        dropout_key = session.keyed.dropout_key  # client.dropout_rate's draws (secret in secure mode)
         if codec is not None:  # the parties add the noise, a simulated secure sum reveals the total
             return distributed_round_fn(session.task, session.spec, session.server.mechanism, rotation, dropout_key)
         return _local_round_fn(session, dropout_key)

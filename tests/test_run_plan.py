@@ -109,3 +109,36 @@ def test_a_ledger_binds_only_to_a_mechanism_that_accounts_as_planned(tmp_path):
     bound.record_round(0)
     with pytest.raises(ValueError, match="planned ledger"):
         bound.bind(same, sampler, None)
+
+
+def _randomness_key_calls(path) -> list[str]:
+    """The calls ``<...>randomness.subkey(...)`` / ``.noise(...)`` in ``path`` (a run key's subkeys)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("subkey", "noise")):
+            continue
+        owner = node.func.value
+        name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+        if "randomness" in name:
+            found.append(f"{path.relative_to(ROOT).as_posix()}:{node.lineno}")
+    return found
+
+
+def test_the_keyed_parts_are_built_in_one_place(tmp_path):
+    """RunPlan.instantiate is the one construction site of the parts that hold a key of the run's
+    randomness (sampler, mechanism noise, canaries, the parties' rotation, the dropouts): outside
+    fedpriv/keys/ only it (and the canaries' builder it calls) derives a subkey of the run key."""
+    allowed = {"fedpriv/plan/run_plan.py", "fedpriv/audit/run.py"}
+    calls = [c for room in ("fedpriv", "server", "client") for p in sorted((ROOT / room).rglob("*.py"))
+             if not p.relative_to(ROOT).as_posix().startswith("fedpriv/keys/")
+             for c in _randomness_key_calls(p) if c.split(":")[0] not in allowed]
+    assert calls == []
+    assert _randomness_key_calls(ROOT / "fedpriv" / "plan" / "run_plan.py")  # the scan sees the calls it forbids
+    session = prepare(compose_cfg("+experiment=smoke", "audit.canaries=4", run_dir=tmp_path / "run"))
+    keyed = session.keyed
+    assert session.server.sampler is keyed.sampler and session.server.mechanism is keyed.mechanism
+    assert session.ledger.sampler is keyed.sampler and session.server.canaries is keyed.canaries
+    assert keyed.dropout_key == session.randomness.subkey("dropout") != keyed.rotation_key

@@ -28,7 +28,8 @@ from fedpriv.accounting import PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.accounting.ledger import prefix_claim_settings
 from fedpriv.accounting.monte_carlo import MonteCarloSettings
 from fedpriv.round.adaptive_clipping import build_adaptive_clip
-from fedpriv.audit.run import audit_label
+from fedpriv.audit.canaries import CanarySet
+from fedpriv.audit.run import audit_label, build_canaries
 from fedpriv.config.resolve import run_config, validate_against_data
 from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import Mechanism
@@ -36,12 +37,29 @@ from fedpriv.release.observe import check_observability
 from fedpriv.optim.server import SGDOptimizer
 from fedpriv.plan.noise_figure import NoiseFigure, noise_figure
 from fedpriv.release.run_outputs import planned_outputs
-from fedpriv.sampling import make_sampler
+from fedpriv.keys.randomness import RunRandomness
+from fedpriv.sampling import Sampler, make_sampler
 from fedpriv.schema import GROUPS, RunConfig, as_dict
 from fedpriv.sums import SumPlan, check_query, plan_sum
 from fedpriv.task import Task, load_task
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KeyedParts:
+    """The run's parts that hold a key of its randomness, built in one place
+    (:meth:`RunPlan.instantiate`), each from its own subkey of the run key: the sampler
+    (``sampling``), the mechanism's noise (``mechanism``), the audit's canaries (``audit``), the
+    distributed-DP parties' rotation (``ddgauss rotation``) and the simulated dropouts
+    (``dropout``). Subkeys are derived from the key and the label alone (no state), so building
+    them here changes no draw."""
+
+    sampler: Sampler
+    mechanism: Mechanism
+    canaries: CanarySet | None
+    rotation_key: bytes  # read only where the parties add the noise (fedpriv.sums)
+    dropout_key: bytes  # client.dropout_rate's draws in backend=local (secret in secure mode)
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,20 @@ class RunPlan:
     # the sum protocol's plan (fedpriv.sums.plan_sum: who adds the noise, SecAgg+'s sizes and field); the server's
     # dispatch and every node read it (a node plans it itself from the config and refuses a server that differs)
     sums: SumPlan
+
+    def instantiate(self, randomness: RunRandomness) -> KeyedParts:
+        """The keyed parts of this plan under the run's ``randomness``: the planned sampler and
+        mechanism again, now with their keys (the plan's own have none: they only state their
+        accounting), the canaries over the planned dimension, and the round's keys."""
+        spec = self.spec
+        sampler = make_sampler(spec.sampling, self.population, spec.cohort_size, randomness.subkey("sampling"),
+                               groups=spec.mechanism.sampling_groups(), public_population=spec.population)
+        mechanism = spec.mechanism.build(self.noise_multiplier, self.mechanism_clip,
+                                         noise=randomness.noise("mechanism"), rounds=spec.rounds, sampler=sampler,
+                                         dimension=self.ledger.dimension)
+        canaries = build_canaries(spec.audit, spec.privacy.clip_norm, self.ledger.dimension, sampler, randomness)
+        return KeyedParts(sampler, mechanism, canaries, randomness.subkey("ddgauss rotation"),
+                          randomness.subkey("dropout"))
 
     @property
     def planned_epsilon(self) -> float:
