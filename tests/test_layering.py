@@ -211,7 +211,8 @@ NEVER = [
 FLOORS = [
     ("entry points", "CLI"),
     ("run composition", r"fedpriv\.(config\.compose|runner|degradation|backends|audit\.run"
-                        r"|release\.(run_outputs|result_lines|observe|console|tensorboard_events))|fedpriv\.plan" + _PKG),
+                        r"|release\.(run_outputs|result_lines|observe|console|tensorboard_events))"
+                        r"|fedpriv\.plan" + _PKG),
     ("foundations", FOUNDATIONS),
     # the round before the parts: the simulated secure sum (the round's floor) sits in the sums package
     ("the round", r"fedpriv\.(task|round\.(algorithms|training|cohort|cohort_parallel|clients|dpfedavg|local_dp)"
