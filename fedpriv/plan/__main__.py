@@ -30,8 +30,9 @@ def lines(plan) -> list[str]:
     """The plan in a few lines: the choice, its prediction, the overrides."""
     choice, spec = plan.choice, plan.spec
     head = (f"plan: cohort {spec.cohort_size} x {spec.rounds} rounds, {spec.mechanism.name} noise under "
-            f"{spec.sampling} sampling ({spec.privacy.accountant} accountant), sigma {plan.noise_multiplier:.4g} for "
-            f"epsilon {spec.privacy.target_epsilon:g} at delta {spec.privacy.delta:g}; "
+            f"{spec.sampling} sampling ({spec.privacy.accountant} accountant), sigma {plan.noise_multiplier:.4g} "
+            f"(z/m {plan.ledger.averaged_noise_to_clip:.3g}: the noise per coordinate of the averaged update, in clip "
+            f"bounds) for epsilon {spec.privacy.target_epsilon:g} at delta {spec.privacy.delta:g}; "
             f"clip {spec.privacy.clip_norm:g}, server lr {getattr(spec.optimizer, 'lr', float('nan')):.4g}")
     out = [head]
     if choice is not None:

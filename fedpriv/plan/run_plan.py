@@ -118,6 +118,7 @@ class RunPlan:
                 "accountant": ledger.accountant, "noise_multiplier": self.noise_multiplier,
                 "calibrated": self.calibrated, "rounds": self.spec.rounds, "cohort_size": self.spec.cohort_size,
                 "planned_epsilon": self.planned_epsilon, "delta": ledger.delta,
+                "averaged_noise_to_clip": ledger.averaged_noise_to_clip,
                 "algorithm": self.spec.algorithm.name, "noise": self.noise.describe(), "outputs": list(self.outputs)}
 
 
