@@ -116,6 +116,13 @@ class Sampler(ParticipationPattern, abc.ABC):
     def sample(self, round_idx: int) -> np.ndarray:
         """Round ``round_idx``'s cohort: sorted, distinct int64 indices into the population."""
 
+    def participation_cap(self, rounds: int) -> int:
+        """The most rounds of ``rounds`` one unit can take part in under this sampler's rule
+        (here: every round; a separated or binned sampler narrows it). Read by the plan's
+        statement of participations, not by the accounting (``max_participations`` is the
+        separated patterns' accounting bound)."""
+        return rounds
+
     @abc.abstractmethod
     def sample_extra(self, round_idx: int, key: bytes, count: int) -> np.ndarray:
         """Which of ``count`` units outside the population take part in round ``round_idx`` (draws from ``key``)."""
@@ -245,6 +252,9 @@ class CyclicSampler(_CohortSized, SeparatedPattern, Sampler):
     def max_participations(self, rounds: int) -> int:
         return -(-rounds // self.blocks)
 
+    def participation_cap(self, rounds: int) -> int:
+        return self.max_participations(rounds)
+
     def sample(self, round_idx: int) -> np.ndarray:
         order = _epoch_order(_need_key(self.key), self.population)
         block = round_idx % self.blocks
@@ -282,6 +292,10 @@ class CyclicPoissonSampler(_CohortSized, GroupedPoissonPattern, Sampler):
     @property
     def group_rate(self) -> float:
         return min(1.0, self.cohort * self.groups / self.rate_population)
+
+    def participation_cap(self, rounds: int) -> int:
+        """Eligible only in its group's rounds: one in ``groups``."""
+        return -(-rounds // self.groups)
 
     def sample(self, round_idx: int) -> np.ndarray:
         key = _need_key(self.key)
@@ -331,6 +345,10 @@ class BallsInBinsSampler(_CohortSized, BallsInBinsPattern, Sampler):
     @property
     def expected_cohort(self) -> float:
         return self.rate_population / self.bins
+
+    def participation_cap(self, rounds: int) -> int:
+        """Exactly the rounds of its bin: ⌈(rounds − bin)/bins⌉ ≤ ⌈rounds/bins⌉."""
+        return -(-rounds // self.bins)
 
     def sample(self, round_idx: int) -> np.ndarray:
         bins = user_groups(_need_key(self.key), self.population, self.bins)
@@ -411,6 +429,10 @@ class MinSeparationSampler(_CohortSized, MinSeparationPattern, Sampler):
     @property
     def separation(self) -> int:
         return self.groups
+
+    def participation_cap(self, rounds: int) -> int:
+        """At most once in any ``separation`` consecutive rounds."""
+        return -(-rounds // self.separation)
 
     @property
     def probability(self) -> float:
@@ -499,6 +521,29 @@ def _b_min_sep(population, cohort_size, key, groups, public_population) -> Sampl
                           f"<= population; got {groups}, cohort {cohort_size}, population {rate_base}")
     return MinSeparationSampler(population=population, cohort=cohort_size, groups=groups, key=key,
                                 **_rate_fixed(public_population))
+
+
+def participation_lines(sampler: Sampler, rounds: int, cohort_size: int) -> list[str]:
+    """What ``rounds`` rounds of ``sampler`` ask of its units, from public quantities only (the
+    rate population, the cohort asked for, the sampler's rule): the expected participations of a
+    unit, m̄·R/N, and the most its rule allows, :meth:`Sampler.participation_cap`; then a warning
+    line where the rule does not give the cohort asked for (balls-in-bins' expected cohort N/⌊N/m⌋
+    off m by more than 5%) or leaves units out (cyclic: the N mod m units beyond the last block
+    never take part). A plan prints them before anything runs."""
+    n = sampler.rate_population
+    expected = sampler.expected_cohort * rounds / n
+    cap = sampler.participation_cap(rounds)
+    out = [f"participations: {sampler.expected_cohort:.4g} of {n} units a round over {rounds} rounds: each unit "
+           f"takes part in {expected:.3g} rounds on average, at most {cap} under sampling={sampler.kind}"]
+    if abs(sampler.expected_cohort - cohort_size) > 0.05 * cohort_size:
+        bins = f" ({n} units in {sampler.bins} bins)" if isinstance(sampler, BallsInBinsSampler) else ""
+        out.append(f"warning: sampling={sampler.kind} gives an expected cohort of {sampler.expected_cohort:.4g}, not "
+                   f"cohort_size={cohort_size}{bins}")
+    left_out = sampler.population - sampler.blocks * cohort_size if isinstance(sampler, CyclicSampler) else 0
+    if left_out:
+        out.append(f"warning: sampling={sampler.kind} cuts {n} units into blocks of {cohort_size}: the {left_out} "
+                   "left over never take part")
+    return out
 
 
 def make_sampler(kind: str, population: int, cohort_size: int, key: bytes | None,

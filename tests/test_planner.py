@@ -99,6 +99,8 @@ def test_the_cli_prints_the_plan_and_its_overrides(tmp_path):
     assert shown["averaged_noise_to_clip"] == pytest.approx(z_over_m)
     words = run_module("fedpriv.plan", *SMOKE_PLAN[:1], "plan.client_updates=400", cwd=os.getcwd(), timeout=300)
     assert f"(z/m {z_over_m:.3g}: the noise per coordinate of the averaged update" in words.stdout.splitlines()[0]
+    assert words.stdout.splitlines()[1].startswith("participations: ")
+    assert shown["participations"]["cap_per_unit"] >= shown["participations"]["expected_per_unit"] > 0
     bad = subprocess.run([sys.executable, "-m", "fedpriv.plan", "+experiment=smoke", "plan.client_updates=10"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1

@@ -150,6 +150,10 @@ def test_the_old_secagg_keys_still_work(tmp_path):
     written = compose_cfg(*SECAGG, run_dir=tmp_path / "o")
     written.update(aggregation="secagg", secagg={"bits": 18, "threshold": 3})
     assert parse(written) == new
+    alone = compose_cfg(*SECAGG, run_dir=tmp_path / "o")  # the old string form without a secagg section
+    alone.pop("secagg", None)
+    alone["aggregation"] = "secagg"
+    assert parse(alone).aggregation.name == "secagg"
 
 
 # ---- one rule, one limit ----------------------------------------------------------------------------
@@ -216,3 +220,15 @@ def test_a_node_plans_its_sum_with_the_servers_function(tmp_path, monkeypatch, e
         assert own.codec.digest() == codec.digest() and own.sums.noise_by == "parties"
     else:
         assert own.sums.noise_by == "server" and own.sums.node_clip == server.sums.quantization.node_clip
+
+
+@pytest.mark.parametrize("pair", [("aggregation.bits=20", "secagg.bits=16"), ("secagg.bits=16", "aggregation.bits=20"),
+                                  ("aggregation.threshold=null", "secagg.threshold=3")])
+def test_both_spellings_on_one_command_line_are_refused_even_at_the_default(pair):
+    """The composed config cannot tell a new-spelling value equal to its default from one not given
+    (``aggregation.bits=20 secagg.bits=16`` used to run with 16): the command line is checked for
+    the pair itself, as a key given twice is."""
+    from fedpriv.config.compose import check_overrides
+
+    with pytest.raises(ConfigError, match="are both given: secagg.[a-z]+ is the old spelling of aggregation"):
+        check_overrides([*SECAGG, *pair])

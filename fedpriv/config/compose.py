@@ -18,6 +18,7 @@ from pathlib import Path
 
 from fedpriv.errors import ConfigError
 from fedpriv.schema import GROUPS, known_keys, options, parse, register, unknown_key
+from fedpriv.schema.parser import RENAMED
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -218,6 +219,16 @@ def _refuse_repeats(overrides: Sequence) -> None:
         key = override.get_key_element().lstrip("+~")
         if override.is_hydra_override() or key == "experiment":
             continue
+        section, dot, rest = key.partition(".")
+        if dot and section in RENAMED:  # an old spelling (secagg.bits) is the same key as its new one
+            new = f"{RENAMED[section][0]}.{rest}"
+            if new in seen:
+                raise ConfigError(f"{override.input_line} and {seen[new]} are both given: {key} is the old spelling "
+                                  f"of {new}; give it once")
+            key = new
+        elif key in seen and seen[key].partition("=")[0].lstrip("+~") != key:  # the old spelling came first
+            raise ConfigError(f"{seen[key]} and {override.input_line} are both given: "
+                              f"{seen[key].partition('=')[0].lstrip('+~')} is the old spelling of {key}; give it once")
         if key in seen:
             first, _, value = seen[key].partition("=")
             both = f"{value},{override.input_line.partition('=')[2]}" if value else "a,b"

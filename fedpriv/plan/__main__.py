@@ -24,6 +24,7 @@ from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.plan.auto import cannot_train, overrides
 from fedpriv.plan.run_plan import preflight
 from fedpriv.release.rundir import json_text
+from fedpriv.sampling import participation_lines
 
 
 def lines(plan) -> list[str]:
@@ -34,7 +35,7 @@ def lines(plan) -> list[str]:
             f"(z/m {plan.ledger.averaged_noise_to_clip:.3g}: the noise per coordinate of the averaged update, in clip "
             f"bounds) for epsilon {spec.privacy.target_epsilon:g} at delta {spec.privacy.delta:g}; "
             f"clip {spec.privacy.clip_norm:g}, server lr {getattr(spec.optimizer, 'lr', float('nan')):.4g}")
-    out = [head]
+    out = [head, *participation_lines(plan.ledger.sampler, spec.rounds, spec.cohort_size)]
     if choice is not None:
         p = choice["prediction"]
         out.append(f"prediction: accumulated noise a {p['accumulated_noise']:.3g} per coordinate, "

@@ -119,6 +119,9 @@ class RunPlan:
                 "calibrated": self.calibrated, "rounds": self.spec.rounds, "cohort_size": self.spec.cohort_size,
                 "planned_epsilon": self.planned_epsilon, "delta": ledger.delta,
                 "averaged_noise_to_clip": ledger.averaged_noise_to_clip,
+                "participations": {"expected_per_unit": ledger.sampler.expected_cohort * self.spec.rounds
+                                   / ledger.sampler.rate_population,
+                                   "cap_per_unit": ledger.sampler.participation_cap(self.spec.rounds)},
                 "algorithm": self.spec.algorithm.name, "noise": self.noise.describe(), "outputs": list(self.outputs)}
 
 

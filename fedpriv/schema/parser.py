@@ -150,7 +150,8 @@ def _renamed(plain: dict) -> dict:
     """``plain`` with each old section of :data:`RENAMED` taken into its group's option (a shallow
     copy; the caller's dict is left as it is), and an old plain string ``aggregation: secagg`` read
     as that option. A value given both ways differently, or under another option, is refused."""
-    if not isinstance(plain, dict) or not any(old in plain for old in RENAMED):
+    if not isinstance(plain, dict) or not any(old in plain or isinstance(plain.get(group), str)
+                                              for old, (group, _) in RENAMED.items()):
         return plain
     out = dict(plain)
     for old, (group, name) in RENAMED.items():
