@@ -80,6 +80,7 @@ MANPAGES = "/usr/share/man/man[1-8]/*"
 MANPAGES_EXCLUDE = "gcloud*"  # the Google Cloud SDK's pages are generated from templates (16,631 here)
 SQLITE_NAME = "stackoverflow.sqlite"
 JSONL_NAME = "users.jsonl"  # the same rows as JSON Lines, for data=files
+PUBLIC_NAME = "public.txt"  # the manual pages' sentences, one a line: public text (data.public_source=text)
 MANIFEST_NAME = "manifest.json"
 MIN_WORDS = 3  # a sentence needs this many plain words
 MIN_WORD_SHARE = 0.6  # ... and this share of its tokens must be plain words
@@ -352,12 +353,17 @@ def split_rows(users: dict[str, list[tuple[int, str]]], cutoff_year: int, min_se
     return sorted(rows, key=lambda row: (order[row[0]], row[1]))  # stable: source order kept
 
 
+def public_sentences(files: Sequence[Path]) -> list[str]:
+    """The kept sentences of the manual pages (the users' preprocessing), in file order: the public
+    text the vocabulary is counted on, and what a run may pre-train on (``public.txt``)."""
+    return [sentence for path in files for sentence in sentences(manpage_lines(read_text(path)))]
+
+
 def count_vocabulary(files: Sequence[Path]) -> Counter:
     """Token counts over the kept sentences of the manual pages (the same preprocessing)."""
     counts: Counter = Counter()
-    for path in files:
-        for sentence in sentences(manpage_lines(read_text(path))):
-            counts.update(sentence.split())
+    for sentence in public_sentences(files):
+        counts.update(sentence.split())
     return counts
 
 
@@ -432,6 +438,7 @@ def build(changelogs: Sequence[Path], manpages: Sequence[Path], out: Path, *, cu
         write_examples(tmp, rows, metadata=True, index=True)
         write_atomic(out / VOCAB_FILE_NAME, vocab.encode())
         write_atomic(out / JSONL_NAME, jsonl_text(rows).encode())
+        write_atomic(out / PUBLIC_NAME, "".join(f"{line}\n" for line in public_sentences(manpages)).encode())
         os.replace(tmp, db)
     finally:
         tmp.unlink(missing_ok=True)
@@ -451,7 +458,7 @@ def build(changelogs: Sequence[Path], manpages: Sequence[Path], out: Path, *, cu
                        "train_token_coverage_top10000": round(
                            sum(train_words[w] for w in top) / max(1, sum(train_words.values())), 4)},
         "outputs": {name: {"bytes": (out / name).stat().st_size, "sha256": _file_sha256(out / name)}
-                    for name in (SQLITE_NAME, JSONL_NAME, VOCAB_FILE_NAME)},
+                    for name in (SQLITE_NAME, JSONL_NAME, VOCAB_FILE_NAME, PUBLIC_NAME)},
     }
     write_atomic(out / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest

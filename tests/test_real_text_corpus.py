@@ -10,6 +10,7 @@ import importlib.util
 import json
 import sqlite3
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from fedpriv import schema
 from fedpriv.data.stackoverflow import load_stackoverflow
 from fedpriv.data.stackoverflow_writer import VOCAB_FILE_NAME
 from fedpriv.data.tf_example import decode_example
+from fedpriv.text.corpora import public_word_counts
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build_real_text_corpus.py"
 
@@ -167,6 +169,14 @@ def test_the_corpus_is_read_by_fedpriv_with_a_vocabulary_from_the_manual_pages(s
     assert manifest["splits"]["train"]["users"] == len(train_users)
     on_disk = json.loads((out / b.MANIFEST_NAME).read_text())
     assert on_disk["outputs"][b.SQLITE_NAME]["sha256"] == manifest["outputs"][b.SQLITE_NAME]["sha256"]
+    # public.txt: the manual pages' sentences, the text the vocabulary was counted on (issue 55's
+    # public corpus, data.public_source=text), holding no change-log sentence
+    public = (out / b.PUBLIC_NAME).read_text().splitlines()
+    counted = Counter(w for line in public for w in line.split())
+    vocab = {w: int(c) for w, c in (line.split("\t") for line in (out / VOCAB_FILE_NAME).read_text().splitlines())}
+    assert public and vocab == {w: c for w, c in counted.items() if c >= 2}  # the word counts' min_count is 2
+    assert not {t for _, _, t in rows} & set(public)
+    assert public_word_counts(out / b.PUBLIC_NAME)  # what data.public_source=text reads
 
 
 def test_the_json_lines_read_by_data_files_give_the_sqlite_users_and_test_rows(sources, tmp_path, monkeypatch):
@@ -216,7 +226,7 @@ def test_the_build_is_deterministic(sources, tmp_path):
     logs, pages = sources
     first = b.build(logs, pages, tmp_path / "a", min_sentences=1)
     second = b.build(logs, pages, tmp_path / "b", min_sentences=1)
-    for name in (b.SQLITE_NAME, b.JSONL_NAME, VOCAB_FILE_NAME):
+    for name in (b.SQLITE_NAME, b.JSONL_NAME, VOCAB_FILE_NAME, b.PUBLIC_NAME):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
         assert name in first["outputs"]
     assert first["outputs"] == second["outputs"]
