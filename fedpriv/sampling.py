@@ -523,6 +523,12 @@ def _b_min_sep(population, cohort_size, key, groups, public_population) -> Sampl
                                 **_rate_fixed(public_population))
 
 
+def participations(sampler: Sampler, rounds: int) -> tuple[float, int]:
+    """(the expected rounds of ``rounds`` one unit takes part in, m̄·R/N with N the rate population;
+    the most the sampler's rule allows, :meth:`Sampler.participation_cap`)."""
+    return sampler.expected_cohort * rounds / sampler.rate_population, sampler.participation_cap(rounds)
+
+
 def participation_lines(sampler: Sampler, rounds: int, cohort_size: int) -> list[str]:
     """What ``rounds`` rounds of ``sampler`` ask of its units, from public quantities only (the
     rate population, the cohort asked for, the sampler's rule): the expected participations of a
@@ -531,8 +537,7 @@ def participation_lines(sampler: Sampler, rounds: int, cohort_size: int) -> list
     off m by more than 5%) or leaves units out (cyclic: the N mod m units beyond the last block
     never take part). A plan prints them before anything runs."""
     n = sampler.rate_population
-    expected = sampler.expected_cohort * rounds / n
-    cap = sampler.participation_cap(rounds)
+    expected, cap = participations(sampler, rounds)
     out = [f"participations: {sampler.expected_cohort:.4g} of {n} units a round over {rounds} rounds: each unit "
            f"takes part in {expected:.3g} rounds on average, at most {cap} under sampling={sampler.kind}"]
     if abs(sampler.expected_cohort - cohort_size) > 0.05 * cohort_size:

@@ -214,27 +214,25 @@ def _refuse_repeats(overrides: Sequence) -> None:
     """A key given twice (``rounds=3 rounds=4``) is refused instead of the later value silently
     winning; sweeps list their values once (``-m rounds=3,4``). ``experiment`` and Hydra's own
     ``hydra.*`` settings are left to Hydra (two experiments are one list)."""
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, str]] = {}  # the key (an old spelling read as its new one) -> (as given, the line)
     for override in overrides:
-        key = override.get_key_element().lstrip("+~")
-        if override.is_hydra_override() or key == "experiment":
+        given = override.get_key_element().lstrip("+~")
+        if override.is_hydra_override() or given == "experiment":
             continue
-        section, dot, rest = key.partition(".")
-        if dot and section in RENAMED:  # an old spelling (secagg.bits) is the same key as its new one
-            new = f"{RENAMED[section][0]}.{rest}"
-            if new in seen:
-                raise ConfigError(f"{override.input_line} and {seen[new]} are both given: {key} is the old spelling "
-                                  f"of {new}; give it once")
-            key = new
-        elif key in seen and seen[key].partition("=")[0].lstrip("+~") != key:  # the old spelling came first
-            raise ConfigError(f"{seen[key]} and {override.input_line} are both given: "
-                              f"{seen[key].partition('=')[0].lstrip('+~')} is the old spelling of {key}; give it once")
+        section, dot, rest = given.partition(".")
+        key = f"{RENAMED[section][0]}.{rest}" if dot and section in RENAMED else given  # secagg.bits: aggregation.bits
         if key in seen:
-            first, _, value = seen[key].partition("=")
+            spelled, line = seen[key]
+            if spelled != given:  # the old and the new spelling of one key, the old one named first
+                old, old_line, new_line = ((given, override.input_line, line) if spelled == key
+                                           else (spelled, line, override.input_line))
+                raise ConfigError(f"{old_line} and {new_line} are both given: {old} is the old spelling of {key}; "
+                                  "give it once")
+            first, _, value = line.partition("=")
             both = f"{value},{override.input_line.partition('=')[2]}" if value else "a,b"
-            raise ConfigError(f"{key} is given twice ({seen[key]} and {override.input_line}): give it once; "
+            raise ConfigError(f"{key} is given twice ({line} and {override.input_line}): give it once; "
                               f"to run both values, sweep them with -m {first}={both}")
-        seen[key] = override.input_line
+        seen[key] = (given, override.input_line)
 
 
 def _flag_value(args: Sequence[str], arg: str) -> bool:

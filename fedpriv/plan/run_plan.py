@@ -38,7 +38,7 @@ from fedpriv.optim.server import SGDOptimizer
 from fedpriv.plan.noise_figure import NoiseFigure, noise_figure
 from fedpriv.release.run_outputs import planned_outputs
 from fedpriv.keys.randomness import RunRandomness
-from fedpriv.sampling import Sampler, make_sampler
+from fedpriv.sampling import Sampler, make_sampler, participations
 from fedpriv.schema import GROUPS, RunConfig, as_dict
 from fedpriv.sums import SumPlan, check_query, plan_sum
 from fedpriv.task import Task, load_task
@@ -119,9 +119,8 @@ class RunPlan:
                 "calibrated": self.calibrated, "rounds": self.spec.rounds, "cohort_size": self.spec.cohort_size,
                 "planned_epsilon": self.planned_epsilon, "delta": ledger.delta,
                 "averaged_noise_to_clip": ledger.averaged_noise_to_clip,
-                "participations": {"expected_per_unit": ledger.sampler.expected_cohort * self.spec.rounds
-                                   / ledger.sampler.rate_population,
-                                   "cap_per_unit": ledger.sampler.participation_cap(self.spec.rounds)},
+                "participations": dict(zip(("expected_per_unit", "cap_per_unit"),
+                                           participations(ledger.sampler, self.spec.rounds))),
                 "algorithm": self.spec.algorithm.name, "noise": self.noise.describe(), "outputs": list(self.outputs)}
 
 
