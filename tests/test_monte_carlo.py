@@ -8,6 +8,7 @@ the statistics tested scale with them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -438,12 +439,14 @@ def test_cli_uses_the_population_it_is_given(capsys):
     assert "of 100 users (25 per round expected)" in capsys.readouterr().out
 
 
-def test_cli_estimates_the_cost_and_reports_progress_on_stderr(monkeypatch, capsys):
+def test_cli_estimates_the_cost_and_reports_progress_on_stderr(monkeypatch, capsys, tmp_path):
     """A long Monte-Carlo computation says how long it will take once its first chunk is drawn,
-    then how far it is (here the thresholds are 0 s so that a short one does too)."""
+    then how far it is (here the thresholds are 0 s so that a short one does too). A fresh
+    calibration cache: a calibration another test made would be read back, drawing nothing."""
     import fedpriv.accounting.__main__ as cli
     from fedpriv.accounting import calculator
 
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(calculator, "PROGRESS_NOTICE_S", 0.0)
     monkeypatch.setattr(calculator, "PROGRESS_EVERY_S", 0.0)
     samples = 3 * mc.CHUNK
@@ -457,3 +460,120 @@ def test_cli_estimates_the_cost_and_reports_progress_on_stderr(monkeypatch, caps
     assert cli.main(["noise", "--target-epsilon", "3", "--delta", "1e-2", "--rounds", "12", "--sampling",
                      "balls_in_bins", "--bins", "4", "--mc-samples", "2000"]) == 0
     assert "per noise multiplier checked" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the calibration cache
+
+
+def _counting(monkeypatch) -> list[int]:
+    """Count the samples drawn by every privacy-loss sampler (balls-in-bins and b-min-sep)."""
+    from fedpriv.accounting import min_separation
+
+    drawn: list[int] = []
+    for module, name in ((mc, "privacy_losses"), (min_separation, "losses")):
+        original = getattr(module, name)
+
+        def counted(event, samples, *args, _original=original, **kwargs):
+            drawn.append(samples)
+            return _original(event, samples, *args, **kwargs)
+        monkeypatch.setattr(module, name, counted)
+    return drawn
+
+
+def _bib(rounds: int = 12, bins: int = 4):
+    return lambda s: BallsInBinsDpEvent(s, rounds, bins, (1.0, 0.5))
+
+
+def test_a_cached_calibration_draws_no_sample_and_returns_the_same_sigma(monkeypatch, tmp_path):
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path))
+    drawn = _counting(monkeypatch)
+    settings = MonteCarloSettings(samples=2000)
+    first = mc.calibrate(_bib(), 3.0, 1e-2, settings)
+    assert sum(drawn) > 0 and len(list((tmp_path / "monte_carlo").glob("*.pt"))) == 1
+    drawn.clear()
+    assert mc.calibrate(_bib(), 3.0, 1e-2, settings) == first and drawn == []
+    # the same through the accountant's entry point (what the planner and a run call)
+    assert calibrate_noise_multiplier(_bib(), 3.0, 1e-2, "mc", monte_carlo_settings=settings) == first
+    assert drawn == []
+
+
+def test_the_b_min_sep_calibration_is_cached_too(monkeypatch, tmp_path):
+    from fedpriv.accounting.min_separation import MinSeparationDpEvent
+
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path))
+    drawn = _counting(monkeypatch)
+    make = lambda s: MinSeparationDpEvent(s, 12, 3, 0.2, (1.0, 0.5))  # noqa: E731
+    settings = MonteCarloSettings(samples=2000)
+    first = mc.calibrate(make, 3.0, 1e-2, settings)
+    drawn.clear()
+    assert mc.calibrate(make, 3.0, 1e-2, settings) == first and drawn == []
+
+
+@pytest.mark.parametrize("change", ["epsilon", "delta", "samples", "confidence", "seed", "candidates", "rounds",
+                                    "bins", "column", "start"])
+def test_the_calibration_key_changes_with_every_input(monkeypatch, tmp_path, change):
+    """Any input a calibration's σ depends on makes another entry: the second calibration draws."""
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path))
+    base = {"epsilon": 3.0, "delta": 1e-2, "start": 1.0}
+    settings = MonteCarloSettings(samples=2000)
+    mc.calibrate(_bib(), 3.0, 1e-2, settings)
+    drawn = _counting(monkeypatch)
+    make, kwargs = _bib(), dict(base)
+    if change in ("epsilon", "delta", "start"):
+        kwargs[change] = {"epsilon": 2.5, "delta": 2e-2, "start": 2.0}[change]
+    elif change in ("samples", "confidence", "seed", "candidates"):
+        settings = dataclasses.replace(settings, **{change: {"samples": 3000, "confidence": 0.99, "seed": 1,
+                                                             "candidates": 2}[change]})
+    elif change == "column":
+        make = lambda s: BallsInBinsDpEvent(s, 12, 4, (1.0, 0.4))  # noqa: E731
+    else:
+        make = _bib(**{change: {"rounds": 13, "bins": 5}[change]})
+    mc.calibrate(make, kwargs["epsilon"], kwargs["delta"], settings, start=kwargs["start"])
+    assert sum(drawn) > 0
+    assert len(list((tmp_path / "monte_carlo").glob("*.pt"))) == 2
+
+
+@pytest.mark.parametrize("corruption", ["garbage", "off-grid", "other key"])
+def test_a_corrupt_or_mismatched_cache_entry_is_recomputed(monkeypatch, tmp_path, corruption):
+    from fedpriv.cache import save_entry
+
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path))
+    settings = MonteCarloSettings(samples=2000)
+    first = mc.calibrate(_bib(), 3.0, 1e-2, settings)
+    (path,) = (tmp_path / "monte_carlo").glob("*.pt")
+    key = mc.cache_key("calibrate", _bib()(1.0).pattern(), 1e-2, settings.calibrated(), epsilon=3.0, start=1.0)
+    if corruption == "garbage":
+        path.write_bytes(b"not a torch file")
+    elif corruption == "off-grid":
+        save_entry(path, key, {"sigma": first * 0.5 + 1e-3})
+    else:
+        save_entry(path, key + "|tampered", {"sigma": mc.grid_sigma(mc.grid_index(first) - 50)})
+    drawn = _counting(monkeypatch)
+    assert mc.calibrate(_bib(), 3.0, 1e-2, settings) == first
+    assert sum(drawn) > 0
+
+
+def test_a_preview_claim_is_cached_and_a_run_claims_afresh(monkeypatch, tmp_path):
+    """``python -m fedpriv.plan``'s ledger (a preview) reads its Monte-Carlo claims from the cache;
+    a ledger a run releases from never does, nor one bound from a preview."""
+    from fedpriv.accounting.ledger import PrivacyLedger
+    from fedpriv.mechanisms.gaussian import GaussianMechanism
+    from fedpriv.sampling import make_sampler
+
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path))
+    sampler = make_sampler("balls_in_bins", 40, 10, None, public_population=40)
+    settings = MonteCarloSettings(samples=2000)
+
+    def ledger(preview: bool) -> PrivacyLedger:
+        return PrivacyLedger(GaussianMechanism(2.0, 1.0), sampler, 1e-2, accountant="mc", planned_rounds=8,
+                             monte_carlo_settings=settings, preview=preview)
+
+    first = ledger(True).epsilon(8)
+    drawn = _counting(monkeypatch)
+    preview = ledger(True)
+    assert preview.epsilon(8) == first and drawn == []
+    release = ledger(False)
+    assert sum(drawn) > 0 and release.epsilon(8) == first  # the same samples: the same claim
+    drawn.clear()
+    bound = preview.bind(GaussianMechanism(2.0, 1.0), sampler, None)
+    assert bound.epsilon(8) == first and sum(drawn) > 0

@@ -128,8 +128,11 @@ class PrivacyLedger:
                  randomness: dict[str, Any] | None = None, query: dict[str, Any] | None = None,
                  audit: dict[str, Any] | None = None, plan: dict[str, Any] | None = None,
                  dimension: int | None = None,
-                 monte_carlo_settings: MonteCarloSettings | None = None) -> None:
+                 monte_carlo_settings: MonteCarloSettings | None = None, preview: bool = False) -> None:
         self.mechanism = mechanism
+        # a plan's preview (python -m fedpriv.plan, a sweep's checks), never a run's release: its Monte-Carlo
+        # claims may come from the cache (monte_carlo.claim); a ledger bound to a run's parts drops them
+        self.preview = preview
         self.dimension = dimension  # coordinates of the noised update (the trained parameters)
         self.sampler = sampler
         self.delta = check_delta(delta)
@@ -219,15 +222,8 @@ class PrivacyLedger:
         if n not in self._claims:
             assert self.monte_carlo is not None
             event = self.mechanism.dp_event(self.sampler, n)
-            monte_carlo.check_resolvable(self.delta, self.monte_carlo)
-            samples = monte_carlo.LossSamples(event, self.monte_carlo, self.delta)
-            eps = samples.epsilon(self.delta)
-            at = samples.delta(eps) if math.isfinite(eps) else None
-            self._claims[n] = {"rounds": n, "epsilon": eps,
-                               "epsilon_estimate": samples.epsilon(self.delta, estimate=True),
-                               "delta_estimate": None if at is None else at.estimate,
-                               "delta_upper": None if at is None else at.upper,
-                               "confidence": self.monte_carlo.confidence}
+            made = monte_carlo.claim(event, self.delta, self.monte_carlo, cached=self.preview)
+            self._claims[n] = {"rounds": n, **made, "confidence": self.monte_carlo.confidence}
         return self._claims[n]
 
     def reported_epsilon(self, rounds: int | None = None) -> float:
@@ -346,6 +342,9 @@ class PrivacyLedger:
         bound.mechanism, bound.sampler, bound.randomness = mechanism, sampler, randomness
         bound._round_indices = []
         bound._cache, bound._claims = dict(self._cache), dict(self._claims)
+        if self.preview:  # a release never reports what a preview read from the cache: claimed afresh
+            bound.preview, bound._claims = False, {}
+            bound._cache = {0: 0.0}
         bound._compositions = dict(self._compositions)
         return bound
 

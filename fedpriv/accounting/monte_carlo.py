@@ -421,6 +421,42 @@ class LossSamples:
         return hi
 
 
+CLAIM_FIELDS = ("epsilon", "epsilon_estimate", "delta_estimate", "delta_upper")
+
+
+def claim(event: MonteCarloDpEvent, delta: float, settings: MonteCarloSettings, cached: bool = False) -> dict:
+    """The claim at ``delta``: ε (the bound), its point estimate, and δ at that ε (estimate and
+    bound; None where ε is infinite). ``cached``: read and write ``$FEDPRIV_CACHE/monte_carlo``
+    (:func:`cache_key` with σ) — for a preview only (``python -m fedpriv.plan``): a stored claim
+    cannot be checked without drawing its samples again, so the ε a run releases is never read
+    from the cache."""
+    check_resolvable(delta, settings)
+    key = cache_key("claim", event.pattern(), delta, settings, sigma=event.noise_multiplier) if cached else None
+    stored = cached_result(key) if key is not None else None
+    if stored is not None and _is_claim(stored):
+        return {name: stored[name] for name in CLAIM_FIELDS}
+    samples = LossSamples(event, settings, delta)
+    eps = samples.epsilon(delta)
+    at = samples.delta(eps) if math.isfinite(eps) else None
+    out = {"epsilon": eps, "epsilon_estimate": samples.epsilon(delta, estimate=True),
+           "delta_estimate": None if at is None else at.estimate, "delta_upper": None if at is None else at.upper}
+    if key is not None:
+        store_result(key, out)
+    return out
+
+
+def _is_claim(stored: dict) -> bool:
+    """Whether a cache entry holds a claim's fields: ε values as numbers ≥ 0 (∞ allowed), δ values
+    as numbers in [0, 1] or (both, with ε infinite) None."""
+    eps, est = stored.get("epsilon"), stored.get("epsilon_estimate")
+    if not all(isinstance(v, float) and v >= 0 for v in (eps, est)):  # NaN fails the comparison
+        return False
+    deltas = [stored.get("delta_estimate"), stored.get("delta_upper")]
+    if math.isinf(eps):
+        return deltas == [None, None] or all(isinstance(v, float) and 0 <= v <= 1 for v in deltas)
+    return all(isinstance(v, float) and 0 <= v <= 1 for v in deltas)
+
+
 def min_delta_resolvable(settings: MonteCarloSettings, delta: float) -> float:
     """The smallest δ the settings (with their sample count for ``delta``) can ever claim: the
     bound when no sample exceeds ε."""
@@ -460,6 +496,56 @@ def grid_index(sigma: float) -> int:
 
 
 COARSE_FRACTION = 10  # calibration's first search uses 1/10 of the samples (it only proposes a candidate)
+# the version of what calibrate and a claim compute from their inputs (the search, the sample stream): a
+# change to either bumps it, so that no entry of the cache below outlives the code that wrote it
+CACHE_VERSION = 1
+
+
+def cache_key(kind: str, pattern: str, delta: float, settings: MonteCarloSettings, **more: float) -> str:
+    """The key of a cached Monte-Carlo result: everything it is a function of — the event's
+    pattern (rounds, bins or separation and probability, the strategy column's digest), δ, the
+    samples per direction, confidence, seed and candidates, the grid, the chunk size, the sampler
+    library's version (its stream), :data:`CACHE_VERSION` — and ``more`` (target ε, start, σ)."""
+    import torch  # lazy: torch on the Monte-Carlo path only (the calculator's other paths start without it)
+
+    fields = {"v": CACHE_VERSION, "kind": kind, "pattern": pattern, "delta": repr(float(delta)),
+              "samples": settings.count(delta), "confidence": repr(settings.confidence), "seed": settings.seed,
+              "candidates": settings.candidates, "grid": f"{GRID_PER_OCTAVE}|{GRID_MIN_EXP}|{GRID_MAX_EXP}",
+              "chunk": CHUNK, "coarse": COARSE_FRACTION, "torch": torch.__version__,
+              **{name: repr(float(value)) for name, value in sorted(more.items())}}
+    return "|".join(f"{name}={value}" for name, value in fields.items())
+
+
+def _cache_path(key: str):
+    from fedpriv.cache import cache_root  # lazy: fedpriv.cache imports torch (the calculator's other paths don't)
+
+    return cache_root() / "monte_carlo" / f"{hashlib.sha256(key.encode()).hexdigest()}.pt"
+
+
+def cached_result(key: str) -> dict | None:
+    """The entry stored under ``key`` (None: none, unreadable, or another key's). Plain data only;
+    the caller checks its values."""
+    from fedpriv.cache import load_entry  # lazy: fedpriv.cache imports torch (the calculator's other paths don't)
+
+    return load_entry(_cache_path(key), key)
+
+
+def store_result(key: str, entry: dict) -> None:
+    """Store ``entry`` under ``key``; a cache that cannot be written is skipped (it only saves time)."""
+    from fedpriv.cache import save_entry  # lazy: fedpriv.cache imports torch (the calculator's other paths don't)
+
+    try:
+        save_entry(_cache_path(key), key, entry)
+    except OSError:
+        pass
+
+
+def _cached_sigma(key: str) -> float | None:
+    """A cached calibration's σ if it is one calibrate can return (a finite grid point), else None."""
+    sigma = (cached_result(key) or {}).get("sigma")
+    if isinstance(sigma, float) and math.isfinite(sigma) and sigma > 0 and grid_sigma(grid_index(sigma)) == sigma:
+        return sigma
+    return None
 
 
 def calibrate(make_event: Callable[[float], MonteCarloDpEvent], target_epsilon: float, delta: float,
@@ -473,10 +559,30 @@ def calibrate(make_event: Callable[[float], MonteCarloDpEvent], target_epsilon: 
     every grid point is a candidate the confidence is shared over, so the returned σ's claim holds
     with probability ≥ ``settings.confidence`` however either search went (module docstring). The
     searches assume the claim is monotone in σ only for optimality, not for validity. ``progress``:
-    as :class:`LossSamples`'s, for every σ tried."""
+    as :class:`LossSamples`'s, for every σ tried.
+
+    Cached (``$FEDPRIV_CACHE/monte_carlo``, :func:`cache_key`: the pattern, ε, δ, the settings,
+    ``start``): the search is deterministic given these public inputs (a public seed, common random
+    numbers), so a stored σ is the one a search would return again; an entry that is unreadable,
+    another key's or not a grid σ is recomputed. A σ too small for its target cannot pass unseen:
+    a run's ledger claims ε at it on its own samples and refuses a claim above the target."""
     settings = settings.calibrated()
     check_resolvable(delta, settings)
-    sampler = make_event(1.0).loss_sampler()  # what does not depend on σ, prepared once
+    event = make_event(1.0)
+    event.check()  # the analysis' conditions, hit or miss
+    key = cache_key("calibrate", event.pattern(), delta, settings, epsilon=target_epsilon, start=start)
+    cached = _cached_sigma(key)
+    if cached is not None:
+        return cached
+    sigma = _search(make_event, event, target_epsilon, delta, settings, start, progress)
+    store_result(key, {"sigma": sigma})
+    return sigma
+
+
+def _search(make_event: Callable[[float], MonteCarloDpEvent], event: MonteCarloDpEvent, target_epsilon: float,
+            delta: float, settings: MonteCarloSettings, start: float, progress: Progress | None) -> float:
+    """:func:`calibrate`'s two searches (its docstring), at the grid-corrected ``settings``."""
+    sampler = event.loss_sampler()  # what does not depend on σ, prepared once
     full = settings.count(delta)
     coarse = dataclasses.replace(settings, samples=max(1000, full // COARSE_FRACTION))
 

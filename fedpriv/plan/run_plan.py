@@ -124,10 +124,13 @@ class RunPlan:
                 "algorithm": self.spec.algorithm.name, "noise": self.noise.describe(), "outputs": list(self.outputs)}
 
 
-def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] | None = None) -> RunPlan:
+def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] | None = None,
+               preview: bool = False) -> RunPlan:
     """The plan of the parsed ``spec`` on ``task``'s data (``ConfigError`` /
     ``PrivacyBudgetExceeded`` on every refusal). ``adopt``: given a key-less mechanism, makes it
-    take a resumed run's strategy from its checkpoint before σ is calibrated on it."""
+    take a resumed run's strategy from its checkpoint before σ is calibrated on it. ``preview``: a
+    plan nothing is released from (:func:`preflight`): its ledger's Monte-Carlo claims may be read
+    from the cache (:func:`fedpriv.accounting.monte_carlo.claim`)."""
     population = len(task.units)
     spec, choice = _apply_plan(spec, task)
     spec = fit_to_population(spec, population)
@@ -161,7 +164,7 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     ledger = PrivacyLedger(mechanism, sampler, privacy.delta, privacy.accountant, target_epsilon=target,
                            planned_rounds=spec.rounds, non_private_reason="; ".join(reasons) or None,
                            query=None if clip is None else clip.describe(), audit=audit_label(spec.audit), plan=choice,
-                           dimension=dimension, monte_carlo_settings=_monte_carlo_settings(spec))
+                           dimension=dimension, monte_carlo_settings=_monte_carlo_settings(spec), preview=preview)
     ledger.check_can_run(spec.rounds)
     check_observability(spec)
     noise = noise_figure(mechanism, sigma, spec.rounds, sampler.expected_cohort, ledger.dimension, privacy.clip_norm,
@@ -243,7 +246,7 @@ def preflight(cfg: dict, typed: Sequence[str] = ()) -> RunPlan:
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        plan = build_plan(spec, load_task(spec))
+        plan = build_plan(spec, load_task(spec), preview=True)
     finally:
         quiet.setLevel(level)
     check_typed(spec, plan, typed)
