@@ -28,11 +28,11 @@ SMOKE_PLAN = ("+experiment=smoke", "plan=auto", "plan.client_updates=400")  # 40
 
 
 def test_a_plan_is_deterministic_respects_the_budget_and_holds_its_target():
-    for budget in (400, 1000):
-        a = choose(400, 10_000, 4.0, 1e-4, budget)
+    for budget in (400, 1000):  # the RDP candidates only (mc=None): Monte Carlo at delta 1e-4 takes seconds
+        a = choose(400, 10_000, 4.0, 1e-4, budget, None)
         assert a.cohort_size * a.rounds <= budget and a.rounds >= MIN_ROUNDS
         assert a.accumulated_noise <= A_TARGET * (1 + 1e-9) and 0 < a.step <= 1.0
-    assert choose(400, 10_000, 4.0, 1e-4, 1000) == a
+    assert choose(400, 10_000, 4.0, 1e-4, 1000, None) == a
     assert cohort_grid(400, 1000) == [8, 12, 18]  # m <= U / MIN_ROUNDS = 20 and <= N / 4
 
 
@@ -300,3 +300,102 @@ def test_a_planned_run_that_cannot_train_says_so_before_training(tmp_path, caplo
     session.run.unlock()
     assert session.plan.choice["prediction"]["server_steps"] < 1
     assert any("cannot train" in r.getMessage() for r in caplog.records)
+
+
+# --- issue 55, item 2: the amplified samplers (Monte-Carlo accountant) as candidates -----------------
+
+def _stage_rows(monkeypatch, rows: dict, population: int = 1000, budget: int = 10_000):
+    """``choose`` over ``rows`` {(cohort, sampling): Choice} (every other point unaccountable); returns
+    the choice and the (cohort, sampling) points evaluated."""
+    from fedpriv.plan import auto
+
+    seen = []
+
+    def evaluate(mechanism, sampling, accountant, population, cohort, *rest):
+        seen.append((cohort, sampling))
+        if (cohort, sampling) not in rows:
+            raise ConfigError("not on this grid")
+        return rows[cohort, sampling]
+
+    monkeypatch.setattr(auto, "cohort_grid", lambda population, budget: sorted({m for m, _ in rows}))
+    monkeypatch.setattr(auto, "evaluate", evaluate)
+    auto.choose.cache_clear()
+    try:
+        return auto.choose(population, 1, 8.0, 1e-5, budget), seen
+    finally:
+        auto.choose.cache_clear()
+
+
+def _row(cohort, sampling, progress, mechanism="bandmf"):
+    from fedpriv.plan import auto
+
+    accountant = "mc" if sampling in ("balls_in_bins", "b_min_sep") else "rdp"
+    return auto.Choice(cohort, 100, mechanism, sampling, accountant, 1.0, 1.0, 0.5, A_TARGET, progress)
+
+
+def test_a_monte_carlo_row_wins_only_by_more_than_a_tie(monkeypatch):
+    """Among plans within 5% of the best progress an RDP row goes before a Monte-Carlo one (whose
+    run claims ε by sampling, with a stated probability); beyond 5% the Monte-Carlo row wins."""
+    from fedpriv.plan import auto
+
+    rows = {(10, "cyclic_poisson"): _row(10, "cyclic_poisson", 100.0),
+            (20, "poisson"): _row(20, "poisson", 50.0, "gaussian")}
+    best, _ = _stage_rows(monkeypatch, {**rows, (10, "balls_in_bins"): _row(10, "balls_in_bins", 110.0)})
+    assert (best.sampling, best.accountant) == ("balls_in_bins", "mc")
+    best, _ = _stage_rows(monkeypatch, {**rows, (10, "balls_in_bins"): _row(10, "balls_in_bins", 104.0)})
+    assert best.sampling == "cyclic_poisson"
+    tied = [_row(10, "balls_in_bins", 104.0), _row(10, "cyclic_poisson", 100.0)]
+    assert min(tied, key=auto.preference).accountant == "rdp"
+    # a Gaussian plan within 5% still beats it (the simpler mechanism, as today); outside 5% it does not
+    gauss = {(20, "poisson"): _row(20, "poisson", 100.0, "gaussian")}
+    best, _ = _stage_rows(monkeypatch, {**rows, **gauss, (10, "balls_in_bins"): _row(10, "balls_in_bins", 104.0)})
+    assert best.mechanism == "gaussian"
+    best, _ = _stage_rows(monkeypatch, {**rows, **gauss, (10, "balls_in_bins"): _row(10, "balls_in_bins", 120.0)})
+    assert best.sampling == "balls_in_bins"
+
+
+def test_stage_two_weighs_monte_carlo_only_near_the_best_bandmf_point_and_where_cheap(monkeypatch):
+    """The best stage-1 BandMF point is cohort 20 (50 bins of 1000 users); its better neighbour 10
+    has 100 bins, over MC_MAX_BINS here: not evaluated; 40 and 80 are not near it."""
+    from fedpriv.plan import auto
+
+    monkeypatch.setattr(auto, "MC_MAX_BINS", 60)
+    rows = {(m, "cyclic_poisson"): _row(m, "cyclic_poisson", p) for m, p in ((10, 95.0), (20, 100.0), (40, 90.0),
+                                                                              (80, 50.0))}
+    _, seen = _stage_rows(monkeypatch, rows)
+    assert {m for m, s in seen if s == "balls_in_bins"} == {20}
+    assert auto.mc_cost_problem("bandmf", "balls_in_bins", 1000, 10, 100) == "100 bins > MC_MAX_BINS=60"
+    # b-min-sep: 1000 rounds x 16 bands is over MC_MAX_WORK
+    assert "MC_MAX_WORK" in auto.mc_cost_problem("bandmf", "b_min_sep", 1000, 10, 1000)
+    assert not any(s == "b_min_sep" for _, s in seen)
+
+
+MC_PLAN = (*SMOKE_PLAN, "privacy.mc.samples=20000", "privacy.mc.seed=1")  # delta 1e-3 (smoke): seconds
+
+
+def test_a_planned_monte_carlo_sigma_is_the_runs_sigma_and_its_claim_is_stated(tmp_path, monkeypatch, request):
+    """The planner calibrates with the run's own privacy.mc settings (shared over the run's prefix
+    claims), so a fixed run of its overrides — on an empty cache: no shared entry — gets the very
+    same σ; the plan states the claim's settings and the plan line its probability. (Balls-in-bins
+    against the Gaussian only, where it wins: b-min-sep's samples would cost this test seconds.)"""
+    from fedpriv.accounting.ledger import MC_PREFIX_CHECKPOINTS
+    from fedpriv.accounting.monte_carlo import GRID_SIZE
+    from fedpriv.plan import auto
+    from fedpriv.plan.__main__ import lines
+
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "planner"))
+    monkeypatch.setattr(auto, "CANDIDATES", (("gaussian", "poisson", "rdp"), ("bandmf", "balls_in_bins", "mc")))
+    auto.choose.cache_clear()
+    request.addfinalizer(auto.choose.cache_clear)  # a plan of the narrowed candidates must not outlive this test
+    plan = preflight(compose_cfg(*MC_PLAN, run_dir=tmp_path / "a"))
+    choice = plan.choice
+    assert (choice["accountant"], choice["sampling"]) == ("mc", "balls_in_bins")
+    assert plan.noise_multiplier == choice["noise_multiplier"]
+    claim = choice["claim"]
+    assert claim["samples_per_direction"] == 20000 and claim["seed"] == 1 and claim["confidence"] == 0.999
+    assert claim["candidates"] == GRID_SIZE * MC_PREFIX_CHECKPOINTS
+    assert lines(plan)[0].split("; ")[0].endswith("at delta 0.001 with probability >= 0.999 (Monte-Carlo bound)")
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "run"))
+    fixed = preflight(compose_cfg("+experiment=smoke", *auto.overrides(choice), "privacy.mc.samples=20000",
+                                  "privacy.mc.seed=1", run_dir=tmp_path / "b"))
+    assert fixed.choice is None and fixed.noise_multiplier == choice["noise_multiplier"]

@@ -342,7 +342,7 @@ class PrivacyLedger:
         bound.mechanism, bound.sampler, bound.randomness = mechanism, sampler, randomness
         bound._round_indices = []
         bound._cache, bound._claims = dict(self._cache), dict(self._claims)
-        if self.preview:  # a release never reports what a preview read from the cache: claimed afresh
+        if self.preview and self.monte_carlo is not None:  # a release never reports a claim read from the cache
             bound.preview, bound._claims = False, {}
             bound._cache = {0: 0.0}
         bound._compositions = dict(self._compositions)

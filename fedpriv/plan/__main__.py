@@ -23,6 +23,7 @@ from fedpriv.release.console import console_logging, fail
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
 from fedpriv.plan.auto import cannot_train, overrides
 from fedpriv.plan.run_plan import preflight
+from fedpriv.release.result_lines import monte_carlo_bound
 from fedpriv.release.rundir import json_text
 from fedpriv.sampling import participation_lines
 
@@ -30,10 +31,12 @@ from fedpriv.sampling import participation_lines
 def lines(plan) -> list[str]:
     """The plan in a few lines: the choice, its prediction, the overrides."""
     choice, spec = plan.choice, plan.spec
+    settings = plan.ledger.monte_carlo  # the Monte-Carlo accountant's claims hold with a stated probability
+    claim = "" if settings is None else " " + monte_carlo_bound(settings.confidence)
     head = (f"plan: cohort {spec.cohort_size} x {spec.rounds} rounds, {spec.mechanism.name} noise under "
             f"{spec.sampling} sampling ({spec.privacy.accountant} accountant), sigma {plan.noise_multiplier:.4g} "
             f"(z/m {plan.ledger.averaged_noise_to_clip:.3g}: the noise per coordinate of the averaged update, in clip "
-            f"bounds) for epsilon {spec.privacy.target_epsilon:g} at delta {spec.privacy.delta:g}; "
+            f"bounds) for epsilon {spec.privacy.target_epsilon:g} at delta {spec.privacy.delta:g}{claim}; "
             f"clip {spec.privacy.clip_norm:g}, server lr {getattr(spec.optimizer, 'lr', float('nan')):.4g}")
     out = [head, *participation_lines(plan.ledger.sampler, spec.rounds, spec.cohort_size)]
     if choice is not None:

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from fedpriv.accounting import calibrate_noise_multiplier
+from fedpriv.accounting.ledger import prefix_claim_settings
+from fedpriv.accounting.monte_carlo import MC, MonteCarloSettings
 from fedpriv.errors import ConfigError
 from fedpriv.optim.server import MomentumOptimizer
 from fedpriv.plan.noise_figure import A_TARGET, accumulated_noise, iterate_noise_factor
@@ -42,8 +44,18 @@ from fedpriv.schema import PlanOption, load, register_option
 from fedpriv.schema.checks import positive
 
 # (mechanism, sampling, accountant) the planner weighs: amplified BandMF under cyclic Poisson and the
-# Gaussian under Poisson, both accounted by RDP (a grid point calibrates in well under a second)
-CANDIDATES = (("gaussian", "poisson", "rdp"), ("bandmf", "cyclic_poisson", "rdp"))
+# Gaussian under Poisson, both accounted by RDP (a grid point calibrates in well under a second), on the
+# whole grid (stage 1); BandMF under balls-in-bins and under b-min-sep, accounted by Monte Carlo (seconds
+# to minutes a point, cached), near the best stage-1 BandMF point only (stage 2, :func:`choose`)
+CANDIDATES = (("gaussian", "poisson", "rdp"), ("bandmf", "cyclic_poisson", "rdp"),
+              ("bandmf", "balls_in_bins", MC), ("bandmf", "b_min_sep", MC))
+# stage 2 weighs a Monte-Carlo candidate only where its calibration is cheap: a balls-in-bins sample costs
+# O(bins²) (the bins × bins Gram root), so at most MC_MAX_BINS bins; a b-min-sep sample O(rounds × bands),
+# so at most MC_MAX_WORK of them, about the cost of MC_MAX_BINS bins (docs/PLANNER.md, "Amplified samplers")
+MC_MAX_BINS = 128
+MC_MAX_WORK = 512
+MC_COHORTS = 2  # stage 2's cohorts: the best stage-1 BandMF point's and its better neighbour's
+DEFAULT_MC = MonteCarloSettings()  # privacy.mc's defaults
 MAX_STEP = 1.0  # η·C: the largest server step (docs/PLANNER.md, "Calibration runs")
 MOMENTUM = 0.9  # server heavy-ball momentum
 CLIP_NORM = 1.0  # C: with every update clipped only η·C matters; C = 1 keeps η the step
@@ -97,7 +109,10 @@ class AutoPlan(PlanOption):
         that applying it again returns it unchanged); and the choice with its prediction."""
         _check_plannable(spec, population)
         budget = self.client_updates or spec.cohort_size * spec.rounds
-        best = choose(population, dimension, spec.privacy.target_epsilon, spec.privacy.delta, budget)
+        # the run's own Monte-Carlo settings (the planned σ is the run's σ); none under client.dp=example, whose
+        # clients account their example-level DP with privacy.accountant (Poisson-sampled steps: not Monte Carlo)
+        settings = MonteCarloSettings.of(spec.privacy.mc) if spec.client.dp == "none" else None
+        best = choose(population, dimension, spec.privacy.target_epsilon, spec.privacy.delta, budget, settings)
         population = spec.population or population  # the rates' N: public, so add/remove-one holds
         mechanism = load("mechanism", {"name": best.mechanism}).fitted(population, best.cohort_size, best.rounds,
                                                                          best.sampling)
@@ -106,7 +121,7 @@ class AutoPlan(PlanOption):
         planned = dataclasses.replace(spec, cohort_size=best.cohort_size, rounds=best.rounds, sampling=best.sampling,
                                       population=population, mechanism=mechanism, optimizer=optimizer, privacy=privacy,
                                       plan=dataclasses.replace(self, client_updates=budget))
-        return planned, describe(best, population, dimension, budget)
+        return planned, describe(best, population, dimension, budget, spec.privacy.delta, settings)
 
 
 def _check_plannable(spec, population: Optional[int]) -> None:
@@ -168,15 +183,18 @@ def cohort_grid(population: int, budget: int) -> list[int]:
 
 
 def evaluate(mechanism: str, sampling: str, accountant: str, population: int, cohort: int, rounds: int,
-             epsilon: float, delta: float) -> Choice:
+             epsilon: float, delta: float, mc: MonteCarloSettings | None = None) -> Choice:
     """The grid point (cohort, rounds) for one candidate: σ calibrated with the mechanism's own
-    DpEvent (accounting only: no key, no noise), σ_eff, and the step that keeps a at A_TARGET."""
+    DpEvent (accounting only: no key, no noise), σ_eff, and the step that keeps a at A_TARGET.
+    ``mc``: the run's Monte-Carlo settings (``privacy.mc``), shared over the run's prefix claims as
+    the run's own calibration shares them, so that the planned σ is the run's σ."""
     option = load("mechanism", {"name": mechanism}).fitted(population, cohort, rounds, sampling)
     sampler = make_sampler(sampling, population, cohort, None, groups=option.sampling_groups(),
                            public_population=population)
     built = option.build(1.0, 1.0, rounds=rounds, sampler=sampler)
+    settings = prefix_claim_settings(mc or DEFAULT_MC, rounds) if accountant == MC else None
     sigma = calibrate_noise_multiplier(lambda s: built.dp_event(sampler, rounds, noise_multiplier=s), epsilon, delta,
-                                       accountant, built.neighboring_relation(sampler))
+                                       accountant, built.neighboring_relation(sampler), monte_carlo_settings=settings)
     sigma_eff = sigma * iterate_noise_factor(built, rounds)
     per_unit_step = accumulated_noise(sigma_eff, rounds, sampler.expected_cohort, 1.0, MOMENTUM)
     step = min(MAX_STEP, A_TARGET / per_unit_step) if per_unit_step > 0 else MAX_STEP
@@ -185,10 +203,16 @@ def evaluate(mechanism: str, sampling: str, accountant: str, population: int, co
 
 
 @functools.lru_cache(maxsize=16)
-def choose(population: int, dimension: int, epsilon: float, delta: float, budget: int) -> Choice:
+def choose(population: int, dimension: int, epsilon: float, delta: float, budget: int,
+           mc: MonteCarloSettings | None = DEFAULT_MC) -> Choice:
     """The plan's grid point (module docstring). ``dimension`` does not enter the rule (a is per
-    coordinate); it is stated with the prediction. Cached: its arguments are public values, and a
-    run applies its plan more than once (the pre-flight, the run, a resume)."""
+    coordinate); it is stated with the prediction. Cached: its arguments are public values (``mc``:
+    the run's Monte-Carlo settings; None: no Monte-Carlo candidate), and a run applies its plan more
+    than once (the pre-flight, the run, a resume).
+
+    Two stages: the RDP candidates on the whole grid, then the Monte-Carlo ones (:func:`_amplified`)
+    near the best stage-1 BandMF point only. Among tied plans a Monte-Carlo row comes after the
+    RDP ones (:func:`preference`)."""
     grid = cohort_grid(population, budget)
     if not grid:
         raise ConfigError(f"plan=auto cannot plan: {grid_problem(population, budget)}")
@@ -196,6 +220,8 @@ def choose(population: int, dimension: int, epsilon: float, delta: float, budget
     for cohort in grid:
         rounds = min(MAX_ROUNDS, budget // cohort)
         for mechanism, sampling, accountant in CANDIDATES:
+            if accountant == MC:
+                continue  # stage 2
             try:
                 rows.append(evaluate(mechanism, sampling, accountant, population, cohort, rounds, epsilon, delta))
             except ConfigError:
@@ -203,18 +229,86 @@ def choose(population: int, dimension: int, epsilon: float, delta: float, budget
     if not rows:
         raise ConfigError(f"plan=auto found no mechanism it can account for cohorts of {grid[0]}-{grid[-1]} from "
                           f"{population} users: give a larger population or plan.client_updates")
+    if mc is not None:
+        rows += _amplified(rows, grid, population, epsilon, delta, budget, mc)
     top = max(row.progress for row in rows)
     ties = [row for row in rows if row.progress >= TIE * top]
-    # a is A_TARGET up to rounding on every noise-limited row: compare it to 1e-9, not to the last bit
-    return min(ties, key=lambda row: (round(row.accumulated_noise, 9), row.rounds < PREFERRED_ROUNDS,
-                                      row.mechanism != "gaussian", -row.progress))
+    return min(ties, key=preference)
 
 
-def describe(choice: Choice, population: int, dimension: int, budget: int) -> dict:
+def preference(row: Choice) -> tuple:
+    """The order among tied plans (within 5% of the best progress; smallest first): the smaller a
+    (to 1e-9: a is A_TARGET up to rounding on every noise-limited row), at least PREFERRED_ROUNDS
+    rounds, the Gaussian mechanism, an RDP row before a Monte-Carlo one (its run claims ε by
+    sampling, minutes, and with a stated probability: it must win by more than a tie), then the
+    most progress."""
+    return (round(row.accumulated_noise, 9), row.rounds < PREFERRED_ROUNDS, row.mechanism != "gaussian",
+            row.accountant == MC, -row.progress)
+
+
+def _amplified(rows: list[Choice], grid: list[int], population: int, epsilon: float, delta: float, budget: int,
+               mc: MonteCarloSettings) -> list[Choice]:
+    """Stage 2: the Monte-Carlo candidates at :data:`MC_COHORTS` grid cohorts — the best stage-1
+    BandMF point's (most progress; P is flat near it) and its neighbour with more stage-1 progress —
+    where they are cheap (:func:`mc_cost_problem`). Rounds: ⌊U / expected cohort⌋ (balls-in-bins'
+    expected cohort N/⌊N/m⌋ exceeds m), within MIN_ROUNDS..MAX_ROUNDS."""
+    candidates = [c for c in CANDIDATES if c[2] == MC]
+    anchors = [row for row in rows if row.mechanism == "bandmf"] or rows
+    if not candidates or not anchors:
+        return []
+    best = {}
+    for row in rows:
+        best[row.cohort_size] = max(best.get(row.cohort_size, 0.0), row.progress)
+    i = grid.index(max(anchors, key=lambda row: row.progress).cohort_size)
+    neighbours = [j for j in (i - 1, i + 1) if 0 <= j < len(grid)]
+    cohorts = [grid[i], *sorted((grid[j] for j in neighbours), key=lambda m: -best.get(m, 0.0))][:MC_COHORTS]
+    out = []
+    for cohort in cohorts:
+        for mechanism, sampling, accountant in candidates:
+            try:
+                rounds = _rounds(mechanism, sampling, population, cohort, budget)
+                if rounds is None or mc_cost_problem(mechanism, sampling, population, cohort, rounds):
+                    continue
+                out.append(evaluate(mechanism, sampling, accountant, population, cohort, rounds, epsilon, delta, mc))
+            except ConfigError:
+                continue  # not accountable here (e.g. the samples cannot resolve δ, bands over the groups)
+    return out
+
+
+def _sampler(mechanism: str, sampling: str, population: int, cohort: int, rounds: int):
+    option = load("mechanism", {"name": mechanism}).fitted(population, cohort, rounds, sampling)
+    return option, make_sampler(sampling, population, cohort, None, groups=option.sampling_groups(),
+                                public_population=population)
+
+
+def _rounds(mechanism: str, sampling: str, population: int, cohort: int, budget: int) -> int | None:
+    """⌊U / expected cohort⌋ rounds (at most MAX_ROUNDS; None below MIN_ROUNDS)."""
+    expected = _sampler(mechanism, sampling, population, cohort, MAX_ROUNDS)[1].expected_cohort
+    rounds = min(MAX_ROUNDS, math.floor(budget / expected + 1e-9))
+    return rounds if rounds >= MIN_ROUNDS else None
+
+
+def mc_cost_problem(mechanism: str, sampling: str, population: int, cohort: int, rounds: int) -> str | None:
+    """Why stage 2 does not weigh this Monte-Carlo point (None: it does): more than MC_MAX_BINS
+    bins (balls-in-bins) or more than MC_MAX_WORK rounds × bands (b-min-sep)."""
+    option, sampler = _sampler(mechanism, sampling, population, cohort, rounds)
+    bins = getattr(sampler, "bins", None)
+    if sampling == "balls_in_bins" and bins is not None and bins > MC_MAX_BINS:
+        return f"{bins} bins > MC_MAX_BINS={MC_MAX_BINS}"
+    bands = option.sampling_groups() or 1
+    if sampling == "b_min_sep" and rounds * bands > MC_MAX_WORK:
+        return f"{rounds} rounds x {bands} bands > MC_MAX_WORK={MC_MAX_WORK}"
+    return None
+
+
+def describe(choice: Choice, population: int, dimension: int, budget: int, delta: float | None = None,
+             mc: MonteCarloSettings | None = None) -> dict:
     """The plan as privacy.json and summary.json record it, with its prediction: the noise norm
     of one averaged update over the clip bound, the accumulated noise a, the full-size server
-    steps P and the epochs over the population."""
-    return {"rule": "plan=auto (docs/PLANNER.md)", "client_updates": budget, "population": population,
+    steps P and the epochs over the population; under the Monte-Carlo accountant also ``claim``:
+    the settings its claims are made at (the σ grid's and the prefix claims' share of the
+    confidence: :meth:`MonteCarloSettings.describe`)."""
+    plan = {"rule": "plan=auto (docs/PLANNER.md)", "client_updates": budget, "population": population,
             "dimension": dimension, "cohort_size": choice.cohort_size, "rounds": choice.rounds,
             "mechanism": choice.mechanism, "sampling": choice.sampling, "accountant": choice.accountant,
             "clip_norm": CLIP_NORM, "server_lr": choice.step / CLIP_NORM, "momentum": MOMENTUM,
@@ -223,6 +317,9 @@ def describe(choice: Choice, population: int, dimension: int, budget: int) -> di
                            / choice.cohort_size, "accumulated_noise": choice.accumulated_noise,
                            "server_steps": choice.progress, "epochs": choice.cohort_size * choice.rounds / population,
                            "regime": "step-limited" if choice.step >= MAX_STEP else "noise-limited"}}
+    if choice.accountant == MC and delta is not None:
+        plan["claim"] = prefix_claim_settings((mc or DEFAULT_MC).calibrated(), choice.rounds).describe(delta)
+    return plan
 
 
 def overrides(plan: dict) -> list[str]:

@@ -11,6 +11,11 @@ import math
 from fedpriv.release.console import mode_text
 
 
+def monte_carlo_bound(confidence: float) -> str:
+    """How a Monte-Carlo claim's probability is stated (the end-of-run line and the plan's)."""
+    return f"with probability >= {confidence:g} (Monte-Carlo bound)"
+
+
 def format_result(summary: dict) -> str:
     """The lines the CLI prints at the end of a run; every epsilon line names the mode."""
     from fedpriv.audit.report import headline as audit_headline  # lazy: scipy (the audit), off the CLIs
@@ -21,7 +26,7 @@ def format_result(summary: dict) -> str:
                 if eps is None or (isinstance(eps, float) and math.isinf(eps)) else f"{eps:.4g}")
     claim = summary["privacy"].get("monte_carlo_claim") or {}
     if "confidence" in claim and not eps_text.startswith("inf"):  # a Monte-Carlo bound holds with a stated probability
-        eps_text += f" with probability >= {claim['confidence']:g} (Monte-Carlo bound)"
+        eps_text += " " + monte_carlo_bound(claim["confidence"])
     mode = mode_text(summary["privacy"])
     ceiling = summary.get("ceiling_accuracy")
     ceiling_text = f" (Bayes ceiling {ceiling:.4f})" if ceiling else ""
