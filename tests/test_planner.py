@@ -394,6 +394,7 @@ def test_a_planned_monte_carlo_sigma_is_the_runs_sigma_and_its_claim_is_stated(t
     claim = choice["claim"]
     assert claim["samples_per_direction"] == 20000 and claim["seed"] == 1 and claim["confidence"] == 0.999
     assert claim["candidates"] == GRID_SIZE * MC_PREFIX_CHECKPOINTS
+    assert claim == plan.ledger._accountant_settings()  # privacy.json's accountant_settings: the run's claims
     assert lines(plan)[0].split("; ")[0].endswith("at delta 0.001 with probability >= 0.999 (Monte-Carlo bound)")
     monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "run"))
     fixed = preflight(compose_cfg("+experiment=smoke", *auto.overrides(choice), "privacy.mc.samples=20000",
