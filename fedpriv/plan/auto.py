@@ -31,12 +31,13 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from fedpriv.accounting import calibrate_noise_multiplier
 from fedpriv.errors import ConfigError
 from fedpriv.optim.server import MomentumOptimizer
 from fedpriv.plan.noise_figure import A_TARGET, accumulated_noise, iterate_noise_factor
+from fedpriv.plan.pretrain_plan import PRETRAIN_KEYS, PretrainChoice, plan_pretraining
 from fedpriv.sampling import make_sampler
 from fedpriv.schema import PlanOption, load, register_option
 from fedpriv.schema.checks import positive
@@ -79,6 +80,14 @@ class Choice:
     accumulated_noise: float
     progress: float
 
+    def at_noise(self, target: float) -> "Choice":
+        """This grid point with the step that keeps the accumulated noise a at ``target`` instead
+        (at most :data:`MAX_STEP`); cohort, rounds, mechanism and σ unchanged."""
+        per_unit_step = self.accumulated_noise / self.step
+        step = min(MAX_STEP, target / per_unit_step) if per_unit_step > 0 else MAX_STEP
+        return dataclasses.replace(self, step=step, accumulated_noise=per_unit_step * step,
+                                   progress=self.rounds * step)
+
 
 @dataclass
 class AutoPlan(PlanOption):
@@ -87,26 +96,37 @@ class AutoPlan(PlanOption):
     name: str = "auto"
     # compute budget U: expected cohort x rounds <= U (null: the configured cohort_size x rounds)
     client_updates: Optional[int] = None
+    # auto: with a public corpus, plan its round-0 pre-training and the step after it
+    # (fedpriv/plan/pretrain_plan.py); off: leave the public.* settings as given
+    pretrain: Literal["auto", "off"] = "auto"
 
     def check(self, path: str) -> None:
         positive(self, "client_updates", path=path)
 
-    def apply(self, spec, population: Optional[int], dimension: int) -> tuple[Any, Optional[dict]]:
+    def apply(self, spec, population: Optional[int], dimension: int,
+              public_pool: Optional[int] = None) -> tuple[Any, Optional[dict]]:
         """The executed config: the configured one with the chosen cohort, rounds, mechanism,
-        sampler, accountant, clip bound and server step, and ``plan.client_updates`` resolved (so
+        sampler, accountant, clip bound and server step, the public pre-training where a public
+        corpus of ``public_pool`` sentences is configured, and ``plan.client_updates`` resolved (so
         that applying it again returns it unchanged); and the choice with its prediction."""
         _check_plannable(spec, population)
         budget = self.client_updates or spec.cohort_size * spec.rounds
         best = choose(population, dimension, spec.privacy.target_epsilon, spec.privacy.delta, budget)
+        pretraining = plan_pretraining(public_pool, self.pretrain, spec.public.teacher)
+        if pretraining.steps > 0:  # the private choice is kept; only the step follows the pre-trained start
+            best = best.at_noise(pretraining.accumulated_noise)
         population = spec.population or population  # the rates' N: public, so add/remove-one holds
         mechanism = load("mechanism", {"name": best.mechanism}).fitted(population, best.cohort_size, best.rounds,
                                                                          best.sampling)
         optimizer = dataclasses.replace(spec.optimizer, lr=best.step / CLIP_NORM, momentum=MOMENTUM, schedule="cosine")
         privacy = dataclasses.replace(spec.privacy, accountant=best.accountant, clip_norm=CLIP_NORM)
+        public = spec.public
+        if pretraining.planned:  # the plan decides pre-training (0 steps: none)
+            public = dataclasses.replace(public, **pretraining.settings())
         planned = dataclasses.replace(spec, cohort_size=best.cohort_size, rounds=best.rounds, sampling=best.sampling,
                                       population=population, mechanism=mechanism, optimizer=optimizer, privacy=privacy,
-                                      plan=dataclasses.replace(self, client_updates=budget))
-        return planned, describe(best, population, dimension, budget)
+                                      public=public, plan=dataclasses.replace(self, client_updates=budget))
+        return planned, describe(best, population, dimension, budget, pretraining)
 
 
 def _check_plannable(spec, population: Optional[int]) -> None:
@@ -210,10 +230,23 @@ def choose(population: int, dimension: int, epsilon: float, delta: float, budget
                                       row.mechanism != "gaussian", -row.progress))
 
 
-def describe(choice: Choice, population: int, dimension: int, budget: int) -> dict:
-    """The plan as privacy.json and summary.json record it, with its prediction: the noise norm
-    of one averaged update over the clip bound, the accumulated noise a, the full-size server
-    steps P and the epochs over the population."""
+# the plan's entries the privacy claim rests on (privacy.json's ``plan``): the rest (the server step,
+# the prediction, the public pre-training) is post-processing, recorded in summary.json only
+ACCOUNTING_KEYS = ("rule", "client_updates", "population", "dimension", "cohort_size", "rounds", "mechanism",
+                   "sampling", "accountant", "clip_norm", "noise_multiplier", "sigma_eff")
+
+
+def accounting_part(plan: Optional[dict]) -> Optional[dict]:
+    """The entries of ``plan`` (:func:`describe`) the ledger's claim rests on (None: no plan): the
+    same with and without public pre-training."""
+    return None if plan is None else {key: plan[key] for key in ACCOUNTING_KEYS if key in plan}
+
+
+def describe(choice: Choice, population: int, dimension: int, budget: int,
+             pretraining: PretrainChoice | None = None) -> dict:
+    """The plan as summary.json records it (privacy.json: its :func:`accounting_part`), with its
+    prediction: the noise norm of one averaged update over the clip bound, the accumulated noise a,
+    the full-size server steps P and the epochs over the population; and the public pre-training."""
     return {"rule": "plan=auto (docs/PLANNER.md)", "client_updates": budget, "population": population,
             "dimension": dimension, "cohort_size": choice.cohort_size, "rounds": choice.rounds,
             "mechanism": choice.mechanism, "sampling": choice.sampling, "accountant": choice.accountant,
@@ -222,7 +255,8 @@ def describe(choice: Choice, population: int, dimension: int, budget: int) -> di
             "prediction": {"averaged_noise_norm_to_clip": choice.noise_multiplier * math.sqrt(dimension)
                            / choice.cohort_size, "accumulated_noise": choice.accumulated_noise,
                            "server_steps": choice.progress, "epochs": choice.cohort_size * choice.rounds / population,
-                           "regime": "step-limited" if choice.step >= MAX_STEP else "noise-limited"}}
+                           "regime": "step-limited" if choice.step >= MAX_STEP else "noise-limited"},
+            **({"public": pretraining.describe()} if pretraining is not None else {})}
 
 
 def overrides(plan: dict) -> list[str]:
@@ -232,6 +266,9 @@ def overrides(plan: dict) -> list[str]:
     values = dict(zip(CHOSEN_KEYS, (plan["cohort_size"], plan["rounds"], plan["mechanism"], plan["sampling"],
                                     plan["accountant"], repr(plan["clip_norm"]), repr(plan["server_lr"]),
                                     repr(plan["momentum"]), "cosine")))
+    public = plan.get("public")
+    if public and public["planned"]:
+        values.update(zip(PRETRAIN_KEYS, (public["steps"], public["batch_size"], repr(public["lr"]), "1.0")))
     return [f"population={plan['population']}", *(f"{key}={value}" for key, value in values.items())]
 
 
