@@ -15,7 +15,7 @@ import torch
 from fedpriv.config.resolve import run_config
 from fedpriv.errors import ConfigError
 from fedpriv.plan import preflight
-from fedpriv.plan.auto import MIN_ROUNDS, choose, cohort_grid
+from fedpriv.plan.auto import MIN_ROUNDS, accounting_part, choose, cohort_grid
 from fedpriv.plan.noise_figure import A_TARGET, iterate_noise_factor
 from fedpriv.keys.research_key import noise_from_seed
 from fedpriv.sampling import make_sampler
@@ -40,7 +40,7 @@ def test_applying_a_plan_again_changes_nothing(tmp_path):
     """A resumed run and a deployment's clients apply the plan to the executed config again."""
     plan = preflight(compose_cfg(*SMOKE_PLAN, run_dir=tmp_path / "r"))
     spec = plan.spec
-    again, choice = spec.plan.apply(spec, spec.population, plan.ledger.dimension)
+    again, choice = spec.plan.apply(spec, spec.population, plan.ledger.dimension, len(plan.task.data.public.sentences))
     assert again == spec and choice == plan.choice
     assert spec.plan.client_updates == 400 and spec.cohort_size * spec.rounds <= 400
     assert spec.privacy.clip_norm == 1.0 and spec.optimizer.lr == pytest.approx(choice["server_lr"])
@@ -75,7 +75,8 @@ def test_a_planned_run_keeps_its_claim_and_records_its_plan(tmp_path, run_cli):
     assert res.returncode == 0, res.stderr
     privacy = json.loads((out / "privacy.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
-    assert privacy["epsilon"] <= 50.0 * (1 + 1e-9) and privacy["plan"] == summary["plan"]
+    # privacy.json holds the choice the claim rests on; summary.json adds the step, prediction, pre-training
+    assert privacy["epsilon"] <= 50.0 * (1 + 1e-9) and privacy["plan"] == accounting_part(summary["plan"])
     plan = summary["plan"]
     assert privacy["rounds"] == plan["rounds"]
     assert privacy["noise_multiplier"] == pytest.approx(plan["noise_multiplier"])
@@ -132,7 +133,7 @@ def test_the_plan_option_is_validated(tmp_path):
     spec = run_config(compose_cfg(run_dir=tmp_path / "r"))
     assert spec.plan.name == "fixed" and spec.plan.apply(spec, 10, 10) == (spec, None)
     assert dataclasses.asdict(run_config(compose_cfg("plan=auto", run_dir=tmp_path / "r")).plan) == {
-        "name": "auto", "client_updates": None}
+        "name": "auto", "client_updates": None, "pretrain": "auto"}
 
 
 def test_a_planned_run_resumes_on_its_plan(tmp_path):

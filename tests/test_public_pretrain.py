@@ -102,3 +102,24 @@ def test_bad_pretrain_fraction_exit_2(run_cli, tmp_path, value):
                    f"run_dir={tmp_path / 'r'}")
     assert proc.returncode == 2 and "public.pretrain_fraction" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_pretraining_is_cached_by_everything_it_depends_on(tmp_path, monkeypatch):
+    """A second run of the same pre-training (a sweep over epsilon) reads the cache: the same
+    initial model, without a step; another setting (the rate) or a corrupt entry trains again."""
+    import fedpriv.public.setup as setup
+
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "cache"))
+    calls = []
+    real = setup.pretrain
+    monkeypatch.setattr(setup, "pretrain", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    common = ("+experiment=smoke", "progress=false", "public.pretrain_steps=7")
+    first = prepare(compose_cfg(*common, run_dir=tmp_path / "a")).server.params.clone()
+    again = prepare(compose_cfg(*common, run_dir=tmp_path / "b")).server.params
+    assert calls == [7] and torch.equal(first, again)
+    other = prepare(compose_cfg(*common, "public.pretrain_lr=0.25", run_dir=tmp_path / "c")).server.params
+    assert calls == [7, 7] and not torch.equal(first, other)
+    for entry in (tmp_path / "cache" / "pretrained").glob("*.pt"):
+        entry.write_bytes(b"not a tensor file")
+    assert torch.equal(prepare(compose_cfg(*common, run_dir=tmp_path / "d")).server.params, first)
+    assert calls == [7, 7, 7]

@@ -28,6 +28,14 @@ from fedpriv.release.rundir import json_text
 from fedpriv.sampling import participation_lines
 
 
+def pretraining_line(public: dict | None) -> str:
+    """What the plan chose for round-0 public pre-training, and why."""
+    if not public or public["steps"] == 0:
+        return "public pre-training: none (" + (public["reason"] if public else "not planned") + ")"
+    return (f"public pre-training: {public['steps']} steps of {public['batch_size']} sentences at lr "
+            f"{public['lr']:g}: {public['reason']}")
+
+
 def lines(plan) -> list[str]:
     """The plan in a few lines: the choice, its prediction, the overrides."""
     choice, spec = plan.choice, plan.spec
@@ -45,6 +53,7 @@ def lines(plan) -> list[str]:
                    f"{p['server_steps']:.4g} full-size server steps, {p['epochs']:.3g} epochs over the "
                    f"{choice['population']} users, one averaged update's noise {p['averaged_noise_norm_to_clip']:.3g} "
                    f"x the clip bound in norm ({p['regime']})")
+        out.append(pretraining_line(choice.get("public")))
         out.append("overrides: " + " ".join(overrides(choice)))
     return out
 

@@ -31,7 +31,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from fedpriv.accounting import calibrate_noise_multiplier
 from fedpriv.accounting.ledger import prefix_claim_settings
@@ -39,6 +39,7 @@ from fedpriv.accounting.monte_carlo import MC, MonteCarloSettings
 from fedpriv.errors import ConfigError
 from fedpriv.optim.server import MomentumOptimizer
 from fedpriv.plan.noise_figure import A_TARGET, accumulated_noise, iterate_noise_factor
+from fedpriv.plan.pretrain_plan import PRETRAIN_KEYS, PretrainChoice, plan_pretraining
 from fedpriv.sampling import make_sampler
 from fedpriv.schema import PlanOption, load, register_option
 from fedpriv.schema.checks import positive
@@ -91,6 +92,14 @@ class Choice:
     accumulated_noise: float
     progress: float
 
+    def at_noise(self, target: float) -> "Choice":
+        """This grid point with the step that keeps the accumulated noise a at ``target`` instead
+        (at most :data:`MAX_STEP`); cohort, rounds, mechanism and σ unchanged."""
+        per_unit_step = self.accumulated_noise / self.step
+        step = min(MAX_STEP, target / per_unit_step) if per_unit_step > 0 else MAX_STEP
+        return dataclasses.replace(self, step=step, accumulated_noise=per_unit_step * step,
+                                   progress=self.rounds * step)
+
 
 @dataclass
 class AutoPlan(PlanOption):
@@ -99,13 +108,18 @@ class AutoPlan(PlanOption):
     name: str = "auto"
     # compute budget U: expected cohort x rounds <= U (null: the configured cohort_size x rounds)
     client_updates: Optional[int] = None
+    # auto: with a public corpus, plan its round-0 pre-training and the step after it
+    # (fedpriv/plan/pretrain_plan.py); off: leave the public.* settings as given
+    pretrain: Literal["auto", "off"] = "auto"
 
     def check(self, path: str) -> None:
         positive(self, "client_updates", path=path)
 
-    def apply(self, spec, population: Optional[int], dimension: int) -> tuple[Any, Optional[dict]]:
+    def apply(self, spec, population: Optional[int], dimension: int,
+              public_pool: Optional[int] = None) -> tuple[Any, Optional[dict]]:
         """The executed config: the configured one with the chosen cohort, rounds, mechanism,
-        sampler, accountant, clip bound and server step, and ``plan.client_updates`` resolved (so
+        sampler, accountant, clip bound and server step, the public pre-training where a public
+        corpus of ``public_pool`` sentences is configured, and ``plan.client_updates`` resolved (so
         that applying it again returns it unchanged); and the choice with its prediction."""
         _check_plannable(spec, population)
         budget = self.client_updates or spec.cohort_size * spec.rounds
@@ -113,15 +127,21 @@ class AutoPlan(PlanOption):
         # clients account their example-level DP with privacy.accountant (Poisson-sampled steps: not Monte Carlo)
         settings = MonteCarloSettings.of(spec.privacy.mc) if spec.client.dp == "none" else None
         best = choose(population, dimension, spec.privacy.target_epsilon, spec.privacy.delta, budget, settings)
+        pretraining = plan_pretraining(public_pool, self.pretrain, spec.public.teacher)
+        if pretraining.steps > 0:  # the private choice is kept; only the step follows the pre-trained start
+            best = best.at_noise(pretraining.accumulated_noise)
         population = spec.population or population  # the rates' N: public, so add/remove-one holds
         mechanism = load("mechanism", {"name": best.mechanism}).fitted(population, best.cohort_size, best.rounds,
                                                                          best.sampling)
         optimizer = dataclasses.replace(spec.optimizer, lr=best.step / CLIP_NORM, momentum=MOMENTUM, schedule="cosine")
         privacy = dataclasses.replace(spec.privacy, accountant=best.accountant, clip_norm=CLIP_NORM)
+        public = spec.public
+        if pretraining.planned:  # the plan decides pre-training (0 steps: none)
+            public = dataclasses.replace(public, **pretraining.settings())
         planned = dataclasses.replace(spec, cohort_size=best.cohort_size, rounds=best.rounds, sampling=best.sampling,
                                       population=population, mechanism=mechanism, optimizer=optimizer, privacy=privacy,
-                                      plan=dataclasses.replace(self, client_updates=budget))
-        return planned, describe(best, population, dimension, budget, spec.privacy.delta, settings)
+                                      public=public, plan=dataclasses.replace(self, client_updates=budget))
+        return planned, describe(best, population, dimension, budget, spec.privacy.delta, settings, pretraining)
 
 
 def _check_plannable(spec, population: Optional[int]) -> None:
@@ -301,13 +321,26 @@ def mc_cost_problem(mechanism: str, sampling: str, population: int, cohort: int,
     return None
 
 
+# the plan's entries the privacy claim rests on (privacy.json's ``plan``): the rest (the server step,
+# the prediction, the public pre-training) is post-processing, recorded in summary.json only
+ACCOUNTING_KEYS = ("rule", "client_updates", "population", "dimension", "cohort_size", "rounds", "mechanism",
+                   "sampling", "accountant", "clip_norm", "noise_multiplier", "sigma_eff", "claim")
+
+
+def accounting_part(plan: Optional[dict]) -> Optional[dict]:
+    """The entries of ``plan`` (:func:`describe`) the ledger's claim rests on (None: no plan): the
+    same with and without public pre-training."""
+    return None if plan is None else {key: plan[key] for key in ACCOUNTING_KEYS if key in plan}
+
+
 def describe(choice: Choice, population: int, dimension: int, budget: int, delta: float | None = None,
-             mc: MonteCarloSettings | None = None) -> dict:
-    """The plan as privacy.json and summary.json record it, with its prediction: the noise norm
-    of one averaged update over the clip bound, the accumulated noise a, the full-size server
-    steps P and the epochs over the population; under the Monte-Carlo accountant also ``claim``:
-    the settings its claims are made at (the σ grid's and the prefix claims' share of the
-    confidence: :meth:`MonteCarloSettings.describe`)."""
+             mc: MonteCarloSettings | None = None, pretraining: PretrainChoice | None = None) -> dict:
+    """The plan as summary.json records it (privacy.json: its :func:`accounting_part`), with its
+    prediction: the noise norm of one averaged update over the clip bound, the accumulated noise a,
+    the full-size server steps P and the epochs over the population; under the Monte-Carlo
+    accountant also ``claim``: the settings its claims are made at (the σ grid's and the prefix
+    claims' share of the confidence: :meth:`MonteCarloSettings.describe`); and the public
+    pre-training."""
     plan = {"rule": "plan=auto (docs/PLANNER.md)", "client_updates": budget, "population": population,
             "dimension": dimension, "cohort_size": choice.cohort_size, "rounds": choice.rounds,
             "mechanism": choice.mechanism, "sampling": choice.sampling, "accountant": choice.accountant,
@@ -319,6 +352,8 @@ def describe(choice: Choice, population: int, dimension: int, budget: int, delta
                            "regime": "step-limited" if choice.step >= MAX_STEP else "noise-limited"}}
     if choice.accountant == MC and delta is not None:
         plan["claim"] = prefix_claim_settings((mc or DEFAULT_MC).calibrated(), choice.rounds).describe(delta)
+    if pretraining is not None:
+        plan["public"] = pretraining.describe()
     return plan
 
 
@@ -329,6 +364,9 @@ def overrides(plan: dict) -> list[str]:
     values = dict(zip(CHOSEN_KEYS, (plan["cohort_size"], plan["rounds"], plan["mechanism"], plan["sampling"],
                                     plan["accountant"], repr(plan["clip_norm"]), repr(plan["server_lr"]),
                                     repr(plan["momentum"]), "cosine")))
+    public = plan.get("public")
+    if public and public["planned"]:
+        values.update(zip(PRETRAIN_KEYS, (public["steps"], public["batch_size"], repr(public["lr"]), "1.0")))
     return [f"population={plan['population']}", *(f"{key}={value}" for key, value in values.items())]
 
 

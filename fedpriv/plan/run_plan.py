@@ -35,6 +35,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.mechanisms import Mechanism
 from fedpriv.release.observe import check_observability
 from fedpriv.optim.server import SGDOptimizer
+from fedpriv.plan.auto import accounting_part
 from fedpriv.plan.noise_figure import NoiseFigure, noise_figure
 from fedpriv.release.run_outputs import planned_outputs
 from fedpriv.keys.randomness import RunRandomness
@@ -163,8 +164,9 @@ def build_plan(spec: RunConfig, task: Task, adopt: Callable[[Mechanism], None] |
     target = privacy.target_epsilon if privacy.noise_multiplier is None else None
     ledger = PrivacyLedger(mechanism, sampler, privacy.delta, privacy.accountant, target_epsilon=target,
                            planned_rounds=spec.rounds, non_private_reason="; ".join(reasons) or None,
-                           query=None if clip is None else clip.describe(), audit=audit_label(spec.audit), plan=choice,
-                           dimension=dimension, monte_carlo_settings=_monte_carlo_settings(spec), preview=preview)
+                           query=None if clip is None else clip.describe(), audit=audit_label(spec.audit),
+                           plan=accounting_part(choice), dimension=dimension,
+                           monte_carlo_settings=_monte_carlo_settings(spec), preview=preview)
     ledger.check_can_run(spec.rounds)
     check_observability(spec)
     noise = noise_figure(mechanism, sigma, spec.rounds, sampler.expected_cohort, ledger.dimension, privacy.clip_norm,
@@ -216,9 +218,12 @@ def executed_config(spec: RunConfig, task: Task) -> RunConfig:
 
 def _apply_plan(spec: RunConfig, task: Task) -> tuple[RunConfig, dict | None]:
     """``spec.plan`` applied to the public quantities: the population if public (``population``, or
-    a count the data's config fixes) and the trained parameter count; never the data's content."""
+    a count the data's config fixes), the trained parameter count and the public corpus' sentence
+    count (every node loads the same corpus); never the data's content."""
     public = spec.population or spec.data.public_population()
-    return spec.plan.apply(spec, public, task.initial_params.numel())
+    corpus = task.data.public
+    return spec.plan.apply(spec, public, task.initial_params.numel(),
+                           None if corpus is None else len(corpus.sentences))
 
 
 def fit_to_population(spec: RunConfig, population: int) -> RunConfig:

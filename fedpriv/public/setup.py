@@ -5,13 +5,15 @@ the round-0 pre-trained initial model. Public data only: no privacy cost."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedpriv.cache import cache_root
+from fedpriv.cache import cache_root, load_entry, save_entry
 from fedpriv.errors import ConfigError
 from fedpriv.models import set_flat_params
 from fedpriv.schema import Public
@@ -65,6 +67,40 @@ def pretrain_subset(pool: int, fraction: float, seed: int) -> np.ndarray:
     return np.sort(rng.choice(pool, size=n, replace=False))
 
 
+PRETRAIN_CACHE_VERSION = 1
+
+
+def _pretrained(public: Public, task, rows: np.ndarray, seed: int, teacher: nn.Module | None,
+                topk: TopKCorpus | None) -> tuple[torch.Tensor, dict]:
+    """:func:`~fedpriv.public.pretrain.pretrain` from the task's initial model on the public
+    ``rows``, cached under ``$FEDPRIV_CACHE/pretrained`` keyed by everything it depends on (the
+    initial model's and the rows' digests, the steps, batch, rate, seed, teacher and distillation
+    settings): a sweep over ε pre-trains once. Public data only; an entry of another key or shape
+    is recomputed, never trusted."""
+    data = task.data
+    sentences = np.ascontiguousarray(data.public.sentences[rows])
+    spec = {"init": hashlib.sha256(task.initial_params.detach().cpu().numpy().tobytes()).hexdigest(),
+            "rows": hashlib.sha256(sentences.tobytes()).hexdigest(), "shape": list(sentences.shape),
+            "steps": public.pretrain_steps, "batch": public.pretrain_batch_size, "lr": public.pretrain_lr,
+            "seed": seed, "pad": data.vocab.pad_id,
+            "teacher": None if teacher is None else teacher_fingerprint(teacher),
+            "k": None if topk is None else topk.k, "beta": public.distill_beta,
+            "temperature": public.distill_temperature, "version": PRETRAIN_CACHE_VERSION}
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    path = cache_root() / "pretrained" / f"{key[:24]}.pt"
+    entry = load_entry(path, key)
+    if (entry is not None and isinstance(entry.get("params"), torch.Tensor)
+            and entry["params"].shape == task.initial_params.shape and isinstance(entry.get("stats"), dict)):
+        return entry["params"], dict(entry["stats"])
+    model = task.eval_model  # the server's replica; reset to the task's initial model first
+    set_flat_params(model, task.initial_params)
+    params, stats = pretrain(model, sentences, public.pretrain_steps, public.pretrain_batch_size, public.pretrain_lr,
+                             seed, data.vocab.pad_id, topk=TopKSubset(topk, rows) if topk is not None else None,
+                             beta=public.distill_beta, temperature=public.distill_temperature)
+    save_entry(path, key, {"params": params.detach().clone(), "stats": stats})
+    return params, stats
+
+
 def prepare_public(public: Public, task, seed: int) -> PublicArtifacts:
     """Teacher, top-k corpus and initial model for ``task`` (``public``: the run's typed section);
     the teacher is built only when pre-training or mid-training will use it."""
@@ -81,13 +117,7 @@ def prepare_public(public: Public, task, seed: int) -> PublicArtifacts:
         if data.public is None:
             raise ConfigError(f"public.pretrain_steps needs a public corpus; dataset {data.name!r} has none")
         rows = pretrain_subset(len(data.public.sentences), public.pretrain_fraction, seed)
-        model = task.eval_model  # the server's replica; reset to the task's initial model first
-        set_flat_params(model, task.initial_params)
-        out.initial_params, out.stats = pretrain(
-            model, data.public.sentences[rows], pretrain_steps, public.pretrain_batch_size,
-            public.pretrain_lr, seed, data.vocab.pad_id,
-            topk=TopKSubset(topk, rows) if topk is not None else None, beta=public.distill_beta,
-            temperature=public.distill_temperature)
+        out.initial_params, out.stats = _pretrained(public, task, rows, seed, teacher, topk)
         out.stats["public_pool"] = float(len(rows))
         if topk is not None:
             out.stats["distill_k"] = float(topk.k)

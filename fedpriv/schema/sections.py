@@ -398,12 +398,14 @@ class PlanOption(Option):
     """Contract of a ``plan`` option: :meth:`apply` turns the parsed config into the config the run
     executes, from public quantities only — ``population`` (the public number of units, None where
     the run has none: the data's count is not public under add/remove-one) and ``dimension`` (the
-    trained parameters) — and says what it chose (None: nothing). Deterministic and idempotent: the
-    config it returns, applied again, is returned unchanged (a resumed run and a deployment's
-    clients apply it again)."""
+    trained parameters) and ``public_pool`` (the sentences of the run's public corpus, None where it
+    has none) — and says what it chose (None: nothing). Deterministic and idempotent: the config it
+    returns, applied again, is returned unchanged (a resumed run and a deployment's clients apply it
+    again)."""
 
     @abc.abstractmethod
-    def apply(self, spec, population: Optional[int], dimension: int) -> tuple[Any, Optional[dict]]:
+    def apply(self, spec, population: Optional[int], dimension: int,
+              public_pool: Optional[int] = None) -> tuple[Any, Optional[dict]]:
         """``(the executed RunConfig, the choice as plain values or None)``; ``ConfigError`` where it
         cannot plan."""
 
@@ -414,7 +416,8 @@ class FixedPlan(PlanOption):
 
     name: str = "fixed"
 
-    def apply(self, spec, population: Optional[int], dimension: int) -> tuple[Any, Optional[dict]]:
+    def apply(self, spec, population: Optional[int], dimension: int,
+              public_pool: Optional[int] = None) -> tuple[Any, Optional[dict]]:
         return spec, None
 
 
