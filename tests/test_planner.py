@@ -288,7 +288,8 @@ def test_a_plan_that_cannot_train_says_so(capsys):
     assert err.startswith("warning: plan=auto: the best plan makes 0.00507 full-size server steps") and \
         "cannot train" in err and len(err.splitlines()) == 1
     code, out, err = _plan_cli(capsys, "+experiment=smoke", "rounds=200")  # 13 steps: it trains (docs/PLANNER.md)
-    assert code == 0 and "warning" not in err
+    assert code == 0 and "cannot train" not in err  # (it warns that it stays well below non-private)
+    assert err.startswith("warning: plan=auto: at epsilon 50 the noise over 40 users") and len(err.splitlines()) == 1
 
 
 def test_a_planned_run_that_cannot_train_says_so_before_training(tmp_path, caplog):
@@ -401,3 +402,31 @@ def test_a_planned_monte_carlo_sigma_is_the_runs_sigma_and_its_claim_is_stated(t
     fixed = preflight(compose_cfg("+experiment=smoke", *auto.overrides(choice), "privacy.mc.samples=20000",
                                   "privacy.mc.seed=1", run_dir=tmp_path / "b"))
     assert fixed.choice is None and fixed.noise_multiplier == choice["noise_multiplier"]
+
+
+def test_a_plan_whose_noise_leaves_under_half_a_full_step_says_it_stays_below_non_private():
+    """Issue 55: one line, with the reason (too few users for the epsilon), where the noise leaves the
+    server step from a random start under KEEP_MOST_STEP of a full-size step; with public pre-training
+    (whose step keeps a smaller a) the share is still the from-scratch one."""
+    from fedpriv.plan.auto import KEEP_MOST_STEP, far_from_nonprivate, scratch_step_share
+
+    def plan(step, a, public_steps=0):
+        return {"server_lr": step, "clip_norm": 1.0, "population": 2559, "rounds": 109,
+                "prediction": {"accumulated_noise": a}, "public": {"steps": public_steps}}
+
+    assert scratch_step_share(plan(1.0, 0.2)) == 1.0 and far_from_nonprivate(plan(1.0, 0.2), 8) is None
+    assert scratch_step_share(plan(0.424, A_TARGET)) == pytest.approx(0.424)
+    assert scratch_step_share(plan(0.212, A_TARGET / 2, public_steps=3125)) == pytest.approx(0.424)
+    line = far_from_nonprivate(plan(0.424, A_TARGET), 2)
+    assert "epsilon 2" in line and "2559 users" in line and "0.42 of a full-size step" in line
+    assert "46.2 of the 109 full steps" in line and "public pre-training" in line
+    assert "public pre-training" not in far_from_nonprivate(plan(0.212, A_TARGET / 2, public_steps=3125), 2)
+    assert far_from_nonprivate(plan(KEEP_MOST_STEP, A_TARGET), 2) is None
+    assert far_from_nonprivate(plan(KEEP_MOST_STEP * 0.99, A_TARGET), 2) is not None
+
+
+def test_python_m_fedpriv_plan_says_it_in_one_warning_line():
+    res = run_module("fedpriv.plan", *SMOKE_PLAN, cwd=os.getcwd(), timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = [line for line in res.stderr.splitlines() if "non-private model's accuracy" in line]
+    assert len(lines) == 1 and lines[0].startswith("warning: plan=auto: at epsilon 50 the noise over 40 users")

@@ -71,6 +71,10 @@ TIE = 0.95  # plans within 5% of the best progress are ties
 # below one full-size server step in all, the run cannot move the model by one clipped update: it
 # cannot train (the smallest planned run measured that learned made 13: docs/PLANNER.md)
 MIN_SERVER_STEPS = 1.0
+# below this share of a full-size step (the step from a random start), a plan stays well below a non-private run
+# of its compute: on real text at epsilon 2 (0.42) planned runs kept 54% (74% with public pre-training) of the
+# non-private accuracy, at epsilon 8 (0.73) 82% (docs/PLANNER.md)
+KEEP_MOST_STEP = 0.5
 # the keys of the executed config a plan chooses (the overrides it prints, less the public population)
 CHOSEN_KEYS = ("cohort_size", "rounds", "mechanism", "sampling", "privacy.accountant", "privacy.clip_norm",
                "optimizer.lr", "optimizer.momentum", "optimizer.schedule")
@@ -368,6 +372,30 @@ def overrides(plan: dict) -> list[str]:
     if public and public["planned"]:
         values.update(zip(PRETRAIN_KEYS, (public["steps"], public["batch_size"], repr(public["lr"]), "1.0")))
     return [f"population={plan['population']}", *(f"{key}={value}" for key, value in values.items())]
+
+
+def scratch_step_share(plan: dict) -> float:
+    """The share of a full-size step (:data:`MAX_STEP`) the noise leaves the server step of the plan
+    from a random start (at :data:`A_TARGET`, whatever the pre-training): 1 when step-limited."""
+    step, a = plan["server_lr"] * plan["clip_norm"], plan["prediction"]["accumulated_noise"]
+    return 1.0 if a <= 0 else min(MAX_STEP, step * A_TARGET / a) / MAX_STEP
+
+
+def far_from_nonprivate(plan: dict, epsilon: float) -> str | None:
+    """The line that says a plan will stay well below a non-private run of the same compute (None:
+    it need not): the noise leaves its server step under :data:`KEEP_MOST_STEP` of a full-size
+    step, so it makes under half the progress a non-private run makes (docs/PLANNER.md, "When the
+    plan says it cannot keep most of the non-private model": what such plans kept, measured)."""
+    share = scratch_step_share(plan)
+    if share >= KEEP_MOST_STEP:
+        return None
+    public = plan.get("public") or {}
+    hint = "" if public.get("steps") else "; public pre-training (data.public_source) narrows it"
+    return (f"plan=auto: at epsilon {epsilon:g} the noise over {plan['population']} users leaves the server step "
+            f"{share:.2f} of a full-size step ({share * plan['rounds']:.3g} of the {plan['rounds']} full steps a "
+            "non-private run of this compute makes): expect well under the non-private model's accuracy (too few "
+            "users for this epsilon; docs/PLANNER.md); more users (population) or a larger privacy.target_epsilon "
+            f"close the gap{hint}")
 
 
 def cannot_train(plan: dict, epsilon: float) -> str | None:
