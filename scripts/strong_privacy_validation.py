@@ -50,7 +50,7 @@ def runs(corpus: Path) -> dict[str, list[str]]:
     """name → overrides, in the order they run."""
     files = ["data=files", f"data.path={corpus / 'users.jsonl'}", "data.user_column=user", "data.text_column=text",
              "data.split_column=split", "data.preprocess=none",
-             f"data.vocab_path={corpus / 'stackoverflow.word_count'}", f"population={REAL_USERS}", "progress=false"]
+             f"data.vocab_path={corpus / 'stackoverflow.word_count'}", f"population={REAL_USERS}"]
     public = ["data.public_source=text", f"data.public_path={corpus / 'public.txt'}"]
     out: dict[str, list[str]] = {}
     for eps in (2, 8, 4):
@@ -63,7 +63,7 @@ def runs(corpus: Path) -> dict[str, list[str]]:
     out["C_pub_eps2_a0.5"] = [*files, *EPS2_A05, *public, *PRETRAIN]
     for eps in (2, 8):
         out[f"A_auto_eps{eps}"] = ["privacy.delta=1e-5", f"privacy.target_epsilon={eps}", "plan=auto",
-                                   "population=10000", "progress=false"]
+                                   "population=10000"]
     return out
 
 
