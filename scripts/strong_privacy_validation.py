@@ -15,9 +15,9 @@ the default LSTM (1.40M parameters), U = 15,000 client updates, δ = 1e-5. ``C_a
 planned without / with the public corpus; ``C_np[_pub]_lr{1,4}``: non-private (σ = 0, clip 1,
 momentum 0.9, cosine) at the ε = 2 plan's cohort × rounds (137 × 109), without / with the planned
 pre-training (3,125 steps: 10 epochs of the 20,000 public sentences read by default), server lr 1 and
-4 (4: the best non-private step of the calibration runs, docs/PLANNER.md); ``C_pub_eps2_a0.5``: the
-ε = 2 public plan with the step of a = 0.5 (the from-scratch target) instead of the planned 0.25, as
-a fixed run with the plan's overrides (another research key: another noise draw of the same plan).
+4 (4: the best non-private step of the calibration runs, docs/PLANNER.md); ``C_pub_eps2_a{0.5,0.125}``:
+the ε = 2 public plan with the step of a = 0.5 (the from-scratch target) or 0.125 instead of the
+planned 0.25, as a fixed run with the plan's overrides (another research key: another noise draw).
 ``A_auto_eps{8,2}``: the synthetic default (10,000 users, its embedded public corpus, U = 33,000)
 planned. One seed: an indication at the scale this machine allows.
 """
@@ -40,10 +40,12 @@ NONPRIVATE = ["plan=fixed", "cohort_size=137", "rounds=109", "sampling=poisson",
               "privacy.noise_multiplier=0", "privacy.clip_norm=1.0", "optimizer.momentum=0.9",
               "optimizer.schedule=cosine"]
 PRETRAIN = ["public.pretrain_steps=3125", "public.pretrain_batch_size=64", "public.pretrain_lr=0.5"]
-# the epsilon-2 public plan's overrides with the step of a = 0.5 (python -m fedpriv.plan prints them)
-EPS2_A05 = ["plan=fixed", "cohort_size=137", "rounds=109", "sampling=poisson", "mechanism=gaussian",
-            "privacy.accountant=rdp", "privacy.clip_norm=1.0", "optimizer.lr=0.42414617954618306",
-            "optimizer.momentum=0.9", "optimizer.schedule=cosine", "privacy.target_epsilon=2"]
+# the epsilon-2 public plan's overrides (python -m fedpriv.plan prints them) but the step: that of a = 0.5
+# (the from-scratch target) or a = 0.125 instead of the planned 0.25
+EPS2_STEP = {"0.5": 0.42414617954618306, "0.125": 0.10603654488654577}
+EPS2_FIXED = ["plan=fixed", "cohort_size=137", "rounds=109", "sampling=poisson", "mechanism=gaussian",
+              "privacy.accountant=rdp", "privacy.clip_norm=1.0", "optimizer.momentum=0.9", "optimizer.schedule=cosine",
+              "privacy.target_epsilon=2"]
 
 
 def runs(corpus: Path) -> dict[str, list[str]]:
@@ -60,7 +62,8 @@ def runs(corpus: Path) -> dict[str, list[str]]:
     for lr in (1, 4):
         out[f"C_np_pub_lr{lr}"] = [*files, *NONPRIVATE, f"optimizer.lr={lr}", *public, *PRETRAIN]
         out[f"C_np_lr{lr}"] = [*files, *NONPRIVATE, f"optimizer.lr={lr}"]
-    out["C_pub_eps2_a0.5"] = [*files, *EPS2_A05, *public, *PRETRAIN]
+    for a, lr in EPS2_STEP.items():
+        out[f"C_pub_eps2_a{a}"] = [*files, *EPS2_FIXED, f"optimizer.lr={lr!r}", *public, *PRETRAIN]
     for eps in (2, 8):
         out[f"A_auto_eps{eps}"] = ["privacy.delta=1e-5", f"privacy.target_epsilon={eps}", "plan=auto",
                                    "population=10000"]

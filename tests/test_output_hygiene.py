@@ -191,8 +191,10 @@ def test_the_plan_cli_prints_no_absl_line_and_keeps_dp_accountings_other_warning
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("plan: cohort 8 x 50 rounds"), proc.stdout
-    assert proc.stderr.splitlines() == ["warning: Negative Renyi divergence of -1.0, probably caused by numerical "
-                                        "instability from extreme DpEvents. Returning an epsilon of zero."], proc.stderr
+    # (the smoke plan's own advice line, plan=auto's "well under non-private" warning, is not dp_accounting's)
+    assert [line for line in proc.stderr.splitlines() if not line.startswith("warning: plan=auto:")] == [
+        "warning: Negative Renyi divergence of -1.0, probably caused by numerical "
+        "instability from extreme DpEvents. Returning an epsilon of zero."], proc.stderr
     assert int(proc.stdout.split("dropped ")[1]) > 0, proc.stdout  # the notes were logged, and dropped
 
 
