@@ -75,8 +75,8 @@ def _pretrained(public: Public, task, rows: np.ndarray, seed: int, teacher: nn.M
     """:func:`~fedpriv.public.pretrain.pretrain` from the task's initial model on the public
     ``rows``, cached under ``$FEDPRIV_CACHE/pretrained`` keyed by everything it depends on (the
     initial model's and the rows' digests, the steps, batch, rate, seed, teacher and distillation
-    settings): a sweep over ε pre-trains once. Public data only; an entry of another key or shape
-    is recomputed, never trusted."""
+    settings, torch's version and thread count): a sweep over ε pre-trains once. Public data only;
+    an entry of another key or shape is recomputed, never trusted."""
     data = task.data
     sentences = np.ascontiguousarray(data.public.sentences[rows])
     spec = {"init": hashlib.sha256(task.initial_params.detach().cpu().numpy().tobytes()).hexdigest(),
@@ -85,7 +85,9 @@ def _pretrained(public: Public, task, rows: np.ndarray, seed: int, teacher: nn.M
             "seed": seed, "pad": data.vocab.pad_id,
             "teacher": None if teacher is None else teacher_fingerprint(teacher),
             "k": None if topk is None else topk.k, "beta": public.distill_beta,
-            "temperature": public.distill_temperature, "version": PRETRAIN_CACHE_VERSION}
+            "temperature": public.distill_temperature, "version": PRETRAIN_CACHE_VERSION,
+            # the float result of the same steps may differ across torch versions and thread counts
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
     path = cache_root() / "pretrained" / f"{key[:24]}.pt"
     entry = load_entry(path, key)
