@@ -182,24 +182,13 @@ def test_ties_go_to_the_smaller_noise_enough_rounds_gaussian_then_the_most_progr
     smaller a (step-limited) wins any tie."""
     from fedpriv.plan import auto
 
+    samplers = {mechanism: sampling for mechanism, sampling, accountant in auto.CANDIDATES if accountant == "rdp"}
+
     def row(cohort, mechanism, progress, a=A_TARGET, rounds=100):
-        return auto.Choice(cohort, rounds, mechanism, "poisson", "rdp", 1.0, 1.0, 0.5, a, progress)
+        return auto.Choice(cohort, rounds, mechanism, samplers[mechanism], "rdp", 1.0, 1.0, 0.5, a, progress)
 
     def plan(rows):
-        table = {(r.cohort_size, r.mechanism): r for _, r in rows}
-
-        def evaluate(mechanism, sampling, accountant, population, cohort, *rest):
-            if (cohort, mechanism) not in table:
-                raise ConfigError("not on this grid")
-            return table[cohort, mechanism]
-
-        monkeypatch.setattr(auto, "cohort_grid", lambda population, budget: sorted({m for m, _ in rows}))
-        monkeypatch.setattr(auto, "evaluate", evaluate)
-        auto.choose.cache_clear()
-        try:
-            return auto.choose(1000, 1, 8.0, 1e-5, 10_000)
-        finally:
-            auto.choose.cache_clear()
+        return _stage_rows(monkeypatch, {(r.cohort_size, r.sampling): r for _, r in rows})[0]
 
     # a equal up to the last bits: the most progress wins, not the rounding nor the smaller cohort
     best = plan([(10, row(10, "bandmf", 100.0, A_TARGET - 1e-15)), (20, row(20, "bandmf", 104.0, A_TARGET + 1e-15))])
