@@ -212,18 +212,15 @@ def evaluate(mechanism: str, sampling: str, accountant: str, population: int, co
     DpEvent (accounting only: no key, no noise), σ_eff, and the step that keeps a at A_TARGET.
     ``mc``: the run's Monte-Carlo settings (``privacy.mc``), shared over the run's prefix claims as
     the run's own calibration shares them, so that the planned σ is the run's σ."""
-    option = load("mechanism", {"name": mechanism}).fitted(population, cohort, rounds, sampling)
-    sampler = make_sampler(sampling, population, cohort, None, groups=option.sampling_groups(),
-                           public_population=population)
+    option, sampler = _sampler(mechanism, sampling, population, cohort, rounds)
     built = option.build(1.0, 1.0, rounds=rounds, sampler=sampler)
     settings = prefix_claim_settings(mc or DEFAULT_MC, rounds) if accountant == MC else None
     sigma = calibrate_noise_multiplier(lambda s: built.dp_event(sampler, rounds, noise_multiplier=s), epsilon, delta,
                                        accountant, built.neighboring_relation(sampler), monte_carlo_settings=settings)
     sigma_eff = sigma * iterate_noise_factor(built, rounds)
     per_unit_step = accumulated_noise(sigma_eff, rounds, sampler.expected_cohort, 1.0, MOMENTUM)
-    step = min(MAX_STEP, A_TARGET / per_unit_step) if per_unit_step > 0 else MAX_STEP
-    return Choice(cohort, rounds, mechanism, sampling, accountant, sigma, sigma_eff, step, per_unit_step * step,
-                  rounds * step)
+    unit = Choice(cohort, rounds, mechanism, sampling, accountant, sigma, sigma_eff, 1.0, per_unit_step, rounds)
+    return unit.at_noise(A_TARGET)
 
 
 @functools.lru_cache(maxsize=16)
@@ -300,6 +297,7 @@ def _amplified(rows: list[Choice], grid: list[int], population: int, epsilon: fl
 
 
 def _sampler(mechanism: str, sampling: str, population: int, cohort: int, rounds: int):
+    """The mechanism option fitted to (N, m, T) and its key-less sampler (accounting only)."""
     option = load("mechanism", {"name": mechanism}).fitted(population, cohort, rounds, sampling)
     return option, make_sampler(sampling, population, cohort, None, groups=option.sampling_groups(),
                                 public_population=population)
