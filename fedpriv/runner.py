@@ -32,7 +32,7 @@ from fedpriv.release.console import ADVICE_LOGGER
 from fedpriv.models import set_flat_params
 from fedpriv.plan import RunPlan, build_plan, executed_config
 from fedpriv.plan.run_plan import KeyedParts
-from fedpriv.plan.auto import cannot_train, far_from_nonprivate, overrides
+from fedpriv.plan.auto import overrides, plan_warning
 from fedpriv.plan.noise_figure import A_WARN, PER_ROUND_WARNING, NoiseFigure
 from fedpriv.precision import compute_precision
 from fedpriv.public.stages import Stage, build_stages
@@ -125,8 +125,7 @@ def _build(spec: RunConfig, task: Task, run: RunDirectory, plan: RunPlan | None)
     spec, privacy, task = plan.spec, plan.spec.privacy, plan.task
     if plan.choice is not None:  # what the planner replaced, once, on stderr (advice)
         logging.getLogger(ADVICE_LOGGER).info("plan=auto sets %s (docs/PLANNER.md)", " ".join(overrides(plan.choice)))
-        if warning := (cannot_train(plan.choice, privacy.target_epsilon)
-                       or far_from_nonprivate(plan.choice, privacy.target_epsilon)):
+        if warning := plan_warning(plan.choice, privacy.target_epsilon):
             logging.getLogger(ADVICE_LOGGER).warning("%s", warning)
     randomness = _randomness(spec, checkpoint, run)
     keyed = plan.instantiate(randomness)  # the one construction site of the parts that hold a key

@@ -21,7 +21,7 @@ import sys
 from fedpriv.config.compose import check_overrides
 from fedpriv.release.console import console_logging, fail
 from fedpriv.errors import ConfigError, PrivacyBudgetExceeded
-from fedpriv.plan.auto import cannot_train, far_from_nonprivate, overrides
+from fedpriv.plan.auto import overrides, plan_warning
 from fedpriv.plan.run_plan import preflight
 from fedpriv.release.result_lines import monte_carlo_bound
 from fedpriv.release.rundir import json_text
@@ -77,11 +77,9 @@ def main(argv: list[str] | None = None) -> None:
         plan = preflight(plain, typed)
     except (ConfigError, PrivacyBudgetExceeded) as err:
         fail(str(err))
-    for warn in (cannot_train, far_from_nonprivate):
-        warning = plan.choice and warn(plan.choice, plan.spec.privacy.target_epsilon)
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-            break
+    warning = plan.choice and plan_warning(plan.choice, plan.spec.privacy.target_epsilon)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     if as_json:
         print(json_text({**plan.describe(), "plan": plan.choice,
                          "overrides": overrides(plan.choice) if plan.choice else []}, indent=2))

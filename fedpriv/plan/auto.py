@@ -39,7 +39,7 @@ from fedpriv.accounting.monte_carlo import MC, MonteCarloSettings
 from fedpriv.errors import ConfigError
 from fedpriv.optim.server import MomentumOptimizer
 from fedpriv.plan.noise_figure import A_TARGET, accumulated_noise, iterate_noise_factor
-from fedpriv.plan.pretrain_plan import PRETRAIN_KEYS, PretrainChoice, plan_pretraining
+from fedpriv.plan.pretrain_plan import PretrainChoice, plan_pretraining
 from fedpriv.sampling import make_sampler
 from fedpriv.schema import PlanOption, load, register_option
 from fedpriv.schema.checks import positive
@@ -368,7 +368,7 @@ def overrides(plan: dict) -> list[str]:
                                     repr(plan["momentum"]), "cosine")))
     public = plan.get("public")
     if public and public["planned"]:
-        values.update(zip(PRETRAIN_KEYS, (public["steps"], public["batch_size"], repr(public["lr"]), "1.0")))
+        values.update((f"public.{key}", repr(value)) for key, value in PretrainChoice(**public).settings().items())
     return [f"population={plan['population']}", *(f"{key}={value}" for key, value in values.items())]
 
 
@@ -405,6 +405,12 @@ def cannot_train(plan: dict, epsilon: float) -> str | None:
     return (f"plan=auto: the best plan makes {steps:.3g} full-size server steps in all (the noise at epsilon "
             f"{epsilon:g} limits its step to {plan['server_lr'] * plan['clip_norm']:.3g}): under {MIN_SERVER_STEPS:g} "
             "the model cannot train; raise privacy.target_epsilon, population (more users) or plan.client_updates")
+
+
+def plan_warning(plan: dict, epsilon: float) -> str | None:
+    """The one warning a plan gets before it runs (None: none): that it cannot train
+    (:func:`cannot_train`), else that it stays well below non-private (:func:`far_from_nonprivate`)."""
+    return cannot_train(plan, epsilon) or far_from_nonprivate(plan, epsilon)
 
 
 register_option("plan", "auto", AutoPlan())
