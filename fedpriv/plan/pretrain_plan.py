@@ -32,9 +32,6 @@ MAX_PRETRAIN_STEPS = 10_000  # the server's compute on public text: at most this
 MIN_PUBLIC_POOL = 1_000  # fewer public sentences: not planned (too little to learn a language from)
 # the accumulated noise a the private rounds' server step keeps after a pre-trained start
 A_TARGET_PRETRAINED = 0.25
-# the plan's public.* keys (what it prints as overrides and refuses beside plan=auto)
-PRETRAIN_KEYS = ("public.pretrain_steps", "public.pretrain_batch_size", "public.pretrain_lr",
-                 "public.pretrain_fraction")
 
 
 @dataclass(frozen=True)
@@ -59,7 +56,8 @@ class PretrainChoice:
         return asdict(self)
 
     def settings(self) -> dict:
-        """The ``public.*`` values this choice sets (one for each of :data:`PRETRAIN_KEYS`)."""
+        """The ``public.*`` values this choice sets (the plan's overrides print them; a setting typed
+        beside ``plan=auto`` that contradicts one is refused)."""
         return {"pretrain_steps": self.steps, "pretrain_batch_size": self.batch_size, "pretrain_lr": self.lr,
                 "pretrain_fraction": 1.0}
 
