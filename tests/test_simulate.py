@@ -80,8 +80,9 @@ def test_budget_overrun_refused(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [(), ("mechanism=tree", "sampling=cyclic", "optimizer=ftrl", "rounds=7"),
-                                   ("mechanism=bandmf", "mechanism.bands=2", "sampling=cyclic", "rounds=7")],
-                         ids=["gaussian", "tree", "bandmf"])
+                                   ("mechanism=bandmf", "mechanism.bands=2", "sampling=cyclic", "rounds=7"),
+                                   ("mechanism=blt", "sampling=cyclic", "rounds=7")],
+                         ids=["gaussian", "tree", "bandmf", "blt"])
 def test_resume_after_interruption_equals_uninterrupted(tmp_path, extra):
     overrides = ("+experiment=smoke", "rounds=4", "progress=false", *extra)
     full = prepare(compose_cfg(*overrides, run_dir=tmp_path / "full"))

@@ -152,6 +152,12 @@ class NoiseStream:
         self.draws += 1
         return GaussianKeystream(draw_key, wide_tail=True).normal(tuple(shape))
 
+    def at(self, draws: int) -> "NoiseStream":
+        """The same stream positioned at draw ``draws`` (a replay of earlier draws; this one is not moved)."""
+        replica = NoiseStream(self._key)
+        replica.draws = int(draws)
+        return replica
+
     def state_dict(self) -> dict:
         return {"draws": self.draws}
 

@@ -165,8 +165,8 @@ def cached_strategy(n: int, bands: int, kind: str = "auto", iterations: int = 50
 
 class BandedInverseOperator(StreamingOperator):
     """Row t of ``C⁻¹Z`` online for a b-banded lower-triangular C: ``w_t = (z_t − Σ_{1≤lag<b}
-    C[t, t−lag] w_{t−lag}) / C[t, t]``; state: the last b−1 residuals. ``strategy`` gives C
-    (lazily: accounting never needs it)."""
+    C[t, t−lag] w_{t−lag}) / C[t, t]``; state: the last b−1 residuals (rebuilt by replay on resume,
+    never checkpointed). ``strategy`` gives C (lazily: accounting never needs it)."""
 
     def __init__(self, strategy: Callable[[], torch.Tensor], bands: int) -> None:
         self._strategy, self.bands = strategy, bands
@@ -191,12 +191,8 @@ class BandedInverseOperator(StreamingOperator):
     def fresh(self) -> "BandedInverseOperator":
         return BandedInverseOperator(self._strategy, self.bands)
 
-    def state_dict(self) -> dict:
-        return {"history": list(self._history)}
-
     def load_state_dict(self, state: dict) -> None:
-        self._history = list(state["history"])
-        self.t = int(state["rounds_done"])
+        self._history, self.t = [], int(state["rounds_done"])
 
 
 class BandMFMechanism(CorrelatedMechanism):

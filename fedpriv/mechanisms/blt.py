@@ -242,7 +242,7 @@ def sampler_pattern(sampler: Sampler | None, rounds: int) -> tuple[int, int]:
 
 class BLTOperator(StreamingOperator):
     """Row t of ``C⁻¹Z`` online: ``x_t = z_t − Σ_i ω_i b_i``, ``b_i ← θ_i b_i + x_t`` (float64
-    buffers, one model-sized vector each)."""
+    buffers, one model-sized vector each; rebuilt by replay on resume, never checkpointed)."""
 
     def __init__(self, params) -> None:
         self._params = params  # () -> BLTParams (lazily: accounting alone never needs the buffers)
@@ -261,12 +261,8 @@ class BLTOperator(StreamingOperator):
     def fresh(self) -> "BLTOperator":
         return BLTOperator(self._params)
 
-    def state_dict(self) -> dict:
-        return {"blt_buffers": self._buffers}
-
     def load_state_dict(self, state: dict) -> None:
-        buffers = state["blt_buffers"]
-        self._buffers = None if buffers is None else buffers.clone()
+        self._buffers = None
 
 
 class BLTMechanism(CorrelatedMechanism):

@@ -76,7 +76,8 @@ class TreeState:
 
 class TreeOperator(StreamingOperator):
     """Residual tree noise ``P_t − P_{t−1}`` (one draw per completed node), restarting every
-    ``restart_every`` rounds; state: the tiling's node estimates and the previous prefix."""
+    ``restart_every`` rounds; state: the tiling's node estimates and the previous prefix (rebuilt
+    on resume by replaying the rounds since the last restart, never checkpointed)."""
 
     def __init__(self, estimator: str = "plain", restart_every: int | None = None) -> None:
         self.estimator, self.restart_every = estimator, restart_every
@@ -91,21 +92,20 @@ class TreeOperator(StreamingOperator):
         self._previous = prefix
         return residual
 
+    def starts_afresh(self, round_idx: int) -> bool:
+        return round_idx == 0 or bool(self.restart_every) and round_idx % self.restart_every == 0
+
     def fresh(self) -> "TreeOperator":
         return TreeOperator(self.estimator, self.restart_every)
 
     def state_dict(self) -> dict:
-        return {"estimator": self.estimator, "restart_every": self.restart_every, "stack": list(self._tree.stack),
-                "leaves": self._tree.leaves, "previous": self._previous}
+        return {"estimator": self.estimator, "restart_every": self.restart_every}
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("estimator", "restart_every"):
             if state[key] != getattr(self, key):
                 raise ValueError(f"checkpoint's tree {key} {state[key]!r} differs from {getattr(self, key)!r}")
-        self._tree = TreeState()
-        self._tree.stack = [(int(h), v) for h, v in state["stack"]]
-        self._tree.leaves = int(state["leaves"])
-        self._previous = state["previous"]
+        self._tree, self._previous = TreeState(), None
 
 
 class TreeMechanism(CorrelatedMechanism):

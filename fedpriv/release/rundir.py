@@ -47,7 +47,7 @@ import yaml
 from fedpriv.release.atomic import write_atomic
 from fedpriv.errors import ConfigError, DamagedFileError, OutputError, RunDirectoryBusy
 
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3
 CHECKPOINT_KEYS = ("format", "round", "server", "ledger", "randomness", "history", "diagnostics", "wall_s",
                    "config")
 FIXED_TIME = 0  # a secure run's file times (the Unix epoch, as TensorBoard's event times): none is recorded
@@ -384,5 +384,6 @@ class RunDirectory:
             raise DamagedFileError(f"checkpoint {path} is damaged or was not written by fedpriv (missing fields)")
         if state["format"] != CHECKPOINT_FORMAT:
             raise DamagedFileError(f"checkpoint {path} has format {state['format']!r}, this fedpriv reads "
-                                   f"format {CHECKPOINT_FORMAT}")
+                                   f"format {CHECKPOINT_FORMAT} (resume it with the fedpriv that wrote it, or start "
+                                   "a new run)")
         return state
