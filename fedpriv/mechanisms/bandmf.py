@@ -176,12 +176,12 @@ class BandedInverseOperator(StreamingOperator):
     def next(self, draw) -> torch.Tensor:
         z = draw()
         t, c = self.t, self._strategy()
-        acc = z.double() if z.dtype != torch.float64 else z.clone()
+        acc = z.to(torch.float64, copy=True)  # float64 accumulation, in place: no temporary per lag
         for lag, previous in enumerate(reversed(self._history), start=1):
             coef = float(c[t, t - lag])
             if coef:
-                acc -= coef * previous.double()
-        w = (acc / float(c[t, t])).to(z.dtype)
+                acc.add_(previous, alpha=-coef)
+        w = acc.div_(float(c[t, t])).to(z.dtype)
         self._history.append(w)
         if len(self._history) > self.bands - 1:
             self._history.pop(0)

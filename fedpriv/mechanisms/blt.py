@@ -253,9 +253,11 @@ class BLTOperator(StreamingOperator):
         p = self._params()
         if self._buffers is None:
             self._buffers = torch.zeros((p.buffers, *z.shape), dtype=torch.float64)
-        view = (-1, *[1] * z.dim())
-        x = z.double() - (p.weights.view(view) * self._buffers).sum(0)
-        self._buffers.mul_(p.decays.view(view)).add_(x)
+        x = z.to(torch.float64, copy=True)  # in place over the buffers: no buffers-sized temporary
+        for weight, buffer in zip(p.weights.tolist(), self._buffers):
+            x.add_(buffer, alpha=-weight)
+        for decay, buffer in zip(p.decays.tolist(), self._buffers):
+            buffer.mul_(decay).add_(x)
         return x.to(z.dtype)
 
     def fresh(self) -> "BLTOperator":
