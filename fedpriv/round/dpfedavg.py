@@ -135,7 +135,9 @@ class DPFedAvg:
                        "train_loss": float(np.mean(losses)) if losses else float("nan")}
 
     def state_dict(self) -> dict:
-        state = {"params": self.params, "ema": self.ema, "optimizer": self.optimizer.state_dict(),
+        # the EMA only when it is released (ema_decay > 0); otherwise it is the iterate itself
+        state = {"params": self.params, "ema": self.ema if self.ema_decay else None,
+                 "optimizer": self.optimizer.state_dict(),
                  "mechanism": self.mechanism.state_dict()}
         if self.canaries is not None:
             state["canaries"] = self.canaries.state_dict()
@@ -145,7 +147,7 @@ class DPFedAvg:
 
     def load_state_dict(self, state: dict) -> None:
         self.params = state["params"].clone()
-        self.ema = state["ema"].clone()
+        self.ema = (self.params if state["ema"] is None else state["ema"]).clone()
         self.optimizer.load_state_dict(state["optimizer"])
         self.mechanism.load_state_dict(state["mechanism"])
         if self.canaries is not None:
