@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = {"config": list(config), "runs": runs, "round_ratio": round_ratio, "wall_ratio": wall_ratio,
                          "round_ratio_median": statistics.median(round_ratio),
                          "wall_ratio_median": statistics.median(wall_ratio)}
-    print("| mechanism | private s/round | σ = 0 s/round | ratio (pairs) | private run s | σ = 0 run s | ratio | last.pt MB (private / σ = 0) |")
+    print("| mechanism | private s/round | σ = 0 s/round | ratio (pairs) | private run s | σ = 0 run s | ratio "
+          "| last.pt MB (private / σ = 0) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         p, n = r["runs"]["private"], r["runs"]["sigma0"]
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {med(x['round_s'] for x in p):.3f} | {med(x['round_s'] for x in n):.3f} | "
               f"**{r['round_ratio_median']:.3f}** ({', '.join(f'{x:.3f}' for x in r['round_ratio'])}) | "
               f"{med(x['wall_s'] for x in p):.1f} | {med(x['wall_s'] for x in n):.1f} | "
-              f"{r['wall_ratio_median']:.3f} | {p[0]['checkpoint_bytes'] / 1e6:.2f} / {n[0]['checkpoint_bytes'] / 1e6:.2f} |")
+              f"{r['wall_ratio_median']:.3f} | {p[0]['checkpoint_bytes'] / 1e6:.2f} / "
+              f"{n[0]['checkpoint_bytes'] / 1e6:.2f} |")
     if args.json:
         write_json(args.json, {"results": results, "threads": os.environ.get("OMP_NUM_THREADS"),
                                "machine": platform.machine(), "python": platform.python_version(),
