@@ -40,6 +40,19 @@ MECHANISMS = {
     "blt": ("mechanism=blt", "sampling=cyclic"),
     "tree": ("mechanism=tree", "sampling=cyclic", "optimizer=ftrl"),
 }
+# The planner's real-text validation shape (docs/RESULTS.md): a 1.35M-parameter LSTM on the
+# real-text corpus (scripts/build_real_text_corpus.py), 2,559 users, cohorts of 91, BandMF under
+# cyclic Poisson sampling with 2559 // 91 = 28 groups (bands), momentum and an EMA, ε = 8.
+def real_text(corpus: Path) -> tuple[str, ...]:
+    return ("data=files", f"data.path={corpus / 'users.jsonl'}",
+            f"data.vocab_path={corpus / 'stackoverflow.word_count'}",
+            "data.user_column=user", "data.text_column=text", "data.split_column=split",
+            "data.vocab_size=10000", "data.max_sentences_per_user=256", "model.embed_dim=64", "model.hidden_size=128",
+            "model.projection_dim=64", "population=2559", "ema_decay=0.95", "client.max_steps=2",
+            "client.batch_size=16", "privacy.clip_norm=1.0", "optimizer=momentum", "optimizer.lr=0.875",
+            "optimizer.schedule=cosine", "mechanism.bands=28")
+
+
 NON_PRIVATE = ("privacy.target_epsilon=null", "privacy.noise_multiplier=0")
 
 
@@ -77,12 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--skip", type=int, default=4, help="rounds left out of the median (warm-up)")
     parser.add_argument("--mechanisms", default="gaussian,bandmf,blt")
+    parser.add_argument("--real-text", type=Path, help="the real-text corpus directory: its shape instead")
     parser.add_argument("--json", type=Path)
     parser.add_argument("extra", nargs="*", help="more overrides for every run")
     args = parser.parse_args(argv)
     results = {}
     for name in args.mechanisms.split(","):
-        config = merged(*BASE, f"rounds={args.rounds}", *MECHANISMS[name], *args.extra)
+        shape = real_text(args.real_text) if args.real_text else ()
+        config = merged(*BASE, f"rounds={args.rounds}", *MECHANISMS[name], *shape, *args.extra)
         runs = {"private": [], "sigma0": []}
         for pair in range(args.pairs):
             order = ("private", "sigma0") if pair % 2 == 0 else ("sigma0", "private")
