@@ -160,3 +160,24 @@ def test_a_correlated_runs_checkpoint_is_a_gaussian_runs_size(tmp_path):
     assert d > 10_000  # the windows would be visible: (6 − 1)·d·4 bytes is > 200 KB
     for name in ("bandmf2", "bandmf6", "blt"):
         assert abs(sizes[name] - sizes["gaussian"]) < 8 * 1024, (name, sizes)
+
+
+def test_a_checkpoint_of_the_format_that_stored_the_window_is_refused_with_one_line(tmp_path):
+    """A format-2 checkpoint (BandMF's window inside) is not resumed as if it were format 3: refused,
+    naming both formats and what to do."""
+    from conftest import compose_cfg
+    from fedpriv.errors import DamagedFileError
+    from fedpriv.runner import prepare
+    from server.app import run_local
+
+    overrides = ("+experiment=smoke", "progress=false", "rounds=4", "mechanism=bandmf", "mechanism.bands=2",
+                 "sampling=cyclic")
+    session = prepare(compose_cfg(*overrides, run_dir=tmp_path / "r"))
+    run_local(session)
+    path = tmp_path / "r" / "checkpoints" / "last.pt"
+    state = torch.load(path, weights_only=True)
+    state["format"] = 2
+    state["server"]["mechanism"]["history"] = [torch.zeros(3)]
+    torch.save(state, path)
+    with pytest.raises(DamagedFileError, match="has format 2, this fedpriv reads format 3 .*start a new run"):
+        prepare({**compose_cfg(*overrides, run_dir=tmp_path / "r"), "resume": True})
