@@ -54,7 +54,17 @@ def compose_cfg(*overrides: str, run_dir) -> dict:
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
-    """Strategy caches (BandMF) go to a temporary directory, never the user's ~/.cache."""
+    """Computed artifacts (BandMF/BLT strategies, Monte-Carlo calibrations, teachers, pre-training)
+    go to a temporary directory, never the user's ~/.cache. Under pytest-xdist the workers share one
+    (beside their own temporary directories): a plan=auto choice or a strategy that tests on both
+    workers need is computed once per suite instead of once per worker. Every entry is keyed by all
+    its inputs, written atomically and checked when read, as the cache is between concurrent runs;
+    the tests about the cache itself set their own ``FEDPRIV_CACHE``."""
     if "FEDPRIV_CACHE" not in os.environ:
-        os.environ["FEDPRIV_CACHE"] = str(tmp_path_factory.mktemp("fedpriv-cache"))
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            shared = tmp_path_factory.getbasetemp().parent / "fedpriv-cache"
+            shared.mkdir(exist_ok=True)
+            os.environ["FEDPRIV_CACHE"] = str(shared)
+        else:
+            os.environ["FEDPRIV_CACHE"] = str(tmp_path_factory.mktemp("fedpriv-cache"))
     yield

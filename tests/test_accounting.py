@@ -472,10 +472,12 @@ def test_budget_check_agrees_with_calibration_to_the_last_bit():
 
 
 def test_pld_ledger_refuses_up_front_too():
-    """A fixed tiny noise multiplier with PLD (no calibration) is refused with the limit, not run out of memory."""
+    """A fixed small noise multiplier with PLD (no calibration) over many rounds is refused with the limit
+    (~6 GB asked), not run out of memory. (σ = 0.1 over 1,000 rounds asked the same refusal, but the
+    ledger's own one-round check composed a 3.8-million-point PLD first: 9 s; σ = 0.5 takes under 1 s.)"""
     with pytest.raises(ConfigError, match="limit 2 GB"):
-        PrivacyLedger(GaussianMechanism(0.1, clip_norm=1.0), _poisson(1.0, 100), 1e-5, accountant=PLD,
-                      planned_rounds=1000).check_can_run(1000)
+        PrivacyLedger(GaussianMechanism(0.5, clip_norm=1.0), _poisson(1.0, 100), 1e-5, accountant=PLD,
+                      planned_rounds=100_000).check_can_run(100_000)
 
 
 def test_a_nan_in_the_ledger_is_never_published(tmp_path, monkeypatch):

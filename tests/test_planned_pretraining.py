@@ -43,14 +43,18 @@ def test_the_rule_reads_only_the_pools_size_and_says_why():
     assert not off.planned and off.steps == 0 and "plan.pretrain=off" in off.reason
 
 
-def test_a_planned_run_pretrains_with_a_smaller_step_and_the_same_claim(tmp_path, run_cli):
+def test_a_planned_run_pretrains_with_a_smaller_step_and_the_same_claim(tmp_path):
     """The public corpus changes the pre-training and the server step, never the private choice:
-    privacy.json is the same byte for byte with and without it (plan.pretrain=off)."""
+    privacy.json is the same byte for byte with and without it (plan.pretrain=off). In process (the
+    run's files are written by the same code as from the command line; the command's own output is
+    test_the_plan_says_what_it_chose_for_pretraining_and_why's)."""
+    from fedpriv.runner import prepare
+    from server.app import run_local
+
     runs = {}
     for name, extra in (("pre", ()), ("off", ("plan.pretrain=off",))):
         out = tmp_path / name
-        res = run_cli(*PUBLIC_PLAN, *extra, "progress=false", f"run_dir={out}")
-        assert res.returncode == 0, res.stderr
+        run_local(prepare(compose_cfg(*PUBLIC_PLAN, *extra, "progress=false", run_dir=out)))
         runs[name] = out
     assert (runs["pre"] / "privacy.json").read_bytes() == (runs["off"] / "privacy.json").read_bytes()
     pre, off = (json.loads((runs[n] / "summary.json").read_text()) for n in ("pre", "off"))
