@@ -319,42 +319,19 @@ def train(session: RunSession, round_fn: RoundFn) -> dict:
 def _train(session: RunSession, round_fn: RoundFn, outputs: RunOutputs) -> dict:
     spec, server, ledger = session.spec, session.server, session.ledger
     rounds = spec.rounds
-    eval_every = spec.eval_every or rounds
     diagnostics = session.diagnostics_enabled
     outputs.start(session.cfg, session.history, session.diagnostics, ledger)
     started = time.perf_counter() - session.wall_s
     last_eval: dict[str, float] = {}
-    audited = {"audit_canaries": ledger.audit["canaries"]} if ledger.audit else {}  # labelled from round 1
     bar = tqdm(range(session.start_round, rounds), total=rounds, initial=session.start_round,
                desc=f"rounds ({session.randomness.label} mode)", disable=None if spec.progress else True,
                dynamic_ncols=True,
                bar_format=None if diagnostics else "{desc}: {n_fmt}/{total_fmt} |{bar}|{postfix}")
     for r in bar:
-        ledger.check_can_run(ledger.rounds_done + 1)
-        cohort = server.cohort(r)
-        if session.task.local.dp is not None:  # charged before the clients are asked: a crash cannot hide it
-            session.client_releases += 1
-            outputs.clients_asked(session.client_releases)
-        replies = round_fn(server.round_inputs(r, cohort))
-        released, diag = server.apply_round(r, cohort, replies, diagnostics=diagnostics)
-        ledger.record_round(r)
-        epsilon = ledger.reported_epsilon()
-        row = {"round": r + 1, **_epsilon_fields(epsilon), "mode": session.randomness.label, **audited, **released}
-        for stage in session.stages:  # public data and the release only: post-processing, no ledger entry
-            params, fields = stage.after_round(r + 1, server.model_params)
-            if params is not None:
-                server.reset(params)
-            row.update(fields)
-        if (r + 1) % eval_every == 0 or r + 1 == rounds:
-            last_eval = evaluate_params(session.task, server.model_params)
-            row.update({f"test_{k}": v for k, v in last_eval.items()})
-        wall_s = time.perf_counter() - started
-        session.history.append(row)
-        if diagnostics:
-            session.diagnostics.append({"round": r + 1, **diag, "wall_s": wall_s})
-        outputs.round_done(_checkpoint(session, r + 1, wall_s), session.history, session.diagnostics, ledger)
+        row, evaluation = run_round(session, round_fn, outputs, r, started)
+        last_eval = evaluation or last_eval
         if "test_accuracy" in row:
-            bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", eps=f"{epsilon:.3g}")
+            bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", eps=f"{ledger.reported_epsilon():.3g}")
     bar.close()
     outputs.close_rounds()
     if not last_eval:  # resumed after the last round: evaluate the restored model
@@ -373,6 +350,42 @@ def _train(session: RunSession, round_fn: RoundFn, outputs: RunOutputs) -> dict:
     if verdict is not None:  # test-set metrics and public quantities only (fedpriv/degradation.py)
         logging.getLogger(ADVICE_LOGGER).warning("%s", verdict.message())
     return written
+
+
+def run_round(session: RunSession, round_fn: RoundFn, outputs: RunOutputs, r: int,
+              started: float) -> tuple[dict, dict[str, float]]:
+    """Round ``r`` (0-based) of the loop: the budget gate, the cohort, the clients (``round_fn``),
+    the privatized step, the ledger's record, the public stages, the evaluation when due, and the
+    round's checkpoint and outputs in :class:`RunOutputs`' order. Returns the round's metrics row
+    and its evaluation ({} when none was due); ``started`` is the run's clock origin."""
+    spec, server, ledger = session.spec, session.server, session.ledger
+    eval_every = spec.eval_every or spec.rounds
+    ledger.check_can_run(ledger.rounds_done + 1)
+    cohort = server.cohort(r)
+    if session.task.local.dp is not None:  # charged before the clients are asked: a crash cannot hide it
+        session.client_releases += 1
+        outputs.clients_asked(session.client_releases)
+    replies = round_fn(server.round_inputs(r, cohort))
+    released, diag = server.apply_round(r, cohort, replies, diagnostics=session.diagnostics_enabled)
+    ledger.record_round(r)
+    audited = {"audit_canaries": ledger.audit["canaries"]} if ledger.audit else {}  # labelled from round 1
+    row = {"round": r + 1, **_epsilon_fields(ledger.reported_epsilon()), "mode": session.randomness.label, **audited,
+           **released}
+    for stage in session.stages:  # public data and the release only: post-processing, no ledger entry
+        params, fields = stage.after_round(r + 1, server.model_params)
+        if params is not None:
+            server.reset(params)
+        row.update(fields)
+    evaluation: dict[str, float] = {}
+    if (r + 1) % eval_every == 0 or r + 1 == spec.rounds:
+        evaluation = evaluate_params(session.task, server.model_params)
+        row.update({f"test_{k}": v for k, v in evaluation.items()})
+    wall_s = time.perf_counter() - started
+    session.history.append(row)
+    if session.diagnostics_enabled:
+        session.diagnostics.append({"round": r + 1, **diag, "wall_s": wall_s})
+    outputs.round_done(_checkpoint(session, r + 1, wall_s), session.history, session.diagnostics, ledger)
+    return row, evaluation
 
 
 def _tensorboard_texts(session: RunSession) -> dict[str, str]:

@@ -32,7 +32,8 @@ def test_a_plan_is_deterministic_respects_the_budget_and_holds_its_target():
         a = choose(400, 10_000, 4.0, 1e-4, budget, None)
         assert a.cohort_size * a.rounds <= budget and a.rounds >= MIN_ROUNDS
         assert a.accumulated_noise <= A_TARGET * (1 + 1e-9) and 0 < a.step <= 1.0
-    assert choose(400, 10_000, 4.0, 1e-4, 1000, None) == a
+    # computed again, not read from choose's lru_cache (which would return the same object)
+    assert choose.__wrapped__(400, 10_000, 4.0, 1e-4, 1000, None) == a
     assert cohort_grid(400, 1000) == [8, 12, 18]  # m <= U / MIN_ROUNDS = 20 and <= N / 4
 
 
