@@ -14,6 +14,7 @@ import io
 import pytest
 import torch
 
+from fedpriv.errors import ConfigError
 from fedpriv.keys.randomness import NoiseStream
 from fedpriv.keys.research_key import key_from_seed
 from fedpriv.mechanisms.bandmf import BandMFMechanism
@@ -60,6 +61,30 @@ def test_a_resume_after_any_round_continues_the_same_noise(kind):
         torch.testing.assert_close(torch.stack(head + tail), torch.stack(full), rtol=0, atol=0)
         assert (resumed.state_dict()["replay"], resumed.state_dict()["noise"]) == (
             reference.state_dict()["replay"], reference.state_dict()["noise"])
+        if cut < ROUNDS:  # the rebuilt operator state itself (float64 for BandMF's sums and BLT's buffers)
+            again = _build(kind)
+            again.load_state_dict(first.state_dict())
+            assert _same_state(again.operator, _run(kind, cut).operator)
+
+
+def _run(kind: str, rounds: int, shape=(7,)):
+    mechanism = _build(kind)
+    for t in range(rounds):
+        mechanism.noise(t, shape)
+    return mechanism
+
+
+def _same_state(a, b) -> bool:
+    """Two operators' online state (BandMF's residuals, BLT's buffers, the tree's stack and prefix) bit for bit."""
+    def tensors(op):
+        if hasattr(op, "_history"):
+            return list(op._history) + [torch.tensor(op.t)]
+        if hasattr(op, "_buffers"):
+            return [] if op._buffers is None else [op._buffers]
+        return [v for _, v in op._tree.stack] + ([] if op._previous is None else [op._previous]) + [
+            torch.tensor(op._tree.leaves)]
+    x, y = tensors(a), tensors(b)
+    return len(x) == len(y) and all(u.dtype == v.dtype and torch.equal(u, v) for u, v in zip(x, y))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -100,12 +125,43 @@ def test_a_replay_that_does_not_reproduce_the_noise_is_refused(kind):
     edited = {**state, "replay": {**state["replay"], "round": 5}}
     with pytest.raises(ValueError, match="outside"):
         _build(kind).load_state_dict(edited)
+    edited = {**state, "replay": {**state["replay"], "round": 1}}  # the state is empty only at 0 (and 3 for the tree)
+    with pytest.raises(ValueError, match="not empty"):
+        _build(kind).load_state_dict(edited)
+    edited = {**state, "replay": {**state["replay"], "kernels": {"torch": "2.0.0", "cpu_capability": "DEFAULT"}}}
+    with pytest.raises(ConfigError, match="ATEN_CPU_CAPABILITY=default"):
+        _build(kind).load_state_dict(edited)
     edited = {**state, "replay": None}
     with pytest.raises(ValueError, match="no replay point"):
         _build(kind).load_state_dict(edited)
     edited = {**state, "replay": {**state["replay"], "shape": [7]}}
     with pytest.raises(ValueError, match="does not match"):
         _build(kind).load_state_dict(edited)
+
+
+def test_a_replay_that_does_not_match_is_one_error_line_end_to_end(tmp_path):
+    """An edited digest in a run's last.pt reaches the user as one DamagedFileError line, other
+    kernels as one ConfigError line (its own advice), before anything of the run is touched."""
+    from conftest import compose_cfg
+    from fedpriv.errors import DamagedFileError
+    from fedpriv.runner import prepare
+    from server.app import run_local
+
+    overrides = ("+experiment=smoke", "progress=false", "rounds=4", "mechanism=blt", "sampling=cyclic")
+    run_local(prepare(compose_cfg(*overrides, run_dir=tmp_path / "r")))
+    path = tmp_path / "r" / "checkpoints" / "last.pt"
+    original = path.read_bytes()
+    resume = {**compose_cfg(*overrides, run_dir=tmp_path / "r"), "resume": True}
+    for edit, error, words in (("last_sha256", DamagedFileError, "does not match the checkpoint"),
+                               ("kernels", ConfigError, "resume where it was written")):
+        state = torch.load(path, weights_only=True)
+        replay = state["server"]["mechanism"]["replay"]
+        replay[edit] = "0" * 64 if edit == "last_sha256" else {"torch": "2.0.0", "cpu_capability": "AVX2"}
+        torch.save(state, path)
+        with pytest.raises(error, match=words) as caught:
+            prepare(resume)
+        assert "\n" not in str(caught.value)
+        path.write_bytes(original)
 
 
 def test_a_draw_of_another_shape_is_refused():

@@ -12,9 +12,10 @@ its shape (:class:`~fedpriv.keys.randomness.NoiseStream`), so an operator's stat
 BandMF's last b−1 residuals, BLT's buffers, the tree's node estimates — is a function of the key
 and t: it is rebuilt on resume by replaying ``next`` from the last round where the state was
 empty (round 0; the tree's last restart) over the same draws, in the same order and with the same
-float operations, hence bit-identical. The checkpoint keeps that round, its draw index, the draw
-shape and a SHA-256 of the last residual, and a resume checks the replay against it (fail closed:
-a key, position or strategy that does not reproduce the noise is refused, never used). A resume
+float operations, hence bit-identical on the same torch and CPU kernels. The checkpoint keeps that
+round, its draw index, the draw shape, a SHA-256 of the last residual and the kernels (torch's
+version, its CPU capability), and a resume checks them (fail closed: other kernels, or a key,
+position or strategy that does not reproduce the noise, are refused, never used). A resume
 costs one draw of the model's size (and the operator's O(window · d) arithmetic) per replayed round.
 """
 
@@ -26,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from fedpriv.errors import ConfigError
 from fedpriv.mechanisms.base import NoiseMechanism, require_noise
 from fedpriv.keys.randomness import NoiseStream
 
@@ -106,7 +108,7 @@ class CorrelatedMechanism(NoiseMechanism):
         replay = None
         if self._anchor is not None:
             replay = {"round": self._anchor[0], "draw": self._anchor[1], "shape": list(self._shape or ()),
-                      "last_sha256": _digest(self._last)}
+                      "last_sha256": _digest(self._last), "kernels": kernels()}
         return {**super().state_dict(), **self.operator.state_dict(), "rounds_done": self.rounds_done,
                 "replay": replay}
 
@@ -123,6 +125,14 @@ class CorrelatedMechanism(NoiseMechanism):
             if self.noise_multiplier != 0.0 and self.rounds_done:
                 raise ValueError(f"checkpoint's {self.name} noise has {self.rounds_done} rounds but no replay point")
             return
+        if replay["kernels"] != kernels():
+            was, now = replay["kernels"], kernels()
+            raise ConfigError(
+                f"this checkpoint's {self.name} noise is rebuilt by replaying its rounds, bit for bit only with the "
+                f"float kernels that ran them (torch {was['torch']}, CPU capability {was['cpu_capability']}); this "
+                f"machine has torch {now['torch']}, CPU capability {now['cpu_capability']}: resume where it was "
+                f"written, or with that torch and ATEN_CPU_CAPABILITY={str(was['cpu_capability']).lower()} if this "
+                "CPU has it")
         self._replay(int(replay["round"]), int(replay["draw"]), tuple(int(n) for n in replay["shape"]),
                      str(replay["last_sha256"]))
 
@@ -131,6 +141,8 @@ class CorrelatedMechanism(NoiseMechanism):
         if not 0 <= start < self.rounds_done or not 0 <= first_draw <= stream.draws:
             raise ValueError(f"checkpoint's {self.name} replay point (round {start}, draw {first_draw}) lies outside "
                              f"its {self.rounds_done} rounds and {stream.draws} draws")
+        if not self.operator.starts_afresh(start):
+            raise ValueError(f"checkpoint's {self.name} replay starts at round {start}, where its state is not empty")
         replica = stream.at(first_draw)
         operator = self.operator.fresh()
         w = None
@@ -140,6 +152,12 @@ class CorrelatedMechanism(NoiseMechanism):
             raise ValueError(f"the {self.name} noise replayed from the key does not match the checkpoint's (another "
                              "key, strategy or stream position)")
         self.operator, self._shape, self._anchor, self._last = operator, shape, (start, first_draw), w
+
+
+def kernels() -> dict[str, str]:
+    """What a replay's float results depend on besides the key: torch's version and the CPU kernels
+    it dispatches to (a fused multiply-add rounds differently from a multiply then an add)."""
+    return {"torch": str(torch.__version__), "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
 
 
 def _digest(tensor: torch.Tensor | None) -> str:
