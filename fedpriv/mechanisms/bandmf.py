@@ -191,9 +191,6 @@ class BandedInverseOperator(StreamingOperator):
     def fresh(self) -> "BandedInverseOperator":
         return BandedInverseOperator(self._strategy, self.bands)
 
-    def load_state_dict(self, state: dict) -> None:
-        self._history, self.t = [], int(state["rounds_done"])
-
 
 class BandMFMechanism(CorrelatedMechanism):
     """BandMF residual noise ``(C⁻¹Z)_t`` with σ = ``noise_multiplier`` (std σ·C_clip per coordinate)."""

@@ -263,9 +263,6 @@ class BLTOperator(StreamingOperator):
     def fresh(self) -> "BLTOperator":
         return BLTOperator(self._params)
 
-    def load_state_dict(self, state: dict) -> None:
-        self._buffers = None
-
 
 class BLTMechanism(CorrelatedMechanism):
     """BLT residual noise ``(C⁻¹Z)_t`` with σ = ``noise_multiplier`` (std σ·C_clip per coordinate)."""

@@ -58,7 +58,7 @@ class StreamingOperator:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        """Check the settings of :meth:`state_dict`, and set the round count to ``state["rounds_done"]``."""
+        """Check the settings of :meth:`state_dict` (``ValueError`` for another operator's)."""
 
     def matrix(self, rounds: int, max_draws: int | None = None) -> torch.Tensor:
         """``M`` [rounds, draws used], float64, by feeding unit vectors through a fresh operator."""
@@ -91,7 +91,7 @@ class CorrelatedMechanism(NoiseMechanism):
         return super().noise(round_idx, shape)
 
     def _residual(self, draw: Draw) -> torch.Tensor:
-        if self.operator.starts_afresh(self.rounds_done) or self._anchor is None:
+        if self.operator.starts_afresh(self.rounds_done):
             self._anchor = (self.rounds_done, require_noise(self._noise, self.name).draws)
         w = self.operator.next(draw)
         self.rounds_done += 1
@@ -120,8 +120,8 @@ class CorrelatedMechanism(NoiseMechanism):
         self.operator.load_state_dict(state)
         self.rounds_done = int(state["rounds_done"])
         replay = state["replay"]
-        if replay is None:
-            self._anchor = self._last = None
+        if replay is None:  # no noisy round yet (or σ = 0): the empty state
+            self.operator, self._anchor, self._last = self.operator.fresh(), None, None
             if self.noise_multiplier != 0.0 and self.rounds_done:
                 raise ValueError(f"checkpoint's {self.name} noise has {self.rounds_done} rounds but no replay point")
             return

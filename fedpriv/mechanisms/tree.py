@@ -105,7 +105,6 @@ class TreeOperator(StreamingOperator):
         for key in ("estimator", "restart_every"):
             if state[key] != getattr(self, key):
                 raise ValueError(f"checkpoint's tree {key} {state[key]!r} differs from {getattr(self, key)!r}")
-        self._tree, self._previous = TreeState(), None
 
 
 class TreeMechanism(CorrelatedMechanism):
